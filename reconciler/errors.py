@@ -1,0 +1,67 @@
+"""The few exception types the product raises, named for what the caller does.
+
+* ``RetryableError``: try again later (broker unreachable, database busy, lease lost).
+* ``PermanentError``: retrying will not help until a person changes something.
+* ``SpecInvalid``: a spec or marker file is wrong; carries path, line, column and field.
+* ``PublishConflict``: a compare-and-swap publish lost (checkpoint or epoch moved); the
+  batch's output is discarded, which is the exactly-once mechanism working, not a fault.
+
+Adapters translate library exceptions into these at the boundary so the rest of the
+code never catches ``confluent_kafka.KafkaException`` or ``sqlalchemy.exc.*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ReconcilerError(Exception):
+    """Base class of every error the product raises on purpose."""
+
+
+class RetryableError(ReconcilerError):
+    """A transient failure: the same operation may succeed after a delay."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(ReconcilerError):
+    """A failure that needs a person: bad configuration, missing topic, bad request."""
+
+
+class PublishConflict(ReconcilerError):
+    """A publish lost its compare-and-swap: someone else moved the checkpoint or epoch."""
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem in one file: where it is and what is wrong."""
+
+    path: str
+    line: int | None
+    column: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        field = f" {self.field}:" if self.field else ""
+        return f"{where}:{field} {self.message}"
+
+
+class SpecInvalid(PermanentError):
+    """A spec or marker file does not parse or validate; lists every problem found."""
+
+    def __init__(self, problems: list[SpecProblem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @property
+    def first(self) -> SpecProblem:
+        return self.problems[0]

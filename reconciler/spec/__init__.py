@@ -1,0 +1,1 @@
+"""Desired state: spec files and markers, loaded, validated and typed."""

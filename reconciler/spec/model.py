@@ -1,0 +1,206 @@
+"""Typed, frozen dataclasses for specs, positions and markers.
+
+Built from a document that already passed JSON Schema validation, so the
+constructors here only translate names and apply defaults; they do not re-check.
+Secret references (``${env:...}``, ``${file:...}``) are kept verbatim: they are
+resolved only when a client is built (see ``reconciler.spec.secrets``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+VIRTUAL_COLUMNS = ("__key", "__partition", "__offset", "__stream_time")
+
+_DURATION = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"30s"`` -> 30.0 seconds; ``"500ms"`` -> 0.5."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
+    return float(m["n"]) * _UNIT_SECONDS[m["unit"]]
+
+
+PositionKind = Literal["earliest", "latest", "timestamp", "offsets", "shiftBy"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """A startpoint: where a checkpoint should be moved (Samza's Startpoint types)."""
+
+    kind: PositionKind
+    timestamp: str | None = None  # ISO-8601 or relative like "-2h"
+    offsets: Mapping[str, int] | None = None
+    shift: int | None = None
+
+    @classmethod
+    def from_document(cls, doc: Any) -> Position:
+        if doc in ("earliest", "latest"):
+            return cls(kind=doc)
+        if isinstance(doc, Mapping):
+            if "timestamp" in doc:
+                return cls(kind="timestamp", timestamp=str(doc["timestamp"]))
+            if "offsets" in doc:
+                return cls(kind="offsets", offsets={str(k): int(v) for k, v in doc["offsets"].items()})
+            if "shiftBy" in doc:
+                return cls(kind="shiftBy", shift=int(doc["shiftBy"]))
+        raise ValueError(f"not a position: {doc!r}")
+
+    def to_document(self) -> Any:
+        if self.kind in ("earliest", "latest"):
+            return self.kind
+        if self.kind == "timestamp":
+            return {"timestamp": self.timestamp}
+        if self.kind == "offsets":
+            return {"offsets": dict(self.offsets or {})}
+        return {"shiftBy": self.shift}
+
+    def __str__(self) -> str:
+        doc = self.to_document()
+        return doc if isinstance(doc, str) else json.dumps(doc, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    bootstrap_servers: str
+    topic: str
+    consumer_properties: Mapping[str, Any] = field(default_factory=dict)
+    type: Literal["kafka"] = "kafka"
+
+
+@dataclass(frozen=True)
+class RabbitSource:
+    uri: str
+    streams: tuple[str, ...]
+    type: Literal["rabbitmq"] = "rabbitmq"
+
+
+Source = KafkaSource | RabbitSource
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    type: str  # count | longSum | doubleSum | longMin | longMax | doubleMin | doubleMax
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class DataSchema:
+    datasource: str
+    timestamp_column: str
+    timestamp_format: str = "auto"  # auto | iso | millis | seconds
+    format: str = "json"
+    dimensions: tuple[str, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    segment_granularity: str = "hour"
+    query_granularity: str = "none"
+    rollup: bool = False
+
+
+@dataclass(frozen=True)
+class BackfillStanza:
+    request: str
+    reset_to: Position
+    task_count: int | None = None
+    allow_rewind: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SupervisorSpec:
+    """One supervisor as declared by one spec file (references unresolved)."""
+
+    id: str
+    source: Source
+    data_schema: DataSchema
+    suspended: bool = False
+    start_from: Position = Position("earliest")
+    task_count: int = 1
+    task_duration: float = 30.0  # seconds
+    max_batch_records: int = 1_000_000
+    backfill: BackfillStanza | None = None
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def spec_hash(self) -> str:
+        return document_hash(self.document)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> SupervisorSpec:
+        src = doc["source"]
+        if src["type"] == "kafka":
+            source: Source = KafkaSource(
+                bootstrap_servers=src["bootstrapServers"],
+                topic=src["topic"],
+                consumer_properties=dict(src.get("consumerProperties") or {}),
+            )
+        else:
+            source = RabbitSource(uri=src["uri"], streams=tuple(src["streams"]))
+        ds = doc["dataSchema"]
+        ts = ds["timestamp"]
+        gran = ds.get("granularity") or {}
+        data_schema = DataSchema(
+            datasource=ds["datasource"],
+            timestamp_column=ts["column"],
+            timestamp_format=ts.get("format", "auto"),
+            format=ds.get("format", "json"),
+            dimensions=tuple(ds.get("dimensions") or ()),
+            metrics=tuple(
+                Metric(name=m["name"], type=m["type"], field=m.get("field"))
+                for m in ds.get("metrics") or ()
+            ),
+            segment_granularity=gran.get("segment", "hour"),
+            query_granularity=gran.get("query", "none"),
+            rollup=bool(gran.get("rollup", False)),
+        )
+        bf = doc.get("backfill")
+        backfill = None
+        if bf:
+            backfill = BackfillStanza(
+                request=str(bf["request"]),
+                reset_to=Position.from_document(bf.get("resetTo", "latest")),
+                task_count=bf.get("taskCount"),
+                allow_rewind=bool(bf.get("allowRewind", False)),
+                reason=bf.get("reason"),
+            )
+        return cls(
+            id=doc["id"],
+            source=source,
+            data_schema=data_schema,
+            suspended=bool(doc.get("suspended", False)),
+            start_from=Position.from_document(doc.get("startFrom", "earliest")),
+            task_count=int(doc.get("taskCount", 1)),
+            task_duration=parse_duration(str(doc.get("taskDuration", "30s"))),
+            max_batch_records=int(doc.get("maxBatchRecords", 1_000_000)),
+            backfill=backfill,
+            document=json.loads(json.dumps(doc)),
+        )
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A reset request dropped as ``<id>.reset.yaml`` beside the specs."""
+
+    supervisor_id: str
+    path: str
+    token: str  # content hash + path: the idempotency token
+    reset_to: Position = Position("latest")
+    backfill: bool = True
+    backfill_task_count: int | None = None
+    allow_rewind: bool = False
+    reason: str | None = None
+
+
+def document_hash(doc: Mapping[str, Any]) -> str:
+    """A stable hash of a spec document (key order and YAML formatting do not matter)."""
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

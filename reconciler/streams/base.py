@@ -1,0 +1,67 @@
+"""The one small interface every stream system implements.
+
+Partitions are named by strings everywhere (a Kafka partition number as text, or a
+RabbitMQ stream name), offsets are ints, and a range is half-open ``[start, end)``.
+
+Readers yield ``pyarrow.RecordBatch`` objects with ``RECORD_SCHEMA``: the Spark
+data sources and the benchmarks share them, so per-record Python work stays in one
+tight loop per system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("partition", pa.string()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("stream_time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """Offsets ``[start, end)`` of one partition."""
+
+    partition: str
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+class StreamAdapter(Protocol):
+    """Positions of one source (a Kafka topic, or a set of RabbitMQ streams)."""
+
+    def partitions(self) -> list[str]:
+        """Every partition of the source, in a stable order."""
+
+    def earliest(self) -> dict[str, int]:
+        """The first available offset per partition."""
+
+    def latest(self) -> dict[str, int]:
+        """The offset after the last committed record, per partition (the end)."""
+
+    def offsets_for_time(self, timestamp_ms: int) -> dict[str, int]:
+        """Per partition, the first offset whose record time is >= timestamp (end if none)."""
+
+    def close(self) -> None: ...
+
+
+class RangeReader(Protocol):
+    def read(self, rng: PartitionRange, max_batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+        """Exactly the records with offsets in ``[rng.start, rng.end)``, in offset order."""
+
+
+def lag(checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> dict[str, int]:
+    return {p: max(0, latest[p] - checkpoint.get(p, latest[p])) for p in latest}
