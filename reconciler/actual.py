@@ -1,0 +1,103 @@
+"""The actual state as the planner sees it: supervisor records read from the database.
+
+States follow Druid's supervisor states, plus COMPLETED (bounded supervisors) and
+TERMINATED. Frozen dataclasses only; the store builds them, the planner reads them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from reconciler.spec.model import SupervisorSpec
+
+
+class State(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    SUSPENDED = "SUSPENDED"
+    STOPPING = "STOPPING"
+    UNHEALTHY_SUPERVISOR = "UNHEALTHY_SUPERVISOR"
+    UNHEALTHY_TASKS = "UNHEALTHY_TASKS"
+    COMPLETED = "COMPLETED"
+    TERMINATED = "TERMINATED"
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the mass-termination guard and is served by runtimes."""
+        return self not in (State.TERMINATED, State.COMPLETED)
+
+
+class DetailedState(enum.StrEnum):
+    PENDING = "PENDING"
+    CONNECTING_TO_STREAM = "CONNECTING_TO_STREAM"
+    DISCOVERING_INITIAL_TASKS = "DISCOVERING_INITIAL_TASKS"
+    CREATING_TASKS = "CREATING_TASKS"
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    SUSPENDED = "SUSPENDED"
+    STOPPING = "STOPPING"
+    LOST_CONTACT_WITH_STREAM = "LOST_CONTACT_WITH_STREAM"
+    UNABLE_TO_CONNECT_TO_STREAM = "UNABLE_TO_CONNECT_TO_STREAM"
+    UNHEALTHY_SUPERVISOR = "UNHEALTHY_SUPERVISOR"
+    UNHEALTHY_TASKS = "UNHEALTHY_TASKS"
+    COMPLETED = "COMPLETED"
+    TERMINATED = "TERMINATED"
+
+
+class Kind(enum.StrEnum):
+    MAIN = "main"
+    BACKFILL = "backfill"
+
+
+@dataclass(frozen=True)
+class SupervisorRecord:
+    id: str
+    kind: Kind
+    spec_document: Mapping[str, Any]
+    spec_hash: str
+    state: State
+    detailed_state: DetailedState
+    epoch: int
+    parent_id: str | None = None
+    spec_path: str | None = None
+    last_request: str | None = None
+    last_error: str | None = None
+    last_attempted_hash: str | None = None
+    start_offsets: Mapping[str, int] | None = None
+    end_offsets: Mapping[str, int] | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def spec(self) -> SupervisorSpec:
+        return SupervisorSpec.from_document(self.spec_document)
+
+    @property
+    def bounded(self) -> bool:
+        return self.end_offsets is not None
+
+    @property
+    def suspended(self) -> bool:
+        return self.state == State.SUSPENDED
+
+
+@dataclass(frozen=True)
+class ActualState:
+    """Everything the planner needs from the database, read in one transaction."""
+
+    supervisors: Mapping[str, SupervisorRecord] = field(default_factory=dict)
+    handled_tokens: frozenset[str] = frozenset()
+    checkpoints: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def mains(self) -> dict[str, SupervisorRecord]:
+        return {k: v for k, v in self.supervisors.items() if v.kind == Kind.MAIN}
+
+
+def dumps(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)

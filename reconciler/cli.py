@@ -1,0 +1,438 @@
+"""The ``reconciler`` command line (click). Commands are thin: they load settings,
+call the same functions the daemon calls, and print tables or JSON.
+
+Exit codes: 0 success; 1 an error (invalid files, failed actions, unreachable
+database); 2 for ``plan``: changes pending (like ``terraform plan -detailed-exitcode``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from reconciler import logs, render
+from reconciler import settings as settings_mod
+from reconciler.errors import ReconcilerError
+from reconciler.plan import ActionKind, Desired, Plan, PlanSettings, desired_from_directory, plan
+from reconciler.spec.model import Position
+
+EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
+
+
+def _echo_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+class Context:
+    """Lazily built settings and store, shared by the commands of one invocation."""
+
+    def __init__(self, cli_values: dict, config: str | None):
+        self.cli_values = cli_values
+        self.config = config
+        self._settings = None
+        self._store = None
+
+    @property
+    def settings(self):
+        if self._settings is None:
+            self._settings = settings_mod.load(self.cli_values, self.config)
+        return self._settings
+
+    @property
+    def store(self):
+        if self._store is None:
+            from reconciler.store.store import Store
+
+            self.settings.state_path.mkdir(parents=True, exist_ok=True)
+            self._store = Store(self.settings.db_url)
+            self._store.migrate()
+        return self._store
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--specs", metavar="DIR", help="Watched spec directory [RECONCILER_SPECS; default ./specs].")
+@click.option("--db", metavar="URL", help="Metadata database URL, e.g. postgresql://user@host/db "
+              "[RECONCILER_DB; default SQLite in the state dir].")
+@click.option("--state-dir", metavar="DIR", help="State directory [RECONCILER_STATE_DIR; default ./state].")
+@click.option("--segments", metavar="DIR", help="Segments directory [RECONCILER_SEGMENTS; default <state>/segments].")
+@click.option("--spark-master", metavar="URL", help="Spark master [RECONCILER_SPARK_MASTER; default local[*]].")
+@click.option("--config", metavar="FILE", envvar="RECONCILER_CONFIG",
+              help="YAML config file [RECONCILER_CONFIG; default /etc/stream-reconciler/config.yaml if present].")
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="Log format [RECONCILER_LOG_FORMAT].")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Log level [RECONCILER_LOG_LEVEL; default INFO].")
+@click.version_option(package_name="stream-reconciler")
+@click.pass_context
+def cli(ctx, specs, db, state_dir, segments, spark_master, config, log_format, log_level):
+    """Reconcile stream-ingestion supervisors declared in YAML files.
+
+    \b
+    Quick tour:
+      reconciler validate specs/          check every spec and marker
+      reconciler plan                     what apply would change (exit 2 if anything)
+      reconciler apply                    one reconcile pass, no ingestion
+      reconciler run                      the daemon: watch, reconcile, ingest
+      reconciler status                   state, checkpoints, lag
+      reconciler reset clicks --to latest --dry-run
+    """
+    ctx.obj = Context(
+        {"specs": specs, "db": db, "state_dir": state_dir, "segments": segments, "spark_master": spark_master,
+         "log_format": log_format, "log_level": log_level},
+        config,
+    )
+    try:
+        s = ctx.obj.settings
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    logs.setup(s.log_level, s.log_format)
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except ReconcilerError as exc:  # a command let one through: still a clean message, exit 1
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
+
+
+# -- validate ---------------------------------------------------------------------------
+
+@cli.command(epilog="Example: reconciler validate specs/ examples/kafka-clicks.yaml")
+@click.argument("paths", nargs=-1, type=click.Path())
+@pass_ctx
+def validate(c: Context, paths):
+    """Validate spec and marker files (directories or single files).
+
+    Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE and exits 1 if any file is
+    invalid. With no PATH, validates the spec directory.
+    """
+    from reconciler.errors import SpecInvalid
+    from reconciler.spec import loader
+
+    problems, specs, markers = [], 0, 0
+    for path in paths or (c.settings.specs,):
+        if Path(path).is_dir():
+            state = loader.load_directory(path)
+            if not state.ok:
+                problems.append(f"{path}: {state.error}")
+                continue
+            problems += [str(p) for p in state.problems]
+            specs += len(state.specs)
+            markers += len(state.markers)
+            continue
+        try:
+            if loader.classify(path) == "marker":
+                loader.load_marker_file(path)
+                markers += 1
+            else:
+                loader.load_spec_file(path)
+                specs += 1
+        except SpecInvalid as exc:
+            problems += [str(p) for p in exc.problems]
+    for p in problems:
+        click.echo(p, err=True)
+    if problems:
+        click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {specs} spec(s), {markers} marker(s) valid")
+
+
+# -- plan / apply ----------------------------------------------------------------------
+
+def _desired(c: Context) -> Desired:
+    from reconciler.spec.loader import load_directory
+
+    return desired_from_directory(load_directory(c.settings.specs))
+
+
+def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True) -> Plan:
+    """Plan, then capture stream positions for the resets it contains and plan again to preview them."""
+    from reconciler.positions import capture
+
+    desired = _desired(c)
+    actual = c.store.read_actual()
+    ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
+    first = plan(desired, actual, settings=ps)
+    resets = [a for a in first.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
+    if not resets or not with_positions:
+        return first
+    positions, now = {}, datetime.now(UTC)
+    for a in resets:
+        rec = actual.supervisors.get(a.supervisor_id)
+        spec = rec.spec if rec else (a.spec or desired.specs.get(a.supervisor_id, (None, None))[1])
+        if spec is None:
+            continue
+        try:
+            positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
+        except ReconcilerError as exc:
+            click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {exc}", err=True)
+    return plan(desired, actual, positions=positions, settings=ps)
+
+
+@cli.command("plan", epilog="Example: reconciler plan -o json | jq '.actions[].kind'")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--no-positions", is_flag=True, help="Do not ask brokers for offsets to preview resets.")
+@pass_ctx
+def plan_cmd(c: Context, output, no_positions):
+    """Show what `apply` would do: actions with offset ranges and record counts.
+
+    Changes nothing. Exit 0 when there is nothing to do, 2 when there are changes,
+    1 on error.
+    """
+    try:
+        p = compute_plan(c, with_positions=not no_positions)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    doc = p.to_dict()
+    click.echo(json.dumps(doc, indent=2) if output == "json" else render.plan_text(doc))
+    sys.exit(2 if p.changes else 0)
+
+
+@cli.command(epilog="Example: reconciler apply && reconciler status")
+@click.option("--confirm-terminations", is_flag=True,
+              help="Apply terminations the mass-deletion guard is holding (empty directory, many files gone).")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def apply(c: Context, confirm_terminations, output):
+    """One reconcile pass: make the database match the spec directory (no ingestion).
+
+    Creates, updates, suspends, resumes and terminates supervisors, and applies reset
+    requests (backfill stanzas and marker files). Exit 1 if any action failed.
+    """
+    from reconciler.apply import Applier
+
+    try:
+        p = compute_plan(c, confirm=confirm_terminations, with_positions=False)
+        results = Applier(c.store, actor=f"cli:{_user()}", state_dir=c.settings.state_path).apply(p.actions)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if output == "json":
+        _echo_json({"results": [r.to_dict() for r in results], "notes": list(p.notes)})
+    else:
+        for r in results:
+            click.echo(f"{'ok ' if r.ok else 'ERR'} {r.action.kind:<19} {r.action.supervisor_id:<24} {r.message}")
+        for n in p.notes:
+            click.echo(f"note: {n}")
+        if not results:
+            click.echo("No changes.")
+    sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+# -- run --------------------------------------------------------------------------------
+
+@cli.command(epilog="Example: reconciler --specs examples run --until-caught-up")
+@click.option("--until-caught-up", is_flag=True,
+              help="Exit once every running supervisor has ingested up to the latest offsets seen at start "
+                   "and every backfill supervisor has completed.")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="With --until-caught-up: give up (exit 1) after this long.")
+@pass_ctx
+def run(c: Context, until_caught_up, timeout):
+    """Run the daemon: watch the spec directory, reconcile, and ingest.
+
+    Reconciles on every file change (debounced) and every tick; runs one runtime per
+    RUNNING supervisor beside the tick loop. SIGTERM finishes or fences in-flight
+    batches and exits; a second SIGTERM exits at once (exactly-once still holds).
+    """
+    from reconciler.daemon import Daemon
+
+    try:
+        code = Daemon(c.settings, config_path=c.config, cli_values=c.cli_values).run(
+            until_caught_up=until_caught_up, timeout=timeout)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
+
+
+# -- status / history / segments ----------------------------------------------------------
+
+@cli.command(epilog="Example: reconciler status clicks -o json")
+@click.argument("supervisor_id", required=False, metavar="[ID]")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--no-lag", is_flag=True, help="Do not ask brokers for latest offsets.")
+@pass_ctx
+def status(c: Context, supervisor_id, output, no_lag):
+    """State, detailed state, per-partition checkpoint, latest and lag of supervisors."""
+    from reconciler.status import all_status
+
+    try:
+        items = all_status(c.store, supervisor_id, with_latest=not no_lag)
+        lease = c.store.lease()
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if supervisor_id and not items:
+        raise click.ClickException(f"no supervisor '{supervisor_id}'")
+    if output == "json":
+        _echo_json({"supervisors": items, "leader": lease})
+    else:
+        click.echo(render.status_text(items, detail=bool(supervisor_id)))
+        if lease:
+            click.echo(f"\nleader: {lease['holder']} (token {lease['token']}, lease until {lease['expires_at']:%H:%M:%S}Z)")
+
+
+@cli.command(epilog="Example: reconciler history clicks")
+@click.argument("supervisor_id", metavar="ID")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def history(c: Context, supervisor_id, output):
+    """The audit log of one supervisor: creates, updates, resets with offsets, terminations."""
+    entries = c.store.history(supervisor_id)
+    if not entries and c.store.get(supervisor_id) is None:
+        raise click.ClickException(f"no supervisor '{supervisor_id}'")
+    if output == "json":
+        _echo_json(entries)
+    else:
+        click.echo(render.history_text(entries))
+
+
+@cli.command(epilog="Example: reconciler segments clicks")
+@click.argument("datasource")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def segments(c: Context, datasource, output):
+    """Committed segments of a datasource: interval, rows, size, offsets, path."""
+    rows = c.store.segments(datasource)
+    if output == "json":
+        _echo_json(rows)
+    else:
+        click.echo(render.segments_text(rows))
+        if rows:
+            click.echo(f"\n{len(rows)} file(s), {sum(r['rows'] for r in rows)} rows")
+
+
+# -- reset ------------------------------------------------------------------------------
+
+def parse_position(text: str) -> Position:
+    """latest | earliest | ISO time | -2h | {"0": 1200} | {"offsets": {...}} | {"shiftBy": -100}."""
+    from reconciler.spec.timeparse import TimestampError, parse_timestamp
+
+    t = text.strip()
+    if t in ("latest", "earliest"):
+        return Position(t)
+    if t.startswith("{"):
+        try:
+            doc = json.loads(t)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}") from None
+        if isinstance(doc, dict) and not ({"offsets", "shiftBy", "timestamp"} & doc.keys()):
+            doc = {"offsets": doc}
+        try:
+            pos = Position.from_document(doc)
+            if pos.kind == "offsets" and any(int(v) < 0 for v in pos.offsets.values()):
+                raise ValueError("offsets must be >= 0")
+            return pos
+        except (ValueError, TypeError) as exc:
+            raise click.BadParameter(str(exc)) from None
+    try:
+        parse_timestamp(t, datetime.now(UTC))
+    except TimestampError as exc:
+        raise click.BadParameter(f"{exc}; or use latest, earliest, or offsets JSON") from None
+    return Position("timestamp", timestamp=t)
+
+
+@cli.command(epilog="""\b
+Examples:
+  reconciler reset clicks --to latest --dry-run
+  reconciler reset clicks --to latest --backfill --reason "lag alarm INC-42"
+  reconciler reset clicks --to 2026-11-20T10:00:00Z --allow-rewind
+  reconciler reset clicks --to '{"0": 1200, "1": 900}'
+  reconciler reset clicks --to '{"shiftBy": -1000}' --allow-rewind""")
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--to", "to", required=True, metavar="POSITION",
+              help="latest | earliest | ISO time or -2h | offsets JSON {\"0\": 1200} | {\"shiftBy\": N}.")
+@click.option("--backfill/--no-backfill", default=True, show_default=True,
+              help="Ingest what a forward jump skips with a bounded backfill supervisor.")
+@click.option("--backfill-task-count", type=click.IntRange(1, 1024), help="taskCount of the backfill supervisor.")
+@click.option("--allow-rewind", is_flag=True, help="Allow moving checkpoints backwards (records are read again).")
+@click.option("--dry-run", is_flag=True, help="Show per-partition offsets and counts; change nothing.")
+@click.option("--reason", help="Why; recorded in the audit log.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_rewind, dry_run, reason, output):
+    """Move a supervisor's checkpoint, exactly once, optionally with a backfill.
+
+    Captures the stream's offsets, then in ONE transaction reads the checkpoint under
+    lock, creates the bounded backfill supervisor ID-backfill-N for the skipped range,
+    moves the checkpoint and fences any in-flight batch. Works in any state, including
+    SUSPENDED. The backfill is ingested by the daemon (`reconciler run`).
+    """
+    from reconciler.apply import Applier
+    from reconciler.plan import Action
+    from reconciler.positions import capture
+    from reconciler.requests import from_cli
+    from reconciler.resets import compute_reset
+
+    position = parse_position(to)
+    rec = c.store.get(supervisor_id)
+    if rec is None or rec.kind != "main":
+        raise click.ClickException(f"no main supervisor '{supervisor_id}' (see `reconciler status`)")
+    req = from_cli(supervisor_id, position, operation_id=uuid.uuid4().hex[:12], backfill=backfill,
+                   backfill_task_count=backfill_task_count, allow_rewind=allow_rewind, reason=reason)
+    try:
+        if dry_run:
+            pos, initial = capture(rec.spec, position, datetime.now(UTC))
+            current = c.store.checkpoints(supervisor_id)
+            for p, o in initial.items():
+                current.setdefault(p, o)
+            outcome = compute_reset(position, current, pos, backfill=backfill, allow_rewind=allow_rewind)
+            doc = {"dryRun": True, "supervisor": supervisor_id, "position": position.to_document(),
+                   "partitions": [p.to_dict() for p in outcome.partitions], "backfillRecords": outcome.backfill_records,
+                   "warnings": list(outcome.warnings), "errors": list(outcome.errors)}
+            _print_reset(doc, output)
+            sys.exit(1 if outcome.errors else 0)
+        kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
+        [result] = Applier(c.store, actor=f"cli:{req.source}", state_dir=c.settings.state_path).apply(
+            [Action(kind, supervisor_id, req.describe(), request=req)])
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not result.ok:
+        raise click.ClickException(result.message)
+    _print_reset({"dryRun": False, "message": result.message, **result.details}, output)
+
+
+def _print_reset(doc, output) -> None:
+    if output == "json":
+        _echo_json(doc)
+        return
+    if doc.get("message"):
+        click.echo(doc["message"])
+    click.echo(render.reset_table(doc["partitions"]))
+    for w in doc.get("warnings", []) + doc.get("errors", []):
+        click.echo(f"! {w}")
+    if doc["dryRun"]:
+        click.echo(f"dry run: backfill would ingest {doc['backfillRecords']} records; nothing changed")
+
+
+# -- db ---------------------------------------------------------------------------------
+
+@cli.group()
+def db():
+    """Metadata database maintenance."""
+
+
+@db.command("upgrade", epilog="Example: RECONCILER_DB=postgresql://reconciler@db/reconciler reconciler db upgrade")
+@pass_ctx
+def db_upgrade(c: Context):
+    """Run schema migrations up to the newest revision (also done automatically at start)."""
+    from reconciler.store.store import Store
+
+    store = Store(c.settings.db_url)
+    try:
+        c.settings.state_path.mkdir(parents=True, exist_ok=True)
+        click.echo(f"database at revision {store.migrate()}")
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _user() -> str:
+    from reconciler.requests import _user as user
+
+    return user()

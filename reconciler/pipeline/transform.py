@@ -1,0 +1,278 @@
+"""Records (``RECORD_SCHEMA`` rows) -> segment rows and dead letters, in Spark's JVM.
+
+No Python UDFs: per-record Python is the bottleneck of the whole pipeline, so JSON
+parsing (``from_json``), timestamp handling, truncation and rollup are Spark SQL
+expressions.
+
+* Every non-virtual dimension is read as a string: ``from_json`` hands back a JSON
+  number, boolean, object or array under a string field as its JSON text.
+* Metric fields are read as strings too and converted with ``try_cast`` (a value that
+  does not convert is null, which sums and min/max ignore), so one odd field never
+  makes a whole record unreadable.
+* The timestamp column becomes ``__time`` (TIMESTAMP, UTC); a record whose value is
+  not a JSON object, or whose timestamp is missing or unparseable, is a dead letter.
+* ``__segment`` is the record's time chunk (segment granularity floor of ``__time``)
+  as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``: Spark, pyarrow and DuckDB
+  all discover it as a string partition value (it is neither a number nor a date).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from reconciler.spec.model import VIRTUAL_COLUMNS, DataSchema, Metric
+
+TIME = "__time"
+SEGMENT = "__segment"
+DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
+
+_PARSED = "__json"
+_CORRUPT = "__reconciler_corrupt_record"
+_TS = "__ts_text"
+_REASON = "__reason"
+
+# Fixed-width granularities in microseconds; the others are calendar units for date_trunc.
+_FIXED_MICROS = {"second": 1_000_000, "minute": 60_000_000, "fifteen_minute": 900_000_000,
+                 "hour": 3_600_000_000, "day": 86_400_000_000}
+_TRUNC_UNIT = {"second": "second", "minute": "minute", "hour": "hour", "day": "day",
+               "month": "month"}
+SEGMENT_GRANULARITIES = ("minute", "fifteen_minute", "hour", "day", "month")
+QUERY_GRANULARITIES = ("none", "second", "minute", "fifteen_minute", "hour", "day")
+
+CHUNK_FORMAT = "%Y%m%dT%H%MZ"  # Python strftime of the chunk string
+_CHUNK_SPARK_FORMAT = "yyyyMMdd'T'HHmm'Z'"
+
+_LONG_METRICS = {"longSum", "longMin", "longMax"}
+_DOUBLE_METRICS = {"doubleSum", "doubleMin", "doubleMax"}
+METRIC_TYPES = {"count"} | _LONG_METRICS | _DOUBLE_METRICS
+
+# Virtual columns: name -> expression over the raw record columns.
+_VIRTUAL = {
+    "__key": lambda: F.col("key").cast("string"),
+    "__partition": lambda: F.col("partition"),
+    "__offset": lambda: F.col("offset"),
+    "__stream_time": lambda: F.col("stream_time"),
+}
+assert set(_VIRTUAL) == set(VIRTUAL_COLUMNS)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def floor_time(col: Column, granularity: str) -> Column:
+    """``col`` (TIMESTAMP) floored to a granularity, in UTC; ``none`` keeps it."""
+    if granularity == "none":
+        return col
+    if granularity == "fifteen_minute":
+        micros = F.unix_micros(col)
+        width = F.lit(_FIXED_MICROS[granularity])
+        return F.timestamp_micros(micros - F.pmod(micros, width))
+    if granularity in _TRUNC_UNIT:
+        return F.date_trunc(_TRUNC_UNIT[granularity], col)
+    raise ValueError(f"unknown granularity: {granularity!r}")
+
+
+def chunk_column(time_col: Column, segment_granularity: str) -> Column:
+    """The ``__segment`` string of a time (``YYYYMMDDTHHMMZ`` of its chunk's start)."""
+    if segment_granularity not in SEGMENT_GRANULARITIES:
+        raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
+    return F.date_format(floor_time(time_col, segment_granularity), _CHUNK_SPARK_FORMAT)
+
+
+def chunk_interval(chunk: str, segment_granularity: str) -> tuple[datetime, datetime]:
+    """``[start, end)`` of a chunk string, as aware UTC datetimes."""
+    start = datetime.strptime(chunk, CHUNK_FORMAT).replace(tzinfo=UTC)
+    if segment_granularity == "month":
+        y, m = (start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1)
+        return start, start.replace(year=y, month=m)
+    if segment_granularity not in _FIXED_MICROS:
+        raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
+    return start, start + timedelta(microseconds=_FIXED_MICROS[segment_granularity])
+
+
+def chunk_of(ts: datetime, segment_granularity: str) -> str:
+    """Python twin of ``chunk_column`` (for tests and tools)."""
+    ts = ts.astimezone(UTC)
+    if segment_granularity == "month":
+        start = ts.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    else:
+        width = _FIXED_MICROS[segment_granularity]
+        micros = (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        start = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros - micros % width)
+    return start.strftime(CHUNK_FORMAT)
+
+
+def _micros_to_ts(x: Column) -> Column:
+    # try_cast: NaN, infinities and out-of-range values become null (a dead letter).
+    return F.timestamp_micros(F.round(x).try_cast("long"))
+
+
+def parse_timestamp(text: Column, fmt: str) -> Column:
+    """A JSON timestamp (its text) -> TIMESTAMP, null when it does not parse.
+
+    ``millis``/``seconds``: a number (fractions allowed). ``iso``: ISO-8601 (a missing
+    offset means UTC). ``auto``: a number is millis when its magnitude exceeds 1e11
+    (after 1973-03-03 as millis, year 5138 as seconds), else seconds; anything else ISO.
+    """
+    num = text.try_cast("double")
+    millis = _micros_to_ts(num * F.lit(1000.0))
+    seconds = _micros_to_ts(num * F.lit(1_000_000.0))
+    iso = F.coalesce(
+        F.try_to_timestamp(text),
+        F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mmXXX")),
+    )
+    if fmt == "millis":
+        return millis
+    if fmt == "seconds":
+        return seconds
+    if fmt == "iso":
+        return iso
+    if fmt == "auto":
+        return (
+            F.when(num.isNull(), iso)
+            .when(F.abs(num) > F.lit(1e11), millis)
+            .otherwise(seconds)
+        )
+    raise ValueError(f"unknown timestamp format: {fmt!r}")
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _metric_field_types(data_schema: DataSchema) -> dict[str, str]:
+    """Non-virtual metric source fields -> Spark type ("bigint" or "double")."""
+    out: dict[str, str] = {}
+    for m in data_schema.metrics:
+        if m.type not in METRIC_TYPES:
+            raise ValueError(f"unknown metric type: {m.type!r}")
+        if m.type == "count" or not m.field:
+            continue
+        kind = "double" if m.type in _DOUBLE_METRICS else "bigint"
+        if out.get(m.field) != "double":
+            out[m.field] = kind
+    return out
+
+
+def json_schema(data_schema: DataSchema) -> StructType:
+    """The ``from_json`` schema: every field that the data schema reads, as strings."""
+    names: list[str] = []
+    for name in (
+        data_schema.timestamp_column,
+        *data_schema.dimensions,
+        *(m.field for m in data_schema.metrics if m.field),
+    ):
+        if name and name not in VIRTUAL_COLUMNS and name not in names:
+            names.append(name)
+    fields = [StructField(n, StringType(), True) for n in names]
+    fields.append(StructField(_CORRUPT, StringType(), True))
+    return StructType(fields)
+
+
+def _field(name: str) -> Column:
+    if name in _VIRTUAL:
+        return _VIRTUAL[name]()
+    return F.col(_PARSED).getField(name)
+
+
+# --------------------------------------------------------------------------- transform
+
+
+def parse(df: DataFrame, data_schema: DataSchema) -> DataFrame:
+    """Raw records + the parsed JSON struct, ``__time`` (null if bad) and ``__reason``."""
+    if data_schema.format != "json":
+        raise ValueError(f"unsupported format: {data_schema.format!r}")
+    schema = json_schema(data_schema)
+    parsed = F.from_json(
+        F.col("value").cast("string"),
+        schema,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
+    )
+    ts_name = data_schema.timestamp_column
+    with_json = df.select(
+        "partition", "offset", "key", "value", "stream_time", parsed.alias(_PARSED)
+    )
+    if ts_name in _VIRTUAL:
+        ts_text = _VIRTUAL[ts_name]().cast("string")
+    else:
+        ts_text = F.trim(F.col(_PARSED).getField(ts_name))
+    with_ts = with_json.withColumn(_TS, ts_text)
+    time = parse_timestamp(F.col(_TS), data_schema.timestamp_format)
+    if ts_name == "__stream_time":
+        time = F.col("stream_time")
+    with_time = with_ts.withColumn(TIME, time)
+    json_bad = F.col(_PARSED).isNull() | F.col(_PARSED).getField(_CORRUPT).isNotNull()
+    reason = (
+        F.when(F.col("value").isNull(), F.lit("null value"))
+        .when(json_bad, F.lit("invalid JSON: not a JSON object"))
+        .when(
+            F.col(_TS).isNull(),
+            F.lit(f"missing timestamp column {ts_name!r}"),
+        )
+        .when(
+            F.col(TIME).isNull(),
+            F.concat(
+                F.lit(f"unparseable timestamp ({data_schema.timestamp_format}): "),
+                F.substring(F.col(_TS), 1, 100),
+            ),
+        )
+    )
+    return with_time.withColumn(_REASON, reason)
+
+
+def _metric_column(m: Metric, field_types: dict[str, str]) -> Column:
+    if m.type == "count":
+        return F.count(F.lit(1)).alias(m.name)
+    src = _field(m.field or "")
+    kind = "double" if m.type in _DOUBLE_METRICS else "bigint"
+    value = src.try_cast(kind)
+    agg = {"Sum": F.sum, "Min": F.min, "Max": F.max}[m.type[-3:]]
+    return agg(value).alias(m.name)
+
+
+def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
+    """Segment rows from a ``parse`` frame's good records (with ``__segment``)."""
+    ok = parsed.where(F.col(_REASON).isNull())
+    qtime = floor_time(F.col(TIME), data_schema.query_granularity).alias(TIME)
+    dims = [_field(d).alias(d) for d in data_schema.dimensions]
+    if data_schema.rollup:
+        grouped = ok.groupBy(qtime, *dims)
+        field_types = _metric_field_types(data_schema)
+        metrics = [_metric_column(m, field_types) for m in data_schema.metrics]
+        if not metrics:
+            out = grouped.agg(F.count(F.lit(1)).alias("__rows")).drop("__rows")
+        else:
+            out = grouped.agg(*metrics)
+    else:
+        cols = [qtime, *dims]
+        for name, kind in _metric_field_types(data_schema).items():
+            if name in data_schema.dimensions:
+                continue
+            src = _field(name)
+            cols.append(src.try_cast(kind).alias(name))
+        out = ok.select(*cols)
+    return out.withColumn(SEGMENT, chunk_column(F.col(TIME), data_schema.segment_granularity))
+
+
+def dead_rows(parsed: DataFrame) -> DataFrame:
+    """Dead letters from a ``parse`` frame: partition, offset, key, value, reason."""
+    return parsed.where(F.col(_REASON).isNotNull()).select(
+        "partition", "offset", "key", "value", F.col(_REASON).alias("reason")
+    )
+
+
+def transform(df: DataFrame, data_schema: DataSchema) -> tuple[DataFrame, DataFrame]:
+    """``(good_df, dead_df)`` for a frame of records (``RECORD_SCHEMA`` columns).
+
+    good_df: ``__time``, the dimensions, the metrics (rollup) or metric source fields
+    (no rollup), and ``__segment``. dead_df: ``DEAD_COLUMNS``.
+    """
+    parsed = parse(df, data_schema)
+    return good_rows(parsed, data_schema), dead_rows(parsed)
+
+
+def dead_reason_column() -> str:
+    return _REASON

@@ -1,0 +1,271 @@
+"""The planner: a pure diff of desired state (files) against actual state (database).
+
+``plan(desired, actual, requests, now)`` returns typed actions and notes. It does no
+I/O: no database, filesystem, broker, Spark or clock (``now`` is handed in). The
+daemon's tick, ``reconciler plan`` and ``reconciler apply`` call this same function.
+
+Safety rules live here, where they can be tested exhaustively:
+
+* an invalid file never terminates its supervisor: it keeps its last valid spec;
+* an unreadable or empty spec directory plans no termination;
+* a tick that would terminate more than ``max_termination_share`` of the active
+  supervisors (and more than one) plans none, and says how to confirm;
+* a reset request is planned once per token (stanza request id, marker hash, CLI op).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from reconciler.actual import ActualState, State, SupervisorRecord
+from reconciler.requests import ResetRequest, from_marker, from_stanza
+from reconciler.resets import Positions, ResetOutcome, compute_reset
+from reconciler.spec.model import KafkaSource, SupervisorSpec
+
+
+class ActionKind(enum.StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    TERMINATE = "terminate"
+    RESET = "reset"
+    RESET_AND_BACKFILL = "reset-and-backfill"
+    MARK_INVALID = "mark-invalid"
+    REJECT_MARKER = "reject-marker"
+    RETIRE_MARKER = "retire-marker"  # already applied (or rejected), but the file could not be renamed
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    supervisor_id: str
+    reason: str
+    spec: SupervisorSpec | None = None
+    path: str | None = None
+    request: ResetRequest | None = None
+    preview: ResetOutcome | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": str(self.kind), "supervisor": self.supervisor_id, "reason": self.reason}
+        if self.path:
+            d["path"] = self.path
+        if self.spec is not None:
+            d["specHash"] = self.spec.spec_hash
+        if self.request is not None:
+            r = self.request
+            d["request"] = {"token": r.token, "trigger": r.trigger, "source": r.source, "position": r.position.to_document(),
+                            "backfill": r.backfill, "allowRewind": r.allow_rewind, "reason": r.reason}
+        if self.preview is not None:
+            p = self.preview
+            d["partitions"] = [x.to_dict() for x in p.partitions]
+            d["backfillRecords"] = p.backfill_records
+            d["skippedRecords"] = sum(x.skipped for x in p.partitions)
+            d["rereadRecords"] = sum(x.reread for x in p.partitions)
+            if p.warnings:
+                d["warnings"] = list(p.warnings)
+            if p.errors:
+                d["errors"] = list(p.errors)
+        if self.error:
+            d["error"] = self.error
+        return d
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    max_termination_share: float = 0.5  # of active main supervisors, when more than one would go
+    confirm_terminations: bool = False  # the operator confirmed a held mass termination
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    notes: tuple[str, ...] = ()
+    held_terminations: tuple[str, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.actions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"actions": [a.to_dict() for a in self.actions], "notes": list(self.notes),
+                "heldTerminations": list(self.held_terminations)}
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the planner needs from the spec directory (built from the loader's DirectoryState)."""
+
+    ok: bool
+    error: str | None
+    specs: Mapping[str, tuple[str, SupervisorSpec]]  # id -> (path, spec)
+    invalid: Mapping[str, tuple[str, str]]  # id -> (path, error text)
+    markers: Sequence[tuple[str, ResetRequest]] = ()  # (path, request)
+    rejected_markers: Mapping[str, str] = field(default_factory=dict)  # path -> error text
+    marker_ids: Mapping[str, str] = field(default_factory=dict)  # path of a rejected marker -> supervisor id
+
+    @property
+    def empty(self) -> bool:
+        return not self.specs and not self.invalid
+
+
+def desired_from_directory(state) -> Desired:
+    """Adapt the loader's ``DirectoryState`` (duck-typed to keep this module import-light)."""
+    specs = {spec.id: (path, spec) for path, spec in state.specs.items()}
+    invalid = {sid: (path, str(state.invalid[path])) for sid, path in state.invalid_ids.items() if path in state.invalid}
+    markers = [(m.path, from_marker(m)) for m in state.markers]
+    rejected = {path: str(err) for path, err in state.rejected_markers.items()}
+    marker_ids = {path: _marker_id(path) for path in rejected}
+    return Desired(ok=state.ok, error=getattr(state, "error", None), specs=specs, invalid=invalid,
+                   markers=markers, rejected_markers=rejected, marker_ids=marker_ids)
+
+
+def _marker_id(path: str) -> str:
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    for suffix in (".reset.yaml", ".reset.yml"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def plan(
+    desired: Desired,
+    actual: ActualState,
+    requests: Sequence[ResetRequest] = (),
+    now: datetime | None = None,
+    *,
+    positions: Mapping[str, Positions] | None = None,
+    settings: PlanSettings | None = None,
+) -> Plan:
+    """Diff desired against actual; return the actions that make them agree, in order."""
+    del now  # accepted for the contract; time-dependent positions arrive resolved in ``positions``
+    settings = settings or PlanSettings()
+    actions: list[Action] = []
+    notes: list[str] = []
+    mains = actual.mains()
+
+    for sid in sorted(set(desired.specs) | set(desired.invalid)):
+        if sid in desired.specs:
+            path, spec = desired.specs[sid]
+            actions += _diff_valid(spec, path, mains.get(sid), actual)
+        else:
+            path, error = desired.invalid[sid]
+            rec = mains.get(sid)
+            if rec is None or rec.state == State.TERMINATED:
+                notes.append(f"{path}: invalid, and no supervisor '{sid}' runs from it: nothing to keep")
+            elif rec.last_error != error:
+                actions.append(Action(ActionKind.MARK_INVALID, sid, f"{path} is invalid; keeps its last valid spec",
+                                      path=path, error=error))
+
+    terminate, held, why = _terminations(desired, mains, settings)
+    actions += terminate
+    if why:
+        notes.append(why)
+
+    known = {sid for sid, r in mains.items() if r.state != State.TERMINATED} | set(desired.specs)
+    actions += _marker_actions(desired, actual, known)
+    for req in requests:
+        if req.token not in actual.handled_tokens:
+            actions.append(_reset_action(req, None))
+
+    actions = [_with_preview(a, actual, positions) for a in actions]
+    return Plan(tuple(actions), tuple(notes), held)
+
+
+def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
+    out: list[Action] = []
+    if rec is None or rec.state == State.TERMINATED:
+        why = "new spec file" if rec is None else "spec file is back; continues from the kept checkpoint"
+        out.append(Action(ActionKind.CREATE, spec.id, why, spec=spec, path=path))
+    else:
+        conflict = _source_conflict(rec.spec, spec)
+        if conflict:
+            error = f"{path}: source: {conflict}; keeps its last valid spec (use a new id, or revert)"
+            if rec.last_error != error:
+                out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
+            return out
+        if rec.spec_hash != spec.spec_hash or rec.last_error:
+            why = "spec changed" if rec.spec_hash != spec.spec_hash else "spec file is valid again"
+            out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path))
+        if spec.suspended and rec.state != State.SUSPENDED:
+            out.append(Action(ActionKind.SUSPEND, spec.id, "suspended: true", spec=spec, path=path))
+        elif not spec.suspended and rec.state == State.SUSPENDED:
+            out.append(Action(ActionKind.RESUME, spec.id, "suspended: false", spec=spec, path=path))
+    req = from_stanza(spec)
+    if req is not None and req.token not in actual.handled_tokens:
+        out.append(_reset_action(req, path))
+    return out
+
+
+def _source_conflict(old: SupervisorSpec, new: SupervisorSpec) -> str | None:
+    """Offsets belong to one stream: a different topic or system would misuse the checkpoints."""
+    if old.source.type != new.source.type:
+        return f"type changed from {old.source.type} to {new.source.type}"
+    if isinstance(old.source, KafkaSource) and isinstance(new.source, KafkaSource) and old.source.topic != new.source.topic:
+        return f"topic changed from '{old.source.topic}' to '{new.source.topic}'"
+    return None
+
+
+def _terminations(desired: Desired, mains: Mapping[str, SupervisorRecord], settings: PlanSettings):
+    active = [sid for sid, r in mains.items() if r.state != State.TERMINATED]
+    gone = sorted(sid for sid in active if sid not in desired.specs and sid not in desired.invalid)
+    if not gone:
+        return [], (), None
+    if not desired.ok:
+        return [], tuple(gone), (f"spec directory unreadable ({desired.error}); no termination planned "
+                                 f"for {', '.join(gone)}")
+    if not settings.confirm_terminations:
+        if desired.empty:
+            return [], tuple(gone), (f"spec directory is empty; terminating {', '.join(gone)} is held "
+                                     "(restore the files, or run `reconciler apply --confirm-terminations`)")
+        share = len(gone) / len(active)
+        if len(gone) > 1 and share > settings.max_termination_share:
+            return [], tuple(gone), (
+                f"{len(gone)} of {len(active)} supervisors would terminate ({share:.0%} > "
+                f"{settings.max_termination_share:.0%}); held: {', '.join(gone)} "
+                "(run `reconciler apply --confirm-terminations` if this is intended)")
+    return [Action(ActionKind.TERMINATE, sid, "spec file removed", path=mains[sid].spec_path) for sid in gone], (), None
+
+
+def _marker_actions(desired: Desired, actual: ActualState, known: set[str]) -> list[Action]:
+    out: list[Action] = []
+    for path, error in sorted(desired.rejected_markers.items()):
+        out.append(Action(ActionKind.REJECT_MARKER, desired.marker_ids.get(path, "?"), "invalid marker", path=path, error=error))
+    for path, req in desired.markers:
+        if req.token in actual.handled_tokens:
+            out.append(Action(ActionKind.RETIRE_MARKER, req.supervisor_id, "already handled; rename the file",
+                              path=path, request=req))
+        elif req.supervisor_id not in known:
+            names = ", ".join(sorted(known)) or "none"
+            out.append(Action(ActionKind.REJECT_MARKER, req.supervisor_id, "unknown supervisor", path=path, request=req,
+                              error=f"{path}: unknown supervisor '{req.supervisor_id}' (known: {names})"))
+        else:
+            out.append(_reset_action(req, path))
+    return out
+
+
+def _reset_action(req: ResetRequest, path: str | None) -> Action:
+    kind = ActionKind.RESET_AND_BACKFILL if req.backfill else ActionKind.RESET
+    return Action(kind, req.supervisor_id, req.describe(), path=path, request=req)
+
+
+def _with_preview(action: Action, actual: ActualState, positions: Mapping[str, Positions] | None) -> Action:
+    """Attach the per-partition preview to reset actions when positions were handed in."""
+    req = action.request
+    if req is None or action.kind not in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL) or not positions:
+        return action
+    pos = positions.get(req.supervisor_id)
+    if pos is None:
+        return action
+    rec = actual.supervisors.get(req.supervisor_id)
+    start_from = rec.spec.start_from.kind if rec else "earliest"
+    current = dict(actual.checkpoints.get(req.supervisor_id, {}))
+    for p in pos.latest:
+        current.setdefault(p, pos.latest[p] if start_from == "latest" else pos.earliest[p])
+    preview = compute_reset(req.position, current, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)
+    return Action(action.kind, action.supervisor_id, action.reason, action.spec, action.path, req, preview, action.error)

@@ -1,0 +1,105 @@
+"""Human-readable rendering of plans, status, history and segments (tables on stdout).
+
+Machine-readable output is JSON of the same dictionaries (``-o json``); this module
+only lays them out for people.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    rows = [["" if v is None else str(v) for v in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    out = []
+    if not plan["actions"]:
+        out.append("No changes: the database matches the spec directory.")
+    for a in plan["actions"]:
+        head = f"{a['kind']:<19} {a['supervisor']:<24} {a['reason']}"
+        if a.get("path"):
+            head += f"  [{a['path']}]"
+        out.append(head)
+        if a.get("error"):
+            out.extend("    " + line for line in a["error"].splitlines())
+        if "partitions" in a:
+            out.append(_indent(reset_table(a["partitions"]), 4))
+            out.append(f"    backfill {a['backfillRecords']} records, skip {a['skippedRecords']}, "
+                       f"re-read {a['rereadRecords']}")
+        for w in a.get("warnings", []) + a.get("errors", []):
+            out.append(f"    ! {w}")
+    for n in plan["notes"]:
+        out.append(f"note: {n}")
+    return "\n".join(out)
+
+
+def reset_table(partitions: list[dict[str, Any]]) -> str:
+    return table(
+        ["partition", "checkpoint", "latest", "new", "backfill", "skipped", "reread"],
+        [[p["partition"], p["checkpoint"], p["latest"], p["new"], p["backfill"], p["skipped"], p["reread"]]
+         for p in partitions],
+    )
+
+
+def status_text(items: list[dict[str, Any]], detail: bool) -> str:
+    if not items:
+        return "No supervisors. Add a spec to the spec directory and run `reconciler apply`."
+    rows = []
+    for s in items:
+        lag = "?" if s["lag"] is None else s["lag"]
+        progress = ""
+        if s.get("backfill"):
+            b = s["backfill"]
+            progress = f"{b['done']}/{b['total']}"
+            if b["etaSeconds"] is not None and not b["complete"]:
+                progress += f" eta {b['etaSeconds']:.0f}s"
+        rows.append([s["id"], s["state"], s["detailedState"], lag, s["records"], s["unparseable"], progress,
+                     (s["lastError"] or s["streamError"] or "")[:80]])
+    out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows)]
+    if detail:
+        for s in items:
+            out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "
+                       f"epoch {s['epoch']}, spec {s['specHash']} {s['specPath'] or ''}")
+            out.append(table(["partition", "checkpoint", "latest", "end", "lag"],
+                             [[p["partition"], p["checkpoint"], p["latest"], p["end"], p["lag"]] for p in s["partitions"]]))
+            for key in ("lastError", "streamError"):
+                if s[key]:
+                    out.append(f"{key}: {s[key]}")
+    return "\n".join(out)
+
+
+def history_text(entries: list[dict[str, Any]]) -> str:
+    if not entries:
+        return "No history."
+    out = []
+    for e in entries:
+        out.append(f"{e['at']:%Y-%m-%d %H:%M:%S}Z  {e['action']:<19} by {e['actor']}"
+                   + (f"  trigger: {e['trigger']}" if e["trigger"] else "")
+                   + (f"  reason: {e['reason']}" if e["reason"] else ""))
+        d = e.get("details") or {}
+        if d.get("partitions"):
+            out.append(_indent(reset_table(d["partitions"]), 4))
+        if d.get("backfill"):
+            out.append(f"    backfill supervisor: {d['backfill']} ({d.get('backfillRecords', 0)} records)")
+    return "\n".join(out)
+
+
+def segments_text(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "No committed segments."
+    out = []
+    for r in rows:
+        ranges = ", ".join(f"{p}:[{s},{e})" for p, s, e in json.loads(r["ranges"]))
+        out.append([f"{r['interval_start']}/{r['interval_end']}", r["rows"], r["bytes"], r["batch_id"][:12], ranges, r["path"]])
+    return table(["interval", "rows", "bytes", "batch", "offsets", "path"], out)
+
+
+def _indent(text: str, n: int) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())

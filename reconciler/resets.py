@@ -1,0 +1,154 @@
+"""Reset arithmetic: where each partition's checkpoint goes and what a backfill covers.
+
+Pure functions. The same ``compute_reset`` runs three times for one request: in
+``plan``/``--dry-run`` to preview, and inside the reset transaction on the checkpoint
+read under lock (the only one that counts). Rules:
+
+* ``latest`` never moves a checkpoint backwards: new = max(C, L). A broker that
+  under-reports its end (Tansu) therefore cannot cause a re-read.
+* any other position that would move a partition backwards is a rewind: refused
+  unless the request says ``allowRewind``, and then reported as records read again.
+* a forward jump with backfill yields the range ``[C, new)`` for the backfill
+  supervisor; without backfill the same range is reported as skipped.
+* explicit offsets outside ``[earliest, latest]`` are refused with the valid range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reconciler.spec.model import Position
+
+
+@dataclass(frozen=True)
+class PartitionReset:
+    partition: str
+    checkpoint: int
+    earliest: int
+    latest: int
+    new: int
+    backfill: int = 0  # records the backfill supervisor will ingest: [checkpoint, new)
+    skipped: int = 0  # records a no-backfill forward jump skips
+    reread: int = 0  # records an allowed rewind reads again
+
+    def to_dict(self) -> dict:
+        return {
+            "partition": self.partition,
+            "checkpoint": self.checkpoint,
+            "earliest": self.earliest,
+            "latest": self.latest,
+            "new": self.new,
+            "backfill": self.backfill,
+            "skipped": self.skipped,
+            "reread": self.reread,
+        }
+
+
+@dataclass(frozen=True)
+class ResetOutcome:
+    partitions: tuple[PartitionReset, ...]
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def new_offsets(self) -> dict[str, int]:
+        return {p.partition: p.new for p in self.partitions}
+
+    @property
+    def backfill_ranges(self) -> dict[str, tuple[int, int]]:
+        """Non-empty ``[start, end)`` per partition for the backfill supervisor."""
+        return {p.partition: (p.checkpoint, p.new) for p in self.partitions if p.backfill > 0}
+
+    @property
+    def backfill_records(self) -> int:
+        return sum(p.backfill for p in self.partitions)
+
+    @property
+    def changed(self) -> bool:
+        return any(p.new != p.checkpoint for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """What the stream said, captured before the reset transaction."""
+
+    earliest: Mapping[str, int]
+    latest: Mapping[str, int]
+    for_time: Mapping[str, int] | None = None  # offsets_for_time of a timestamp position
+
+
+def _target(position: Position, partition: str, c: int, pos: Positions) -> int:
+    if position.kind == "latest":
+        return pos.latest[partition]
+    if position.kind == "earliest":
+        return pos.earliest[partition]
+    if position.kind == "timestamp":
+        assert pos.for_time is not None, "timestamp position needs offsets_for_time"
+        return pos.for_time[partition]
+    if position.kind == "shiftBy":
+        return c + int(position.shift or 0)
+    offsets = position.offsets or {}
+    return int(offsets[partition]) if partition in offsets else c
+
+
+def compute_reset(
+    position: Position,
+    checkpoint: Mapping[str, int],
+    positions: Positions,
+    *,
+    backfill: bool,
+    allow_rewind: bool = False,
+) -> ResetOutcome:
+    """Where every partition's checkpoint goes, and why. ``checkpoint`` must be complete."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    if position.kind == "offsets":
+        unknown = sorted(set(position.offsets or {}) - set(positions.latest))
+        if unknown:
+            errors.append(
+                f"unknown partition(s) {', '.join(unknown)}; the source has {', '.join(sorted(positions.latest))}"
+            )
+    out: list[PartitionReset] = []
+    for p in sorted(positions.latest, key=_partition_order):
+        c = checkpoint[p]
+        lo, hi = positions.earliest[p], positions.latest[p]
+        target = _target(position, p, c, positions)
+        if position.kind == "offsets" and p in (position.offsets or {}) and not lo <= target <= hi:
+            errors.append(f"partition {p}: offset {target} is outside the valid range [{lo}, {hi}]")
+            target = c
+        if position.kind == "shiftBy" and not lo <= target <= hi:
+            clamped = min(max(target, lo), hi)
+            warnings.append(f"partition {p}: shift to {target} clamped to {clamped} (valid range [{lo}, {hi}])")
+            target = clamped
+        if target >= c:
+            gap = target - c
+            out.append(
+                PartitionReset(p, c, lo, hi, target, backfill=gap if backfill else 0, skipped=0 if backfill else gap)
+            )
+        elif position.kind == "latest":
+            out.append(PartitionReset(p, c, lo, hi, c))  # the broker under-reported its end
+        elif allow_rewind:
+            out.append(PartitionReset(p, c, lo, hi, target, reread=c - target))
+        else:
+            errors.append(
+                f"partition {p}: moving the checkpoint back from {c} to {target} would read "
+                f"{c - target} records again; ask for it explicitly (allowRewind: true / --allow-rewind)"
+            )
+            out.append(PartitionReset(p, c, lo, hi, c))
+    result = ResetOutcome(tuple(out), tuple(errors), tuple(warnings))
+    skipped = sum(p.skipped for p in out)
+    reread = sum(p.reread for p in out)
+    if skipped:
+        warnings.append(f"no backfill: {skipped} records will be skipped")
+    if reread:
+        warnings.append(f"rewind: {reread} records will be read again (duplicates by request)")
+    return ResetOutcome(result.partitions, result.errors, tuple(warnings))
+
+
+def _partition_order(p: str) -> tuple[int, int | str]:
+    return (0, int(p)) if p.isdigit() else (1, p)

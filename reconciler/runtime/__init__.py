@@ -1,0 +1,1 @@
+"""Supervisor runtimes: they ingest ranges and publish; they never decide policy."""

@@ -1,0 +1,188 @@
+"""One supervisor's runtime: a step cuts a batch, ingests it through Spark, publishes.
+
+A step reads the supervisor row (epoch) BEFORE its checkpoints, so a reset landing
+in between can only make the epoch stale, never the checkpoint: the publish then
+loses its compare-and-swap and the staged output is discarded. That ordering is
+what makes every reset and every concurrent publisher exactly-once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reconciler import faults
+from reconciler.actual import DetailedState, State, SupervisorRecord
+from reconciler.errors import PermanentError, PublishConflict, RetryableError
+from reconciler.positions import start_offsets
+from reconciler.runtime.batching import caught_up, cut_ranges
+from reconciler.store.store import SegmentFile, Store
+from reconciler.streams import adapter_for
+
+log = logging.getLogger(__name__)
+
+UNHEALTHY_AFTER = 3  # consecutive failures before a supervisor is reported UNHEALTHY_*
+MAX_BACKOFF = 60.0
+RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)
+
+
+@dataclass
+class RuntimeContext:
+    store: Store
+    segments_dir: Path
+    spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
+    lease: Callable[[], tuple[str, int] | None] = lambda: None
+    metrics: Any = None  # reconciler.metrics.Metrics, or None
+
+
+@dataclass
+class StepOutcome:
+    delay: float  # seconds until this runtime should step again
+    records: int = 0
+    done: bool = False  # bounded supervisor completed, or no longer runnable
+
+
+@dataclass
+class SupervisorRuntime:
+    supervisor_id: str
+    ctx: RuntimeContext
+    failures: int = 0
+    recent_errors: deque = field(default_factory=lambda: deque(maxlen=10))
+    _adapter: Any = None
+    _adapter_hash: str | None = None
+    _reported: tuple | None = None
+
+    def step(self) -> StepOutcome:
+        rec = self.ctx.store.get(self.supervisor_id)
+        if rec is None or rec.state not in RUNNABLE:
+            self.close()
+            return StepOutcome(0.0, done=True)
+        spec = rec.spec
+        try:
+            return self._ingest(rec, spec)
+        except PublishConflict as exc:
+            log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
+            return StepOutcome(0.0)
+        except RetryableError as exc:
+            return self._failed(rec, DetailedState.LOST_CONTACT_WITH_STREAM, State.UNHEALTHY_SUPERVISOR, exc)
+        except PermanentError as exc:
+            return self._failed(rec, DetailedState.UNABLE_TO_CONNECT_TO_STREAM, State.UNHEALTHY_SUPERVISOR, exc)
+        except Exception as exc:  # a Spark job failed: the batch is lost, not its records
+            log.exception("batch failed", extra={"supervisor": rec.id})
+            return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
+
+    def _ingest(self, rec: SupervisorRecord, spec) -> StepOutcome:
+        adapter = self._adapter_for(rec)
+        checkpoint = self.ctx.store.checkpoints(rec.id)
+        if rec.bounded:
+            target = dict(rec.end_offsets)
+        else:
+            target = adapter.latest()
+            checkpoint = self._init_checkpoints(rec, spec, adapter, checkpoint, target)
+        if self.ctx.metrics:
+            self.ctx.metrics.observe_positions(rec.id, checkpoint, target)
+        if caught_up(checkpoint, target):
+            if rec.bounded:
+                self.ctx.store.set_state(rec.id, State.COMPLETED, DetailedState.COMPLETED, actor="reconciler",
+                                         reason="every partition reached its end offset")
+                log.info("backfill completed", extra={"supervisor": rec.id})
+                self.close()
+                return StepOutcome(0.0, done=True)
+            self._report(rec, State.IDLE, DetailedState.IDLE, None)
+            self.failures = 0
+            return StepOutcome(spec.task_duration)
+        ranges = cut_ranges(checkpoint, target, spec.max_batch_records)
+        self._report(rec, State.RUNNING, DetailedState.RUNNING, None)
+        records = self._run_batch(rec, spec, ranges)
+        self.failures = 0
+        more = not caught_up({r.partition: r.end for r in ranges} | {
+            p: o for p, o in checkpoint.items() if p not in {r.partition for r in ranges}}, target)
+        return StepOutcome(0.0 if more else spec.task_duration, records=records)
+
+    def _init_checkpoints(self, rec, spec, adapter, checkpoint, latest):
+        missing = set(latest) - set(checkpoint)
+        if not missing:
+            return checkpoint
+        self._report(rec, State.PENDING if rec.state == State.PENDING else rec.state,
+                     DetailedState.DISCOVERING_INITIAL_TASKS, None)
+        now = datetime.now(UTC)
+        # First start: startFrom. Partitions added later start at earliest: none of their records is lost.
+        offsets = start_offsets(adapter, spec, now, latest=latest) if not checkpoint else adapter.earliest()
+        return self.ctx.store.init_checkpoints(rec.id, {p: offsets[p] for p in missing if p in offsets})
+
+    def _run_batch(self, rec: SupervisorRecord, spec, ranges) -> int:
+        from reconciler.pipeline import segments
+        from reconciler.pipeline.batch import run_batch
+
+        batch_id = uuid.uuid4().hex
+        started = time.monotonic()
+        records = sum(r.size for r in ranges)
+        staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
+                           task_count=spec.task_count)
+        faults.crash_point("after-write")
+        files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
+                 for f in staged.files]
+        try:
+            faults.crash_point("before-commit")
+            self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=batch_id,
+                                   datasource=spec.data_schema.datasource, ranges=ranges, files=files,
+                                   records=records, unparseable=staged.dead_rows, lease=self.ctx.lease())
+        except PublishConflict:
+            segments.discard(str(self.ctx.segments_dir), batch_id)
+            if self.ctx.metrics:
+                self.ctx.metrics.publish_conflict(rec.id)
+            raise
+        faults.crash_point("after-commit")
+        segments.promote(staged)
+        self.ctx.store.mark_promoted(batch_id)
+        elapsed = time.monotonic() - started
+        if self.ctx.metrics:
+            self.ctx.metrics.batch_done(rec.id, records, staged.dead_rows, elapsed)
+        log.info("batch %s published: %d records (%d unparseable) in %.2fs", batch_id[:12], records,
+                 staged.dead_rows, elapsed, extra={"supervisor": rec.id, "batch": batch_id})
+        return records
+
+    def _failed(self, rec, detailed: DetailedState, unhealthy: State, exc: Exception) -> StepOutcome:
+        self.failures += 1
+        message = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        self.recent_errors.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "error": message[:500]})
+        state = unhealthy if self.failures >= UNHEALTHY_AFTER else rec.state if rec.state != State.PENDING else State.PENDING
+        self._report(rec, state, detailed, message[:2000])
+        self._drop_adapter()
+        delay = min(MAX_BACKOFF, 0.5 * 2 ** min(self.failures, 8))
+        log.warning("%s (failure %d, retry in %.1fs)", message, self.failures, delay, extra={"supervisor": rec.id})
+        return StepOutcome(delay)
+
+    def _report(self, rec: SupervisorRecord, state: State, detailed: DetailedState, error: str | None) -> None:
+        if self.ctx.metrics:
+            self.ctx.metrics.set_failing(rec.id, error)
+        now = (state, detailed, error)
+        if now == self._reported and rec.state == state:
+            return
+        self.ctx.store.set_detailed(rec.id, state, detailed, error)
+        self._reported = now
+
+    def _adapter_for(self, rec: SupervisorRecord):
+        if self._adapter is None or self._adapter_hash != rec.spec_hash:
+            self._drop_adapter()
+            self._adapter = adapter_for(rec.spec.source)
+            self._adapter_hash = rec.spec_hash
+        return self._adapter
+
+    def _drop_adapter(self) -> None:
+        if self._adapter is not None:
+            try:
+                self._adapter.close()
+            except Exception:  # closing a broken client must not hide the original error
+                log.debug("adapter close failed", exc_info=True)
+        self._adapter = None
+
+    def close(self) -> None:
+        self._drop_adapter()

@@ -1,0 +1,116 @@
+"""Settings, declared once: each has a default, an environment variable, a config-file key
+and help text. Precedence: command line > environment > config file > default.
+
+The config file is YAML (``--config``, ``RECONCILER_CONFIG``, else
+``/etc/stream-reconciler/config.yaml`` when it exists). SIGHUP re-reads it and the
+daemon swaps the whole ``Settings`` object, never single fields.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.errors import PermanentError
+from reconciler.spec.model import parse_duration
+
+DEFAULT_CONFIG = Path("/etc/stream-reconciler/config.yaml")
+
+
+def _opt(default: Any, env: str, key: str, help: str) -> Any:
+    return field(default=default, metadata={"env": env, "key": key, "help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    specs: str = _opt("specs", "RECONCILER_SPECS", "specs", "the watched directory of supervisor specs and markers")
+    state_dir: str = _opt("", "RECONCILER_STATE_DIR", "stateDir",
+                          "state directory (default: $STATE_DIRECTORY under systemd, else ./state)")
+    db: str = _opt("", "RECONCILER_DB", "db", "SQLAlchemy URL of the metadata database (default: SQLite in the state dir)")
+    segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "segments directory (default: <state dir>/segments)")
+    spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
+                             "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
+    tick_interval: float = _opt(30.0, "RECONCILER_TICK_INTERVAL", "tickInterval", "seconds between safety-net ticks")
+    debounce: float = _opt(0.3, "RECONCILER_DEBOUNCE", "debounce", "seconds of quiet after file events before a reconcile")
+    max_termination_share: float = _opt(0.5, "RECONCILER_MAX_TERMINATION_SHARE", "maxTerminationShare",
+                                        "share of supervisors one tick may terminate before terminations are held")
+    lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl", "seconds a leader lease lasts without renewal")
+    http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http", "address of /metrics and /healthz ('' to disable)")
+    log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
+    log_level: str = _opt("INFO", "RECONCILER_LOG_LEVEL", "logLevel", "DEBUG, INFO, WARNING or ERROR")
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir)
+
+    @property
+    def db_url(self) -> str:
+        return self.db or f"sqlite:///{(self.state_path / 'reconciler.db').absolute()}"
+
+    @property
+    def segments_dir(self) -> Path:
+        return Path(self.segments) if self.segments else self.state_path / "segments"
+
+
+_FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl"}
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(field, env var, config key, help) of every setting: for docs and --help."""
+    return [(f.name, f.metadata["env"], f.metadata["key"], f.metadata["help"]) for f in fields(Settings)]
+
+
+def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ if env is None else env)
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    file_values = _read_config(config or env.get("RECONCILER_CONFIG"))
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        if f.name in cli:
+            values[f.name] = cli[f.name]
+        elif f.metadata["env"] in env:
+            values[f.name] = env[f.metadata["env"]]
+        elif f.metadata["key"] in file_values:
+            values[f.name] = file_values[f.metadata["key"]]
+    for name in _FLOATS & values.keys():
+        values[name] = _seconds_or_float(name, values[name])
+    settings = replace(Settings(), **values)
+    if not settings.state_dir:
+        settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
+    if settings.log_format not in ("text", "json"):
+        raise PermanentError(f"logFormat must be text or json, not {settings.log_format!r}")
+    return settings
+
+
+def _seconds_or_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        try:
+            return parse_duration(str(value))
+        except ValueError:
+            raise PermanentError(f"setting {name}: {value!r} is not a number or duration like 30s") from None
+
+
+def _read_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        if not DEFAULT_CONFIG.exists():
+            return {}
+        path = str(DEFAULT_CONFIG)
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise PermanentError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PermanentError(f"config file {path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PermanentError(f"config file {path}: expected a mapping of settings")
+    known = {f.metadata["key"] for f in fields(Settings)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise PermanentError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return doc

@@ -1,0 +1,87 @@
+"""Status reports: what ``reconciler status`` prints and ``/metrics`` exports.
+
+Reads the database and, unless told not to, asks each supervisor's stream for its
+latest offsets (bounded by the adapters' timeouts). A stream that cannot be reached
+is reported as such, never as lag 0. Secrets never appear: specs are redacted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.actual import Kind, State, SupervisorRecord
+from reconciler.errors import ReconcilerError
+from reconciler.spec import secrets
+from reconciler.store.store import Store
+from reconciler.streams import adapter_for
+
+
+def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[str, int], *,
+                      with_latest: bool = True, now: datetime | None = None) -> dict[str, Any]:
+    now = now or datetime.now(UTC)
+    latest, stream_error = ({}, None)
+    if with_latest and rec.state not in (State.TERMINATED, State.COMPLETED):
+        latest, stream_error = _latest(rec)
+    parts = []
+    for p in sorted(set(checkpoint) | set(latest) | set(rec.end_offsets or {}), key=_order):
+        cp = checkpoint.get(p)
+        end = (rec.end_offsets or {}).get(p)
+        target = end if end is not None else latest.get(p)
+        lag = max(0, target - cp) if target is not None and cp is not None else None
+        parts.append({"partition": p, "checkpoint": cp, "latest": latest.get(p), "end": end, "lag": lag})
+    totals = store.batch_totals(rec.id)
+    out: dict[str, Any] = {
+        "id": rec.id, "kind": str(rec.kind), "parent": rec.parent_id, "state": str(rec.state),
+        "detailedState": str(rec.detailed_state), "epoch": rec.epoch, "specHash": rec.spec_hash,
+        "specPath": rec.spec_path, "datasource": rec.spec_document.get("dataSchema", {}).get("datasource"),
+        "source": secrets.redact(rec.spec_document.get("source")), "lastError": rec.last_error,
+        "lastRequest": rec.last_request, "streamError": stream_error, "partitions": parts,
+        "lag": _total_lag(parts, rec.bounded or bool(latest)),
+        "records": totals["records"], "unparseable": totals["unparseable"], "batches": totals["batches"],
+        "updatedAt": rec.updated_at.isoformat() if rec.updated_at else None,
+    }
+    if rec.kind == Kind.BACKFILL:
+        out["backfill"] = _backfill_progress(rec, checkpoint, totals, now)
+    return out
+
+
+def _backfill_progress(rec: SupervisorRecord, checkpoint, totals, now) -> dict[str, Any]:
+    start, end = rec.start_offsets or {}, rec.end_offsets or {}
+    total = sum(end[p] - start.get(p, end[p]) for p in end)
+    done = sum(min(checkpoint.get(p, start.get(p, 0)), end[p]) - start.get(p, end[p]) for p in end)
+    rate = eta = None
+    if totals["first"] is not None and done > 0:
+        elapsed = max((now - rec.created_at).total_seconds(), 1e-3)
+        rate = done / elapsed
+        eta = (total - done) / rate if rate > 0 else None
+    return {"done": done, "total": total, "ratePerSecond": rate, "etaSeconds": eta,
+            "complete": rec.state == State.COMPLETED}
+
+
+def _latest(rec: SupervisorRecord) -> tuple[dict[str, int], str | None]:
+    try:
+        adapter = adapter_for(rec.spec.source)
+        try:
+            return adapter.latest(), None
+        finally:
+            adapter.close()
+    except ReconcilerError as exc:
+        return {}, str(exc)
+
+
+def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: bool = True) -> list[dict[str, Any]]:
+    actual = store.read_actual()
+    recs = [r for sid, r in sorted(actual.supervisors.items()) if supervisor_id in (None, sid)]
+    return [supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest) for r in recs]
+
+
+def _total_lag(parts: list[dict[str, Any]], known: bool) -> int | None:
+    """None when the stream's end is unknown (not asked, or unreachable): never a false 0."""
+    lags = [x["lag"] for x in parts]
+    return sum(lags) if known and None not in lags else None
+
+
+def _order(p: str):
+    return (0, int(p), "") if p.isdigit() else (1, 0, p)

@@ -1,0 +1,1 @@
+"""Actual state: the metadata database (SQLAlchemy Core). ``store.Store`` owns all SQL."""

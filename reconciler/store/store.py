@@ -1,0 +1,512 @@
+"""The metadata store: every SQL statement of the product lives in this module.
+
+Each public method is one transaction. Writers on SQLite take the write lock at
+``BEGIN`` (see ``engine.py``); on PostgreSQL they run under READ COMMITTED and lock
+the supervisor row (``FOR UPDATE``) where they read-then-write, so a publish and a
+reset of the same supervisor serialise and the loser of a compare-and-swap sees
+0 rows updated and raises ``PublishConflict``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import exc as sa_exc
+
+from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord, dumps
+from reconciler.errors import PermanentError, PublishConflict, RetryableError
+from reconciler.requests import ResetRequest
+from reconciler.resets import ResetOutcome
+from reconciler.spec import secrets
+from reconciler.spec.model import SupervisorSpec, document_hash
+from reconciler.store.engine import create_engine
+from reconciler.store.tables import (
+    audit_log,
+    batches,
+    checkpoints,
+    leases,
+    requests,
+    segments,
+    spec_versions,
+    supervisors,
+)
+from reconciler.streams.base import PartitionRange
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    if ts is None or ts.tzinfo is not None:
+        return ts
+    return ts.replace(tzinfo=UTC)  # SQLite returns naive datetimes; we only ever write UTC
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One committed Parquet file, as the pipeline reports it to publish."""
+
+    segment: str
+    interval_start: str
+    interval_end: str
+    path: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    supervisor_id: str
+    token: str
+    outcome: ResetOutcome
+    backfill_id: str | None
+    applied_before: bool = False  # the token had been handled already: nothing changed now
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "supervisor": self.supervisor_id,
+            "token": self.token,
+            "backfill": self.backfill_id,
+            "partitions": [p.to_dict() for p in self.outcome.partitions],
+            "warnings": list(self.outcome.warnings),
+            "appliedBefore": self.applied_before,
+        }
+
+
+class Store:
+    """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = create_engine(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self):
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa_exc.OperationalError as exc:
+            raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
+
+    @contextmanager
+    def _read(self):
+        try:
+            with self.engine.connect().execution_options(readonly=True) as conn, conn.begin():
+                yield conn
+        except sa_exc.OperationalError as exc:
+            raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
+
+    def migrate(self) -> str:
+        """Bring the schema to the newest revision (idempotent); returns the revision."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        try:
+            with self.engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one()
+        except sa_exc.OperationalError as exc:
+            raise RetryableError(f"cannot migrate the database: {_short(exc)}") from exc
+
+    def revision(self) -> str | None:
+        try:
+            with self._read() as c:
+                return c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        except sa_exc.ProgrammingError:
+            return None
+
+    # -- reading the actual state -------------------------------------------------------
+
+    def read_actual(self) -> ActualState:
+        with self._read() as c:
+            sups = {r.id: _record(r) for r in c.execute(sa.select(supervisors))}
+            tokens = frozenset(c.execute(sa.select(requests.c.token)).scalars())
+            cps: dict[str, dict[str, int]] = {}
+            for sid, p, o in c.execute(sa.select(checkpoints)):
+                cps.setdefault(sid, {})[p] = int(o)
+        return ActualState(supervisors=sups, handled_tokens=tokens, checkpoints=cps)
+
+    def get(self, supervisor_id: str) -> SupervisorRecord | None:
+        with self._read() as c:
+            row = c.execute(sa.select(supervisors).where(supervisors.c.id == supervisor_id)).first()
+        return _record(row) if row else None
+
+    def checkpoints(self, supervisor_id: str) -> dict[str, int]:
+        with self._read() as c:
+            rows = c.execute(
+                sa.select(checkpoints.c.partition, checkpoints.c.next_offset).where(
+                    checkpoints.c.supervisor_id == supervisor_id
+                )
+            )
+            return {p: int(o) for p, o in rows}
+
+    # -- lifecycle writes (apply) -------------------------------------------------------
+
+    def create_supervisor(self, spec: SupervisorSpec, path: str | None, *, actor: str, now=None) -> None:
+        """Insert a main supervisor, or bring a TERMINATED one back (checkpoints kept)."""
+        now = now or utcnow()
+        doc = dumps(spec.document)
+        state = State.SUSPENDED if spec.suspended else State.PENDING
+        with self._write() as c:
+            existing = c.execute(
+                sa.select(supervisors.c.kind, supervisors.c.epoch).where(supervisors.c.id == spec.id).with_for_update()
+            ).first()
+            values = dict(
+                spec=doc, spec_hash=spec.spec_hash, spec_path=path, state=state, detailed_state=DetailedState(state),
+                last_error=None, last_attempted_hash=spec.spec_hash, updated_at=now,
+            )
+            if existing is None:
+                c.execute(sa.insert(supervisors).values(id=spec.id, kind=Kind.MAIN, epoch=1, created_at=now, **values))
+            elif existing.kind != Kind.MAIN:
+                raise PermanentError(f"id '{spec.id}' is taken by a generated backfill supervisor; choose another id")
+            else:
+                c.execute(sa.update(supervisors).where(supervisors.c.id == spec.id).values(epoch=existing.epoch + 1, **values))
+            self._version(c, spec, now)
+            self._audit(c, spec.id, "create" if existing is None else "recreate", actor, path, None,
+                        {"specHash": spec.spec_hash, "state": state}, now)
+
+    def update_spec(self, spec: SupervisorSpec, path: str | None, *, actor: str, now=None) -> None:
+        """A changed file: the new spec continues from the checkpoint; the epoch is kept,
+        so an in-flight batch of the old spec may still publish its (correct) range."""
+        now = now or utcnow()
+        with self._write() as c:
+            c.execute(
+                sa.update(supervisors).where(supervisors.c.id == spec.id).values(
+                    spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path, last_error=None,
+                    last_attempted_hash=spec.spec_hash, updated_at=now,
+                )
+            )
+            self._version(c, spec, now)
+            self._audit(c, spec.id, "update", actor, path, None, {"specHash": spec.spec_hash}, now)
+
+    def set_state(self, supervisor_id: str, state: State, detailed: DetailedState | None = None, *,
+                  actor: str | None = None, reason: str | None = None, bump_epoch: bool = False,
+                  error: str | None = None, clear_error: bool = False, now=None) -> None:
+        now = now or utcnow()
+        values: dict[str, Any] = dict(state=state, detailed_state=detailed or DetailedState(state), updated_at=now)
+        if bump_epoch:
+            values["epoch"] = supervisors.c.epoch + 1
+        if error is not None or clear_error:
+            values["last_error"] = error
+        with self._write() as c:
+            c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(**values))
+            if actor:
+                self._audit(c, supervisor_id, state.lower(), actor, None, reason, None, now)
+
+    def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
+        """Runtime status updates; written only when something changed (callers track that)."""
+        with self._write() as c:
+            c.execute(
+                sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
+                    supervisors.c.state.notin_([State.TERMINATED, State.SUSPENDED, State.COMPLETED])
+                ).values(state=state, detailed_state=detailed, last_error=error, updated_at=utcnow())
+            )
+
+    def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
+        now = now or utcnow()
+        with self._write() as c:
+            c.execute(
+                sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(
+                    last_error=error, last_attempted_hash=attempted_hash, updated_at=now
+                )
+            )
+            self._audit(c, supervisor_id, "mark-invalid", actor, path, error, None, now)
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def init_checkpoints(self, supervisor_id: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        """Insert checkpoints for partitions that have none (startFrom); returns all of them."""
+        with self._write() as c:
+            have = self._checkpoints(c, supervisor_id)
+            missing = {p: o for p, o in offsets.items() if p not in have}
+            if missing:
+                c.execute(sa.insert(checkpoints), [
+                    {"supervisor_id": supervisor_id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
+                ])
+            have.update(missing)
+            return have
+
+    @staticmethod
+    def _checkpoints(c, supervisor_id: str) -> dict[str, int]:
+        rows = c.execute(
+            sa.select(checkpoints.c.partition, checkpoints.c.next_offset).where(checkpoints.c.supervisor_id == supervisor_id)
+        )
+        return {p: int(o) for p, o in rows}
+
+    # -- publish (compare-and-swap) ----------------------------------------------------------
+
+    def publish(self, *, supervisor_id: str, epoch: int, batch_id: str, datasource: str,
+                ranges: Sequence[PartitionRange], files: Iterable[SegmentFile], records: int,
+                unparseable: int, lease: tuple[str, int] | None = None, now=None) -> None:
+        """Make a batch's segments visible (in the database) and move its checkpoints, or nothing.
+
+        Raises PublishConflict when the supervisor's epoch changed (reset, terminate,
+        recreate), any checkpoint is no longer at its range's start, or the lease
+        (holder, token) is no longer ours.
+        """
+        now = now or utcnow()
+        files = list(files)
+        with self._write() as c:
+            if lease is not None:
+                self._check_lease(c, *lease)
+            hit = c.execute(
+                sa.update(supervisors).where(supervisors.c.id == supervisor_id, supervisors.c.epoch == epoch)
+                .values(updated_at=now)
+            ).rowcount
+            if hit != 1:
+                raise PublishConflict(f"{supervisor_id}: epoch is no longer {epoch} (reset, recreate or terminate); batch {batch_id} discarded")
+            for rng in ranges:
+                moved = c.execute(
+                    sa.update(checkpoints).where(
+                        checkpoints.c.supervisor_id == supervisor_id,
+                        checkpoints.c.partition == rng.partition,
+                        checkpoints.c.next_offset == rng.start,
+                    ).values(next_offset=rng.end)
+                ).rowcount
+                if moved != 1:
+                    raise PublishConflict(
+                        f"{supervisor_id}: partition {rng.partition} checkpoint is no longer {rng.start}; batch {batch_id} discarded"
+                    )
+            c.execute(sa.insert(batches).values(
+                batch_id=batch_id, supervisor_id=supervisor_id, datasource=datasource, epoch=epoch,
+                status="committed", ranges=json.dumps([[r.partition, r.start, r.end] for r in ranges]),
+                rows=sum(f.rows for f in files), records=records, unparseable=unparseable, committed_at=now,
+            ))
+            if files:
+                c.execute(sa.insert(segments), [
+                    dict(datasource=datasource, supervisor_id=supervisor_id, batch_id=batch_id, segment=f.segment,
+                         interval_start=f.interval_start, interval_end=f.interval_end, path=f.path, rows=f.rows,
+                         bytes=f.bytes, created_at=now)
+                    for f in files
+                ])
+
+    def mark_promoted(self, batch_id: str) -> None:
+        with self._write() as c:
+            c.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(status="promoted", promoted_at=utcnow()))
+
+    def unpromoted_batches(self) -> list[str]:
+        with self._read() as c:
+            return list(c.execute(sa.select(batches.c.batch_id).where(batches.c.status == "committed")).scalars())
+
+    def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
+        ids = list(batch_ids)
+        if not ids:
+            return set()
+        with self._read() as c:
+            return set(c.execute(sa.select(batches.c.batch_id).where(batches.c.batch_id.in_(ids))).scalars())
+
+    def batch_totals(self, supervisor_id: str) -> dict[str, Any]:
+        with self._read() as c:
+            row = c.execute(sa.select(
+                sa.func.count(), sa.func.coalesce(sa.func.sum(batches.c.records), 0),
+                sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
+                sa.func.max(batches.c.committed_at),
+            ).where(batches.c.supervisor_id == supervisor_id)).one()
+        return {"batches": int(row[0]), "records": int(row[1]), "unparseable": int(row[2]),
+                "first": _aware(row[3]), "last": _aware(row[4])}
+
+    def segments(self, datasource: str) -> list[dict[str, Any]]:
+        with self._read() as c:
+            rows = c.execute(
+                sa.select(segments, batches.c.ranges).join(batches, batches.c.batch_id == segments.c.batch_id)
+                .where(segments.c.datasource == datasource).order_by(segments.c.interval_start, segments.c.id)
+            ).mappings().all()
+        return [dict(r) for r in rows]
+
+    # -- reset and backfill -----------------------------------------------------------------
+
+    def apply_reset(self, request: ResetRequest, compute: Callable[[Mapping[str, int]], ResetOutcome], *,
+                    initial: Mapping[str, int], actor: str, now=None) -> ResetResult:
+        """The exactly-once reset: ONE transaction from the locked checkpoint to the token.
+
+        ``initial`` fills checkpoints that do not exist yet (what startFrom would give);
+        ``compute`` is ``resets.compute_reset`` bound to the captured positions, run on
+        the checkpoint read here, under lock, so a publish that landed after the
+        positions were captured is accounted for, never overwritten.
+        """
+        now = now or utcnow()
+        with self._write() as c:
+            prior = c.execute(sa.select(requests).where(requests.c.token == request.token)).first()
+            if prior is not None:
+                res = json.loads(prior.result or "{}")
+                return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
+            row = c.execute(sa.select(supervisors).where(supervisors.c.id == request.supervisor_id).with_for_update()).first()
+            if row is None or row.kind != Kind.MAIN:
+                raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
+            current = self._checkpoints(c, request.supervisor_id)
+            missing = {p: o for p, o in initial.items() if p not in current}
+            if missing:
+                c.execute(sa.insert(checkpoints), [
+                    {"supervisor_id": row.id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
+                ])
+                current.update(missing)
+            outcome = compute(current)
+            if not outcome.ok:
+                raise PermanentError("; ".join(outcome.errors))
+            backfill_id = None
+            if request.backfill and outcome.backfill_ranges:
+                backfill_id = self._insert_backfill(c, row, request, outcome, now)
+            for p, new in outcome.new_offsets.items():
+                if new != current[p]:
+                    c.execute(sa.update(checkpoints).where(
+                        checkpoints.c.supervisor_id == row.id, checkpoints.c.partition == p
+                    ).values(next_offset=new))
+            values: dict[str, Any] = dict(epoch=row.epoch + 1, updated_at=now)
+            if request.trigger == "stanza":
+                values["last_request"] = request.source
+            c.execute(sa.update(supervisors).where(supervisors.c.id == row.id).values(**values))
+            result = ResetResult(row.id, request.token, outcome, backfill_id)
+            details = result.to_dict() | {"position": str(request.position), "backfillRecords": outcome.backfill_records}
+            self._audit(c, row.id, request.action_kind, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
+            c.execute(sa.insert(requests).values(
+                token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
+                result=dumps(details), handled_at=now,
+            ))
+            return result
+
+    def _insert_backfill(self, c, main, request: ResetRequest, outcome: ResetOutcome, now) -> str:
+        n = 1 + c.execute(sa.select(sa.func.count()).where(supervisors.c.parent_id == main.id)).scalar_one()
+        bf_id = f"{main.id}-backfill-{n}"
+        doc = json.loads(main.spec)
+        doc.pop("backfill", None)
+        doc.pop("suspended", None)
+        doc["id"] = bf_id
+        if request.backfill_task_count:
+            doc["taskCount"] = request.backfill_task_count
+        ranges = outcome.backfill_ranges
+        c.execute(sa.insert(supervisors).values(
+            id=bf_id, kind=Kind.BACKFILL, parent_id=main.id, spec=dumps(doc), spec_hash=document_hash(doc),
+            spec_path=None, state=State.PENDING, detailed_state=DetailedState.PENDING, epoch=1,
+            start_offsets=json.dumps({p: start for p, (start, _) in ranges.items()}),
+            end_offsets=json.dumps({p: end for p, (_, end) in ranges.items()}), created_at=now, updated_at=now,
+        ))
+        c.execute(sa.insert(checkpoints), [
+            {"supervisor_id": bf_id, "partition": p, "next_offset": start} for p, (start, _) in ranges.items()
+        ])
+        c.execute(sa.insert(spec_versions).values(supervisor_id=bf_id, spec_hash=document_hash(doc), spec=dumps(doc), created_at=now))
+        self._audit(c, bf_id, "create-backfill", "reconciler", f"reset of {main.id}", request.reason,
+                    {"ranges": {p: list(r) for p, r in ranges.items()}}, now)
+        return bf_id
+
+    def record_rejected(self, token: str, supervisor_id: str, kind: str, reason: str, *, actor: str, trigger: str) -> None:
+        """A request that cannot be applied (bad marker): recorded once, like an applied one."""
+        now = utcnow()
+        with self._write() as c:
+            if c.execute(sa.select(requests.c.token).where(requests.c.token == token)).first():
+                return
+            c.execute(sa.insert(requests).values(token=token, supervisor_id=supervisor_id, kind=kind, status="rejected",
+                                                 result=json.dumps({"reason": reason}), handled_at=now))
+            self._audit(c, supervisor_id, "reject-request", actor, trigger, reason, None, now)
+
+    def request(self, token: str) -> dict[str, Any] | None:
+        with self._read() as c:
+            row = c.execute(sa.select(requests).where(requests.c.token == token)).mappings().first()
+        return dict(row) if row else None
+
+    # -- audit -----------------------------------------------------------------------
+
+    def audit(self, supervisor_id: str, action: str, actor: str, *, trigger: str | None = None,
+              reason: str | None = None, details: Mapping[str, Any] | None = None) -> None:
+        with self._write() as c:
+            self._audit(c, supervisor_id, action, actor, trigger, reason, details, utcnow())
+
+    @staticmethod
+    def _audit(c, supervisor_id, action, actor, trigger, reason, details, now) -> None:
+        c.execute(sa.insert(audit_log).values(
+            supervisor_id=supervisor_id, at=now, action=action, actor=actor, trigger=trigger, reason=reason,
+            details=dumps(secrets.redact(details)) if details is not None else None,
+        ))
+
+    def history(self, supervisor_id: str) -> list[dict[str, Any]]:
+        with self._read() as c:
+            rows = c.execute(
+                sa.select(audit_log).where(audit_log.c.supervisor_id == supervisor_id).order_by(audit_log.c.id)
+            ).mappings().all()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["at"] = _aware(d["at"])
+            d["details"] = json.loads(d["details"]) if d["details"] else None
+            out.append(d)
+        return out
+
+    @staticmethod
+    def _version(c, spec: SupervisorSpec, now) -> None:
+        c.execute(sa.insert(spec_versions).values(
+            supervisor_id=spec.id, spec_hash=spec.spec_hash, spec=dumps(spec.document), created_at=now
+        ))
+
+    # -- leader lease -----------------------------------------------------------------
+
+    def acquire_lease(self, holder: str, ttl: float, *, name: str = "leader", now=None) -> int | None:
+        """Take or renew the lease; returns our fencing token, or None while another holds it."""
+        now = now or utcnow()
+        expires = now + timedelta(seconds=ttl)
+        try:
+            with self._write() as c:
+                row = c.execute(sa.select(leases).where(leases.c.name == name).with_for_update()).first()
+                if row is None:
+                    c.execute(sa.insert(leases).values(name=name, holder=holder, token=1, expires_at=expires))
+                    return 1
+                if row.holder == holder and _aware(row.expires_at) > now:
+                    c.execute(sa.update(leases).where(leases.c.name == name).values(expires_at=expires))
+                    return int(row.token)
+                if _aware(row.expires_at) <= now:
+                    token = int(row.token) + 1
+                    c.execute(sa.update(leases).where(leases.c.name == name).values(holder=holder, token=token, expires_at=expires))
+                    return token
+                return None
+        except sa_exc.IntegrityError:
+            return None  # another daemon inserted the first lease at the same moment
+
+    def release_lease(self, holder: str, *, name: str = "leader") -> None:
+        with self._write() as c:
+            c.execute(sa.update(leases).where(leases.c.name == name, leases.c.holder == holder).values(expires_at=utcnow()))
+
+    def lease(self, *, name: str = "leader") -> dict[str, Any] | None:
+        with self._read() as c:
+            row = c.execute(sa.select(leases).where(leases.c.name == name)).mappings().first()
+        if not row:
+            return None
+        d = dict(row)
+        d["expires_at"] = _aware(d["expires_at"])
+        return d
+
+    @staticmethod
+    def _check_lease(c, holder: str, token: int) -> None:
+        row = c.execute(sa.select(leases).where(leases.c.name == "leader").with_for_update(read=True)).first()
+        if row is None or row.holder != holder or int(row.token) != token or _aware(row.expires_at) <= utcnow():
+            raise PublishConflict(f"leader lease lost by {holder} (token {token}); publish fenced")
+
+
+def _record(r) -> SupervisorRecord:
+    return SupervisorRecord(
+        id=r.id, kind=Kind(r.kind), spec_document=json.loads(r.spec), spec_hash=r.spec_hash,
+        state=State(r.state), detailed_state=DetailedState(r.detailed_state), epoch=int(r.epoch),
+        parent_id=r.parent_id, spec_path=r.spec_path, last_request=r.last_request, last_error=r.last_error,
+        last_attempted_hash=r.last_attempted_hash,
+        start_offsets={k: int(v) for k, v in json.loads(r.start_offsets).items()} if r.start_offsets else None,
+        end_offsets={k: int(v) for k, v in json.loads(r.end_offsets).items()} if r.end_offsets else None,
+        created_at=_aware(r.created_at), updated_at=_aware(r.updated_at),
+    )
+
+
+def _short(exc: Exception) -> str:
+    return str(getattr(exc, "orig", exc)).splitlines()[0][:300]

@@ -1,0 +1,222 @@
+"""Shared fixtures: real services (no mocks), started once per test session.
+
+Session fixtures: ``kafka_broker`` (TansuBroker), ``rabbit_node`` (RabbitNode),
+``pg_cluster`` (PostgresCluster), ``spark`` (one SparkSession). Function fixtures:
+``topic`` (factory of fresh Kafka topics), ``stream`` (factory of fresh RabbitMQ
+streams), ``db_url`` (parametrized: "sqlite", "postgresql").
+
+A missing service binary FAILS the tests that need it, naming the setup command that
+installs it; set RECONCILER_TEST_ALLOW_SKIP=1 to skip them instead. Tests marked
+``soak`` run only with ``--soak``. Tests using a service fixture are marked with
+that service's marker (kafka, rabbitmq, postgres, spark) and ``integration``
+automatically, so ``-m "not integration"`` runs only the unit tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import re
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from reconciler import devservices
+
+# Spark's Python workers must run this interpreter (the virtualenv's).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+_FIXTURE_MARKERS = {
+    "kafka_broker": "kafka",
+    "topic": "kafka",
+    "rabbit_node": "rabbitmq",
+    "stream": "rabbitmq",
+    "pg_cluster": "postgres",
+    "spark": "spark",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="also run long-running soak tests (marked 'soak')")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_soak = config.getoption("--soak")
+    skip_soak = pytest.mark.skip(reason="soak test: run with --soak")
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        added = False
+        for fixture, marker in _FIXTURE_MARKERS.items():
+            if fixture in names and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+                added = True
+        uses_service = added or any(item.get_closest_marker(m) is not None
+                                    for m in _FIXTURE_MARKERS.values())
+        if uses_service and item.get_closest_marker("integration") is None:
+            item.add_marker("integration")
+        if item.get_closest_marker("soak") is not None and not run_soak:
+            item.add_marker(skip_soak)
+
+
+def _allow_skip() -> bool:
+    return os.environ.get("RECONCILER_TEST_ALLOW_SKIP", "") == "1"
+
+
+def _service(factory: Callable[[], devservices._Service]) -> devservices._Service:
+    """Start a service; a missing binary fails (or skips with RECONCILER_TEST_ALLOW_SKIP=1)."""
+    try:
+        return factory().start()
+    except devservices.ServiceBinaryMissing as e:
+        if _allow_skip():
+            pytest.skip(f"{e} (skipped: RECONCILER_TEST_ALLOW_SKIP=1)")
+        pytest.fail(f"{e}\n(set RECONCILER_TEST_ALLOW_SKIP=1 to skip such tests instead)",
+                    pytrace=False)
+
+
+# --------------------------------------------------------------------------- services
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[devservices.TansuBroker]:
+    broker = _service(devservices.TansuBroker)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbit_node() -> Iterator[devservices.RabbitNode]:
+    node = _service(devservices.RabbitNode)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[devservices.PostgresCluster]:
+    cluster = _service(devservices.PostgresCluster)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _build_spark():
+    try:
+        from reconciler.pipeline.spark import get_session
+    except ImportError:
+        get_session = None
+    if get_session is not None:
+        params = inspect.signature(get_session).parameters
+        if "master" in params:
+            return get_session(master="local[2]")
+        return get_session()
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName("reconciler-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+
+
+@pytest.fixture(scope="session")
+def spark():
+    import shutil
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        msg = ("Java 17+ is not installed (PySpark needs it): run `scripts/setup.sh` "
+               "(it does `apt-get install openjdk-17-jre-headless`).")
+        if _allow_skip():
+            pytest.skip(msg)
+        pytest.fail(msg, pytrace=False)
+    session = _build_spark()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+# --------------------------------------------------------------------------- names
+
+
+_counter = itertools.count(1)
+
+
+def _unique_name(request: pytest.FixtureRequest, prefix: str | None, max_len: int = 100) -> str:
+    base = prefix or request.node.name
+    base = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")[:40] or "t"
+    return f"{base}-{next(_counter)}-{secrets.token_hex(3)}"[:max_len]
+
+
+@pytest.fixture
+def topic(kafka_broker: devservices.TansuBroker,
+          request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """Factory: ``topic(partitions=1, prefix=None) -> name`` creates a fresh topic.
+
+    Topics are deleted after the test (best effort) to keep the in-memory broker small.
+    """
+    created: list[str] = []
+
+    def make(partitions: int = 1, prefix: str | None = None) -> str:
+        name = _unique_name(request, prefix)
+        kafka_broker.create_topic(name, partitions)
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        try:
+            kafka_broker.delete_topic(name, timeout=10)
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+
+
+@pytest.fixture
+def stream(rabbit_node: devservices.RabbitNode,
+           request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """Factory: ``stream(prefix=None, arguments=None) -> name`` creates a fresh stream.
+
+    Streams are deleted after the test (best effort).
+    """
+    created: list[str] = []
+
+    def make(prefix: str | None = None, arguments: dict | None = None) -> str:
+        name = _unique_name(request, prefix)
+        rabbit_node.create_stream(name, arguments=arguments)
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        try:
+            rabbit_node.delete_stream(name)
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+
+
+# --------------------------------------------------------------------------- databases
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=[pytest.mark.postgres,
+                                                                      pytest.mark.integration])])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A SQLAlchemy URL of an empty metadata database: a SQLite file, or a fresh
+    PostgreSQL database in the session cluster."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'reconciler.db'}"
+    cluster: devservices.PostgresCluster = request.getfixturevalue("pg_cluster")
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + \
+        f"_{next(_counter)}_{secrets.token_hex(3)}"
+    return cluster.create_database(name)
