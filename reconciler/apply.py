@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from reconciler import faults
 from reconciler import positions as positions_mod
 from reconciler.actual import DetailedState, State
 from reconciler.errors import PermanentError, ReconcilerError
@@ -82,6 +83,9 @@ class Applier:
         return "resumed; PENDING until a runtime starts it", {}
 
     def _terminate(self, a: Action):
+        rec = self.store.get(a.supervisor_id)
+        if rec is None or rec.state == State.TERMINATED:
+            return "terminated already", {}
         # The epoch bump fences a batch in flight: its publish fails and its output is discarded.
         self.store.set_state(a.supervisor_id, State.TERMINATED, DetailedState.TERMINATED, actor=self.actor,
                              reason=a.reason, bump_epoch=True)
@@ -109,6 +113,7 @@ class Applier:
             if req.trigger == "cli":
                 raise
             return self._reject(a, str(exc))
+        faults.crash_point("after-reset", req.supervisor_id)
         if result.backfill_id and self.state_dir is not None:
             self._render_backfill(result.backfill_id)
         summary = _summary(result)

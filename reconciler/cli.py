@@ -321,7 +321,7 @@ def parse_position(text: str) -> Position:
         try:
             doc = json.loads(t)
         except json.JSONDecodeError as exc:
-            raise click.BadParameter(f"not JSON: {exc}") from None
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="'--to'") from None
         if isinstance(doc, dict) and not ({"offsets", "shiftBy", "timestamp"} & doc.keys()):
             doc = {"offsets": doc}
         try:
@@ -330,11 +330,11 @@ def parse_position(text: str) -> Position:
                 raise ValueError("offsets must be >= 0")
             return pos
         except (ValueError, TypeError) as exc:
-            raise click.BadParameter(str(exc)) from None
+            raise click.BadParameter(str(exc), param_hint="'--to'") from None
     try:
         parse_timestamp(t, datetime.now(UTC))
     except TimestampError as exc:
-        raise click.BadParameter(f"{exc}; or use latest, earliest, or offsets JSON") from None
+        raise click.BadParameter(f"{exc}; or use latest, earliest, or offsets JSON", param_hint="'--to'") from None
     return Position("timestamp", timestamp=t)
 
 
@@ -413,7 +413,7 @@ def _print_reset(doc, output) -> None:
 
 # -- db ---------------------------------------------------------------------------------
 
-@cli.group()
+@cli.group(epilog="Example: reconciler --db postgresql://reconciler@db/reconciler db upgrade")
 def db():
     """Metadata database maintenance."""
 

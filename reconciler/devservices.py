@@ -186,7 +186,10 @@ def _pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
     Only used from the main thread: PR_SET_PDEATHSIG fires when the *thread* that
     forked exits, so from a worker thread it would kill the service too early.
     """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    if (
+        not sys.platform.startswith("linux")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return None
     try:
         import ctypes
@@ -269,8 +272,14 @@ class _Service:
     def _graceful_stop(self) -> None:
         pass
 
-    def _spawn(self, cmd: Sequence[str], *, env: dict[str, str] | None = None,
-               cwd: Path | None = None, deathsig: int | None = signal.SIGTERM) -> None:
+    def _spawn(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        deathsig: int | None = signal.SIGTERM,
+    ) -> None:
         assert self.tmpdir is not None
         self.log_path = self.tmpdir / f"{self.name}.log"
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _cleanup
@@ -353,8 +362,13 @@ def _tansu_binary() -> str:
 
 
 _TANSU_ENV_VARS = (
-    "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
-    "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT", "CALF_TANSU_BIN",
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "CALF_TANSU_BIN",
 )
 
 
@@ -387,9 +401,18 @@ class TansuBroker(_Service):
             self.port = self._requested_port or free_port()
             url = f"tcp://127.0.0.1:{self.port}"
             self._spawn(
-                [self.binary, "broker", "--cluster-id", f"rct-{secrets.token_hex(4)}",
-                 "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", "memory://tansu/"],
+                [
+                    self.binary,
+                    "broker",
+                    "--cluster-id",
+                    f"rct-{secrets.token_hex(4)}",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
                 env=env,
             )
             try:
@@ -431,7 +454,8 @@ class TansuBroker(_Service):
         admin = self.admin()
         futures = admin.create_topics(
             [NewTopic(name, num_partitions=partitions, replication_factor=1)],
-            operation_timeout=timeout, request_timeout=timeout,
+            operation_timeout=timeout,
+            request_timeout=timeout,
         )
         futures[name].result(timeout=timeout)
         deadline = time.monotonic() + timeout
@@ -444,7 +468,9 @@ class TansuBroker(_Service):
                 if seen == partitions:
                     return name
             time.sleep(0.05)
-        raise ServiceError(f"topic {name!r}: metadata shows {seen} of {partitions} partitions after {timeout} s")
+        raise ServiceError(
+            f"topic {name!r}: metadata shows {seen} of {partitions} partitions after {timeout} s"
+        )
 
     def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
         admin = self.admin()
@@ -459,17 +485,19 @@ class TansuBroker(_Service):
 
 
 def _rabbit_conf(amqp_port: int, stream_port: int) -> str:
-    return "\n".join([
-        f"listeners.tcp.1 = 127.0.0.1:{amqp_port}",
-        f"stream.listeners.tcp.1 = 127.0.0.1:{stream_port}",
-        "stream.advertised_host = 127.0.0.1",
-        f"stream.advertised_port = {stream_port}",
-        "loopback_users = none",
-        "disk_free_limit.absolute = 1MB",
-        "log.console = false",
-        "log.file.level = info",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"listeners.tcp.1 = 127.0.0.1:{amqp_port}",
+            f"stream.listeners.tcp.1 = 127.0.0.1:{stream_port}",
+            "stream.advertised_host = 127.0.0.1",
+            f"stream.advertised_port = {stream_port}",
+            "loopback_users = none",
+            "disk_free_limit.absolute = 1MB",
+            "log.console = false",
+            "log.file.level = info",
+            "",
+        ]
+    )
 
 
 class RabbitNode(_Service):
@@ -524,27 +552,32 @@ class RabbitNode(_Service):
         (d / "enabled_plugins").write_text("[rabbitmq_stream].\n")
         (d / "rabbitmq.conf").write_text(_rabbit_conf(self.amqp_port, self.stream_port))
         (d / "rabbitmq-env.conf").write_text("# private test node: no settings\n")
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("RABBITMQ_", "ERL_", "ERLANG_")) and k not in ("HOME",)}
-        env.update({
-            "HOME": str(home),
-            "LC_ALL": "C.UTF-8",
-            "LANG": "C.UTF-8",
-            "RABBITMQ_NODENAME": self.nodename,
-            "RABBITMQ_USE_LONGNAME": "false",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.amqp_port),
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
-            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_FEATURE_FLAGS_FILE": str(d / "feature_flags"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        })
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RABBITMQ_", "ERL_", "ERLANG_")) and k not in ("HOME",)
+        }
+        env.update(
+            {
+                "HOME": str(home),
+                "LC_ALL": "C.UTF-8",
+                "LANG": "C.UTF-8",
+                "RABBITMQ_NODENAME": self.nodename,
+                "RABBITMQ_USE_LONGNAME": "false",
+                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                "RABBITMQ_NODE_PORT": str(self.amqp_port),
+                "RABBITMQ_DIST_PORT": str(self.dist_port),
+                "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+                "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+                "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+                "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+                "RABBITMQ_LOG_BASE": str(d / "log"),
+                "RABBITMQ_FEATURE_FLAGS_FILE": str(d / "feature_flags"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+                "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"),
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            }
+        )
         return env
 
     def _start(self) -> None:
@@ -575,29 +608,49 @@ class RabbitNode(_Service):
     async def _probe(self) -> None:
         from rstream import Producer
 
-        p = Producer("127.0.0.1", self.stream_port, username=self.username,
-                     password=self.password, vhost="/", connection_name="rct-probe")
+        p = Producer(
+            "127.0.0.1",
+            self.stream_port,
+            username=self.username,
+            password=self.password,
+            vhost="/",
+            connection_name="rct-probe",
+        )
         await asyncio.wait_for(p.start(), 5)
         try:
             await asyncio.wait_for(p.stream_exists("rct-probe"), 5)
         finally:
             await p.close()
 
-    def ctl(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctl(
+        self, *args: str, timeout: float = 60.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``rabbitmqctl -n NODE ARGS...`` against this node."""
         return subprocess.run(
-            [RABBITMQCTL, "-n", self.nodename, *args], env=self.env, capture_output=True,
-            text=True, timeout=timeout, check=check, stdin=subprocess.DEVNULL,
+            [RABBITMQCTL, "-n", self.nodename, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            stdin=subprocess.DEVNULL,
         )
 
     def _producer(self):
         from rstream import Producer
 
-        return Producer("127.0.0.1", self.stream_port, username=self.username,
-                        password=self.password, vhost="/", connection_name="rct-admin")
+        return Producer(
+            "127.0.0.1",
+            self.stream_port,
+            username=self.username,
+            password=self.password,
+            vhost="/",
+            connection_name="rct-admin",
+        )
 
-    def create_stream(self, name: str, arguments: dict[str, Any] | None = None,
-                      *, exists_ok: bool = False) -> str:
+    def create_stream(
+        self, name: str, arguments: dict[str, Any] | None = None, *, exists_ok: bool = False
+    ) -> str:
         async def go() -> None:
             async with self._producer() as p:
                 await p.create_stream(name, arguments=arguments, exists_ok=exists_ok)
@@ -675,8 +728,9 @@ class PostgresCluster(_Service):
     start_timeout = 60.0
     user = "postgres"
 
-    def __init__(self, *, durable: bool = False, run_as: str = "nobody",
-                 start_timeout: float | None = None) -> None:
+    def __init__(
+        self, *, durable: bool = False, run_as: str = "nobody", start_timeout: float | None = None
+    ) -> None:
         super().__init__()
         self.bindir = _pg_bindir()
         self.durable = durable
@@ -722,8 +776,16 @@ class PostgresCluster(_Service):
             kwargs.update(user=self._uid, group=self._gid, extra_groups=[])
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(LC_ALL="C", LANG="C", HOME=str(self.tmpdir))
-        return subprocess.run(list(args), env=env, cwd=str(self.tmpdir), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+        return subprocess.run(
+            list(args),
+            env=env,
+            cwd=str(self.tmpdir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            **kwargs,
+        )
 
     def _start(self) -> None:
         assert self.tmpdir is not None
@@ -734,8 +796,17 @@ class PostgresCluster(_Service):
             for p in (self.tmpdir, self.socket_dir, self.log_path):
                 os.chown(p, self._uid, self._gid)
         r = self._run_pg(
-            [str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", self.user,
-             "--auth=trust", "--encoding=UTF8", "--no-locale", "--no-sync"],
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                self.user,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
             timeout=self.start_timeout,
         )
         if r.returncode != 0:
@@ -751,9 +822,19 @@ class PostgresCluster(_Service):
         for attempt in range(attempts):
             self.port = free_port()
             r = self._run_pg(
-                [str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.log_path),
-                 "-w", "-t", str(int(self.start_timeout)),
-                 "-o", " ".join([f"-p {self.port}", *opts]), "start"],
+                [
+                    str(self.bindir / "pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-l",
+                    str(self.log_path),
+                    "-w",
+                    "-t",
+                    str(int(self.start_timeout)),
+                    "-o",
+                    " ".join([f"-p {self.port}", *opts]),
+                    "start",
+                ],
                 timeout=self.start_timeout + 10,
             )
             if r.returncode == 0 and self._ready():
@@ -791,14 +872,28 @@ class PostgresCluster(_Service):
         from psycopg import sql
 
         with psycopg.connect(self.conninfo(), autocommit=True) as c:
-            c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            c.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
     def _graceful_stop(self) -> None:
         if self.tmpdir is None or not (self.datadir / "postmaster.pid").exists():
             return
         try:
-            self._run_pg([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate",
-                          "-w", "-t", "30", "stop"], timeout=40)
+            self._run_pg(
+                [
+                    str(self.bindir / "pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "-t",
+                    "30",
+                    "stop",
+                ],
+                timeout=40,
+            )
         except subprocess.TimeoutExpired:
             pass
         pidfile = self.datadir / "postmaster.pid"
@@ -815,8 +910,9 @@ class PostgresCluster(_Service):
 # --------------------------------------------------------------------------- test data
 
 
-def make_records(n: int, *, start: int = 0, ts_start_ms: int = DEFAULT_TS_START_MS,
-                 step_ms: int = 1000) -> list[tuple[str, bytes]]:
+def make_records(
+    n: int, *, start: int = 0, ts_start_ms: int = DEFAULT_TS_START_MS, step_ms: int = 1000
+) -> list[tuple[str, bytes]]:
     """``n`` JSON records ``(key, value)`` numbered from ``start``, each about 100 bytes.
 
     ``value`` is ``{"id": "k000123", "ts": <millis>, "user": "u7", "page": "/p3", "bytes": 123}``
@@ -826,13 +922,15 @@ def make_records(n: int, *, start: int = 0, ts_start_ms: int = DEFAULT_TS_START_
     dumps = json.dumps
     for i in range(start, start + n):
         key = f"k{i:06d}"
-        value = dumps({
-            "id": key,
-            "ts": ts_start_ms + (i - start) * step_ms,
-            "user": f"u{i % 17}",
-            "page": f"/p{i % 11}",
-            "bytes": 100 + (i * 37) % 9000,
-        }).encode()
+        value = dumps(
+            {
+                "id": key,
+                "ts": ts_start_ms + (i - start) * step_ms,
+                "user": f"u{i % 17}",
+                "page": f"/p{i % 11}",
+                "bytes": 100 + (i * 37) % 9000,
+            }
+        ).encode()
         out.append((key, value))
     return out
 
@@ -873,17 +971,24 @@ def produce_kafka(
         from confluent_kafka.admin import AdminClient
 
         admin_md = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2}).list_topics(
-            topic=topic, timeout=30)
+            topic=topic, timeout=30
+        )
         t = admin_md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
-            raise ServiceError(f"topic {topic!r} not found on {bootstrap}: {t.error if t else 'missing'}")
+            raise ServiceError(
+                f"topic {topic!r} not found on {bootstrap}: {t.error if t else 'missing'}"
+            )
         nparts = len(t.partitions)
 
     prepared: list[tuple[int, bytes | None, bytes | None, int | None]] = []
     for i, rec in enumerate(records):
         key, value = _to_bytes(rec[0]), _to_bytes(rec[1])
         ts = rec[2] if len(rec) > 2 else None  # type: ignore[misc]
-        part = partition_of(key, value) if partition_of is not None else _default_partition(key, i, nparts)
+        part = (
+            partition_of(key, value)
+            if partition_of is not None
+            else _default_partition(key, i, nparts)
+        )
         prepared.append((part, key, value, ts))
     if not prepared:
         return {}
@@ -936,9 +1041,13 @@ def produce_kafka(
     def flush() -> None:
         remaining = producer.flush(timeout)
         if remaining:
-            raise ServiceError(f"produce to {topic}: {remaining} records undelivered after {timeout} s")
+            raise ServiceError(
+                f"produce to {topic}: {remaining} records undelivered after {timeout} s"
+            )
         if errors:
-            raise ServiceError(f"produce to {topic}: {len(errors)} delivery errors, first: {errors[0]}")
+            raise ServiceError(
+                f"produce to {topic}: {len(errors)} delivery errors, first: {errors[0]}"
+            )
 
     for i, item in enumerate(prepared):
         if i in held_back:
@@ -967,8 +1076,15 @@ def _parse_stream_uri(uri: str) -> dict[str, Any]:
     }
 
 
-def produce_rabbit(stream_uri: str, stream: str, records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]],
-                   *, batch_size: int = 500, amqp: bool = True, timeout: float = 120.0) -> int:
+def produce_rabbit(
+    stream_uri: str,
+    stream: str,
+    records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]],
+    *,
+    batch_size: int = 500,
+    amqp: bool = True,
+    timeout: float = 120.0,
+) -> int:
     """Publish ``records`` to ``stream`` with rstream and wait for every confirm.
 
     With ``amqp`` (default) each record is an AMQP 1.0 message: body = value bytes,
@@ -1010,11 +1126,16 @@ def produce_rabbit(stream_uri: str, stream: str, records: Iterable[tuple[Any, An
             props = Properties(message_id=key, creation_time=int(ts) if ts is not None else None)
             return AMQPMessage(body=value, properties=props)
 
-        async with Producer(params["host"], params["port"], username=params["username"],
-                            password=params["password"], vhost=params["vhost"],
-                            connection_name="rct-produce") as producer:
+        async with Producer(
+            params["host"],
+            params["port"],
+            username=params["username"],
+            password=params["password"],
+            vhost=params["vhost"],
+            connection_name="rct-produce",
+        ) as producer:
             for i in range(0, total, batch_size):
-                batch = [to_message(r) for r in items[i:i + batch_size]]
+                batch = [to_message(r) for r in items[i : i + batch_size]]
                 await producer.send_batch(stream, batch, on_publish_confirm=on_confirm)
             try:
                 await asyncio.wait_for(done.wait(), timeout)
@@ -1023,7 +1144,9 @@ def produce_rabbit(stream_uri: str, stream: str, records: Iterable[tuple[Any, An
                     f"produce to stream {stream}: {confirmed} of {total} confirmed after {timeout} s"
                 ) from e
         if failed:
-            raise ServiceError(f"produce to stream {stream}: {len(failed)} records rejected, codes {set(failed)}")
+            raise ServiceError(
+                f"produce to stream {stream}: {len(failed)} records rejected, codes {set(failed)}"
+            )
         return confirmed
 
     return _run_async(go)

@@ -81,8 +81,15 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
     settings = replace(Settings(), **values)
     if not settings.state_dir:
         settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
+    if not 0.0 <= settings.max_termination_share <= 1.0:
+        raise PermanentError(f"maxTerminationShare must be between 0 and 1, not {settings.max_termination_share}")
+    for name in ("tick_interval", "lease_ttl"):
+        if getattr(settings, name) <= 0:
+            raise PermanentError(f"setting {name} must be positive")
     if settings.log_format not in ("text", "json"):
         raise PermanentError(f"logFormat must be text or json, not {settings.log_format!r}")
+    if str(settings.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise PermanentError(f"logLevel must be DEBUG, INFO, WARNING or ERROR, not {settings.log_level!r}")
     return settings
 
 

@@ -41,8 +41,12 @@ _FIXTURE_MARKERS = {
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak", action="store_true", default=False,
-                     help="also run long-running soak tests (marked 'soak')")
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="also run long-running soak tests (marked 'soak')",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -56,8 +60,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fixture in names and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
                 added = True
-        uses_service = added or any(item.get_closest_marker(m) is not None
-                                    for m in _FIXTURE_MARKERS.values())
+        uses_service = added or any(
+            item.get_closest_marker(m) is not None for m in _FIXTURE_MARKERS.values()
+        )
         if uses_service and item.get_closest_marker("integration") is None:
             item.add_marker("integration")
         if item.get_closest_marker("soak") is not None and not run_soak:
@@ -75,8 +80,9 @@ def _service(factory: Callable[[], devservices._Service]) -> devservices._Servic
     except devservices.ServiceBinaryMissing as e:
         if _allow_skip():
             pytest.skip(f"{e} (skipped: RECONCILER_TEST_ALLOW_SKIP=1)")
-        pytest.fail(f"{e}\n(set RECONCILER_TEST_ALLOW_SKIP=1 to skip such tests instead)",
-                    pytrace=False)
+        pytest.fail(
+            f"{e}\n(set RECONCILER_TEST_ALLOW_SKIP=1 to skip such tests instead)", pytrace=False
+        )
 
 
 # --------------------------------------------------------------------------- services
@@ -136,8 +142,10 @@ def spark():
     import shutil
 
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        msg = ("Java 17+ is not installed (PySpark needs it): run `scripts/setup.sh` "
-               "(it does `apt-get install openjdk-17-jre-headless`).")
+        msg = (
+            "Java 17+ is not installed (PySpark needs it): run `scripts/setup.sh` "
+            "(it does `apt-get install openjdk-17-jre-headless`)."
+        )
         if _allow_skip():
             pytest.skip(msg)
         pytest.fail(msg, pytrace=False)
@@ -161,8 +169,9 @@ def _unique_name(request: pytest.FixtureRequest, prefix: str | None, max_len: in
 
 
 @pytest.fixture
-def topic(kafka_broker: devservices.TansuBroker,
-          request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+def topic(
+    kafka_broker: devservices.TansuBroker, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., str]]:
     """Factory: ``topic(partitions=1, prefix=None) -> name`` creates a fresh topic.
 
     Topics are deleted after the test (best effort) to keep the in-memory broker small.
@@ -184,8 +193,9 @@ def topic(kafka_broker: devservices.TansuBroker,
 
 
 @pytest.fixture
-def stream(rabbit_node: devservices.RabbitNode,
-           request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+def stream(
+    rabbit_node: devservices.RabbitNode, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., str]]:
     """Factory: ``stream(prefix=None, arguments=None) -> name`` creates a fresh stream.
 
     Streams are deleted after the test (best effort).
@@ -209,14 +219,21 @@ def stream(rabbit_node: devservices.RabbitNode,
 # --------------------------------------------------------------------------- databases
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=[pytest.mark.postgres,
-                                                                      pytest.mark.integration])])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.integration]),
+    ]
+)
 def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
     """A SQLAlchemy URL of an empty metadata database: a SQLite file, or a fresh
     PostgreSQL database in the session cluster."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'reconciler.db'}"
     cluster: devservices.PostgresCluster = request.getfixturevalue("pg_cluster")
-    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + \
-        f"_{next(_counter)}_{secrets.token_hex(3)}"
+    name = (
+        "t_"
+        + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+        + f"_{next(_counter)}_{secrets.token_hex(3)}"
+    )
     return cluster.create_database(name)

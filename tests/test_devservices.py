@@ -32,16 +32,26 @@ def _latest(broker: devservices.TansuBroker, topic: str, partitions: int) -> dic
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    res = broker.admin().list_offsets(
-        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)})
-    return {tp.partition: f.result().offset for tp, f in res.items()}
+    admin = broker.admin()  # keep a reference: a collected client never completes its futures
+    res = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+        request_timeout=30,
+    )
+    return {tp.partition: f.result(timeout=30).offset for tp, f in res.items()}
 
 
 def _consume_all(bootstrap: str, topic: str, ends: dict[int, int], timeout: float = 60.0):
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rct-smoke",
-                  "enable.auto.commit": False, "fetch.queue.backoff.ms": 10, "log_level": 2})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "rct-smoke",
+            "enable.auto.commit": False,
+            "fetch.queue.backoff.ms": 10,
+            "log_level": 2,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in ends])
     got: list[tuple[int, int, bytes, bytes]] = []
     done = {p for p, end in ends.items() if end == 0}
@@ -85,10 +95,17 @@ def test_tansu_round_trip_exact(kafka_broker, topic) -> None:
 @pytest.mark.kafka
 def test_tansu_latest_exact_after_second_load(kafka_broker, topic) -> None:
     name = topic(partitions=2)
-    first = produce_kafka(kafka_broker.bootstrap, name, make_records(1_000), partition_of=lambda k, v: 0)
+    first = produce_kafka(
+        kafka_broker.bootstrap, name, make_records(1_000), partition_of=lambda k, v: 0
+    )
     assert first == {0: 1_000}
-    second = produce_kafka(kafka_broker.bootstrap, name, make_records(300, start=1_000),
-                           partition_of=lambda k, v: int(k[1:]) % 2, one_record_per_batch=True)
+    second = produce_kafka(
+        kafka_broker.bootstrap,
+        name,
+        make_records(300, start=1_000),
+        partition_of=lambda k, v: int(k[1:]) % 2,
+        one_record_per_batch=True,
+    )
     assert second == {0: 1_150, 1: 150}
     assert _latest(kafka_broker, name, 2) == {0: 1_150, 1: 150}
 
@@ -112,12 +129,21 @@ async def _consume_stream(uri: str, stream: str, n: int, timeout: float = 60.0):
         if len(got) >= n:
             done.set()
 
-    consumer = Consumer(params["host"], params["port"], username=params["username"],
-                        password=params["password"], vhost=params["vhost"])
+    consumer = Consumer(
+        params["host"],
+        params["port"],
+        username=params["username"],
+        password=params["password"],
+        vhost=params["vhost"],
+    )
     await consumer.start()
     try:
-        await consumer.subscribe(stream, on_message, decoder=amqp_decoder,
-                                 offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        await consumer.subscribe(
+            stream,
+            on_message,
+            decoder=amqp_decoder,
+            offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+        )
         await asyncio.wait_for(done.wait(), timeout)
         await asyncio.sleep(0.3)  # anything beyond n would show up as an extra record
     finally:
@@ -148,7 +174,8 @@ def test_second_rabbit_node_does_not_clash(rabbit_node) -> None:
     with devservices.RabbitNode() as other:
         assert other.nodename != rabbit_node.nodename
         assert {other.amqp_port, other.stream_port, other.dist_port}.isdisjoint(
-            {rabbit_node.amqp_port, rabbit_node.stream_port, rabbit_node.dist_port})
+            {rabbit_node.amqp_port, rabbit_node.stream_port, rabbit_node.dist_port}
+        )
         other.create_stream("shared-name")
         rabbit_node.create_stream("shared-name")
         try:
@@ -166,7 +193,9 @@ def test_second_rabbit_node_does_not_clash(rabbit_node) -> None:
 
 def test_missing_rabbitmq_names_setup_command(monkeypatch) -> None:
     monkeypatch.setattr(devservices, "RABBITMQ_SERVER", "/nonexistent/rabbitmq-server")
-    with pytest.raises(devservices.ServiceBinaryMissing, match="scripts/setup.sh --with-test-services"):
+    with pytest.raises(
+        devservices.ServiceBinaryMissing, match="scripts/setup.sh --with-test-services"
+    ):
         devservices.RabbitNode()
 
 
@@ -185,8 +214,12 @@ def test_postgres_create_table(pg_cluster) -> None:
             c.execute(sa.text("INSERT INTO checkpoints VALUES ('0', 10), ('1', 20)"))
         with engine.begin() as c:
             # compare-and-swap: the loser updates 0 rows
-            won = c.execute(sa.text("UPDATE checkpoints SET o = 15 WHERE p = '0' AND o = 10")).rowcount
-            lost = c.execute(sa.text("UPDATE checkpoints SET o = 99 WHERE p = '0' AND o = 10")).rowcount
+            won = c.execute(
+                sa.text("UPDATE checkpoints SET o = 15 WHERE p = '0' AND o = 10")
+            ).rowcount
+            lost = c.execute(
+                sa.text("UPDATE checkpoints SET o = 99 WHERE p = '0' AND o = 10")
+            ).rowcount
             assert (won, lost) == (1, 0)
             rows = c.execute(sa.text("SELECT p, o FROM checkpoints ORDER BY p")).all()
             assert [tuple(r) for r in rows] == [("0", 15), ("1", 20)]

@@ -126,11 +126,11 @@ class SupervisorRuntime:
         records = sum(r.size for r in ranges)
         staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
                            task_count=spec.task_count)
-        faults.crash_point("after-write")
+        faults.crash_point("after-write", rec.id)
         files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
                  for f in staged.files]
         try:
-            faults.crash_point("before-commit")
+            faults.crash_point("before-commit", rec.id)
             self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=batch_id,
                                    datasource=spec.data_schema.datasource, ranges=ranges, files=files,
                                    records=records, unparseable=staged.dead_rows, lease=self.ctx.lease())
@@ -139,7 +139,7 @@ class SupervisorRuntime:
             if self.ctx.metrics:
                 self.ctx.metrics.publish_conflict(rec.id)
             raise
-        faults.crash_point("after-commit")
+        faults.crash_point("after-commit", rec.id)
         segments.promote(staged)
         self.ctx.store.mark_promoted(batch_id)
         elapsed = time.monotonic() - started

@@ -22,6 +22,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import exc as sa_exc
 
+from reconciler import faults
 from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord, dumps
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.requests import ResetRequest
@@ -126,11 +127,13 @@ class Store:
             raise RetryableError(f"cannot migrate the database: {_short(exc)}") from exc
 
     def revision(self) -> str | None:
-        try:
-            with self._read() as c:
-                return c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
-        except sa_exc.ProgrammingError:
-            return None
+        """The schema revision, or None for a database that was never migrated."""
+        with self._read() as c:
+            # SQLite reports a missing table as an OperationalError, which _read turns
+            # into "database unavailable": ask the catalogue first instead.
+            if not sa.inspect(c).has_table("alembic_version"):
+                return None
+            return c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
 
     # -- reading the actual state -------------------------------------------------------
 
@@ -166,8 +169,13 @@ class Store:
         state = State.SUSPENDED if spec.suspended else State.PENDING
         with self._write() as c:
             existing = c.execute(
-                sa.select(supervisors.c.kind, supervisors.c.epoch).where(supervisors.c.id == spec.id).with_for_update()
+                sa.select(supervisors.c.kind, supervisors.c.epoch, supervisors.c.state, supervisors.c.spec_hash)
+                .where(supervisors.c.id == spec.id).with_for_update()
             ).first()
+            if existing is not None and existing.kind == Kind.MAIN and existing.state != State.TERMINATED:
+                if existing.spec_hash == spec.spec_hash:
+                    return  # applied already: applying the same plan twice changes nothing
+                raise PermanentError(f"supervisor '{spec.id}' exists already; plan again (it needs an update)")
             values = dict(
                 spec=doc, spec_hash=spec.spec_hash, spec_path=path, state=state, detailed_state=DetailedState(state),
                 last_error=None, last_attempted_hash=spec.spec_hash, updated_at=now,
@@ -221,12 +229,11 @@ class Store:
 
     def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
         now = now or utcnow()
+        values: dict[str, Any] = dict(last_error=error, updated_at=now)
+        if attempted_hash is not None:  # an unparseable file has no hash: keep the last attempted one
+            values["last_attempted_hash"] = attempted_hash
         with self._write() as c:
-            c.execute(
-                sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(
-                    last_error=error, last_attempted_hash=attempted_hash, updated_at=now
-                )
-            )
+            c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(**values))
             self._audit(c, supervisor_id, "mark-invalid", actor, path, error, None, now)
 
     # -- checkpoints ------------------------------------------------------------------
@@ -379,6 +386,7 @@ class Store:
                 token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
                 result=dumps(details), handled_at=now,
             ))
+            faults.crash_point("inside-reset", row.id)
             return result
 
     def _insert_backfill(self, c, main, request: ResetRequest, outcome: ResetOutcome, now) -> str:

@@ -70,7 +70,11 @@ _AUTH = {
     KafkaError.GROUP_AUTHORIZATION_FAILED,
     KafkaError._SSL,
 }
-_MISSING = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+_MISSING = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+}
 
 # Settings every client of this module relies on; consumerProperties cannot change them.
 _FORCED = {
@@ -206,7 +210,12 @@ class KafkaAdapter:
         except KafkaException as exc:
             raise self._fail(exc, f"listing partitions of topic {topic!r}") from None
         tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None and tmd.error.code() in _MISSING or not tmd.partitions:
+        if (
+            tmd is None
+            or tmd.error is not None
+            and tmd.error.code() in _MISSING
+            or not tmd.partitions
+        ):
             raise PermanentError(
                 f"topic {topic!r} does not exist on {self.source.bootstrap_servers}"
             )
@@ -245,7 +254,9 @@ class KafkaAdapter:
         try:
             answers = self._client().offsets_for_times(tps, timeout=self.timeout)
         except KafkaException as exc:
-            raise self._fail(exc, f"looking up offsets by time in topic {self.source.topic!r}") from None
+            raise self._fail(
+                exc, f"looking up offsets by time in topic {self.source.topic!r}"
+            ) from None
         marks = self.watermarks()
         out: dict[str, int] = {}
         probe = _Prober(self._config, self.source.topic, self.timeout)
@@ -463,7 +474,9 @@ class KafkaRangeReader:
                     raise RetryableError(f"reading {where}: {exc}") from None
                 if not msgs:
                     if time.monotonic() - last_progress > self.timeout:
-                        raise self._unavailable(consumer, partition, where, position, end, eof_at, errors)
+                        raise self._unavailable(
+                            consumer, partition, where, position, end, eof_at, errors
+                        )
                     continue
                 bad = [m for m in msgs if m.error() is not None]
                 if bad:

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Set up a development / CI machine (fresh Debian 12 with Python 3.11), idempotently:
+#   - the virtualenv .venv with the package and its test extras (pyproject.toml);
+#   - Java 17+ for PySpark;
+#   - with --with-test-services: RabbitMQ (stream plugin) and PostgreSQL 15 server
+#     binaries, used by the tests' private throwaway instances (reconciler/devservices.py).
+# apt-get update runs once, and only when something must be installed.
+set -euo pipefail
+
+usage() { echo "usage: $0 [--with-test-services]" >&2; }
+
+WITH_SERVICES=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-test-services) WITH_SERVICES=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage; exit 2 ;;
+    esac
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+
+say() { echo "setup: $*"; }
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo)
+    fi
+fi
+
+APT_UPDATED=0
+apt_install() {
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: apt-get is not available; install these packages by hand: $*" >&2
+        exit 1
+    fi
+    if [ "$(id -u)" -ne 0 ] && [ ${#SUDO[@]} -eq 0 ]; then
+        echo "setup: need root (or sudo) to install: $*" >&2
+        exit 1
+    fi
+    # Do not let package scripts start system services (we run private instances);
+    # only while we install, and only if no policy is in place already.
+    local policy=/usr/sbin/policy-rc.d added_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" >/dev/null
+        "${SUDO[@]}" chmod 755 "$policy"
+        added_policy=1
+    fi
+    local rc=0
+    {
+        if [ "$APT_UPDATED" -eq 0 ]; then
+            say "apt-get update"
+            "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            APT_UPDATED=1
+        fi
+        say "apt-get install $*"
+        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends "$@" >/dev/null
+    } || rc=$?
+    if [ "$added_policy" -eq 1 ]; then
+        "${SUDO[@]}" rm -f "$policy"
+    fi
+    return "$rc"
+}
+
+# ---------------------------------------------------------------- Python virtualenv
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null 2>&1; then
+    apt_install python3
+fi
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    echo "setup: $("$PY" --version 2>&1) is too old: Python 3.11+ is required" >&2
+    exit 1
+fi
+
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c 'import sys' >/dev/null 2>&1; then
+    say "removing a broken .venv"
+    rm -rf .venv
+fi
+if [ ! -x .venv/bin/python ]; then
+    if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+        apt_install "python${ver}-venv" || apt_install python3-venv
+    fi
+    say "creating .venv"
+    "$PY" -m venv .venv
+fi
+
+# Reinstall only when pyproject.toml changed since the last successful install.
+STAMP=.venv/.reconciler-setup-stamp
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] \
+        || ! .venv/bin/python -c 'import reconciler, pytest' >/dev/null 2>&1; then
+    say "pip install -e '.[test]' (into .venv)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    echo "$want" > "$STAMP"
+else
+    say ".venv is up to date"
+fi
+
+# ---------------------------------------------------------------- Java 17+ (PySpark)
+java_major() {
+    command -v java >/dev/null 2>&1 || { echo 0; return; }
+    java -version 2>&1 | awk -F'"' '/version/ { split($2, v, "."); if (v[1] == "1") print v[2]; else print v[1]; exit }'
+}
+jm=$(java_major)
+if [ "${jm:-0}" -lt 17 ] 2>/dev/null || [ -z "$jm" ]; then
+    # openjdk's postinst fails on slim images without this directory.
+    "${SUDO[@]}" mkdir -p /usr/share/man/man1
+    apt_install openjdk-17-jre-headless
+    jm=$(java_major)
+    if [ "${jm:-0}" -lt 17 ]; then
+        echo "setup: java is still older than 17 after install (found: ${jm:-none});" \
+             "point JAVA_HOME at /usr/lib/jvm/java-17-openjdk-*" >&2
+        exit 1
+    fi
+else
+    say "java $jm found"
+fi
+
+# ---------------------------------------------------------------- test services
+if [ "$WITH_SERVICES" -eq 1 ]; then
+    pkgs=()
+    if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+        pkgs+=(rabbitmq-server)
+    fi
+    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+        pkgs+=(postgresql-15)
+    fi
+    if [ ${#pkgs[@]} -gt 0 ]; then
+        apt_install "${pkgs[@]}"
+        # Tests run private nodes; stop and disable the system one a package may start.
+        if [[ " ${pkgs[*]} " == *" rabbitmq-server "* ]]; then
+            if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+                "${SUDO[@]}" systemctl disable --now rabbitmq-server >/dev/null 2>&1 || true
+            elif command -v service >/dev/null 2>&1; then
+                "${SUDO[@]}" service rabbitmq-server stop >/dev/null 2>&1 || true
+            fi
+        fi
+    else
+        say "rabbitmq-server and postgresql server found"
+    fi
+fi
+
+say "done ($ROOT)"

@@ -1,0 +1,445 @@
+"""The command line, through click's CliRunner and through the real ``reconciler`` script.
+
+Spec directories are copies of ``examples/*.yaml`` under ``tmp_path``. Tests that touch
+the metadata database take ``db_url`` and so run on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from reconciler import settings as settings_mod
+from reconciler.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SCRIPT = Path(sys.executable).parent / "reconciler"  # the [project.scripts] entry point
+TYPO = "source.topc: unknown key (did you mean 'topic'?)"
+
+# Every variable settings read, cleared so the host's environment cannot leak in.
+CLEAN_ENV: dict[str, str | None] = {env: None for _, env, _, _ in settings_mod.describe()}
+CLEAN_ENV |= {"RECONCILER_CONFIG": None, "STATE_DIRECTORY": None}
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path) -> Iterator[None]:
+    """No host config file; the root logger's handlers restored after each test."""
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "no-such-config.yaml")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def copy_examples(directory: Path, *names: str) -> Path:
+    """Copy examples into ``directory`` as ``<id>.yaml``; default: the two Kafka examples."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mapping = {"clicks": "kafka-clicks.yaml", "clicks-rollup": "kafka-clicks-rollup.yaml",
+               "orders": "rabbitmq-orders.yaml"}
+    for sid in names or ("clicks", "clicks-rollup"):
+        shutil.copy(EXAMPLES / mapping[sid], directory / f"{sid}.yaml")
+    return directory
+
+
+def misspell(path: Path) -> int:
+    """Turn ``topic:`` into ``topc:``; returns the 1-based line of the typo."""
+    lines = path.read_text().splitlines(keepends=True)
+    [index] = [i for i, line in enumerate(lines) if line.strip().startswith("topic:")]
+    lines[index] = lines[index].replace("topic:", "topc:")
+    path.write_text("".join(lines))
+    return index + 1
+
+
+class Cli:
+    """``reconciler --specs S --state-dir T --db URL ...`` through CliRunner."""
+
+    def __init__(self, specs: Path, state: Path, db: str | None):
+        self.specs, self.state, self.db = specs, state, db
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, globals_: bool = True) -> Result:
+        head = ["--specs", str(self.specs), "--state-dir", str(self.state)] if globals_ else []
+        if globals_ and self.db:
+            head += ["--db", self.db]
+        return self.runner.invoke(cli, [*head, *args], env=CLEAN_ENV | (env or {}), catch_exceptions=False)
+
+    def json(self, *args: str, code: int = 0) -> dict | list:
+        result = self(*args)
+        assert result.exit_code == code, (result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def specs(tmp_path) -> Path:
+    return copy_examples(tmp_path / "specs")
+
+
+@pytest.fixture
+def run(tmp_path, specs, db_url) -> Cli:
+    return Cli(specs, tmp_path / "state", db_url)
+
+
+@pytest.fixture
+def run_sqlite(tmp_path, specs) -> Cli:
+    """For tests that need a database but are about the command line, not the database."""
+    return Cli(specs, tmp_path / "state", f"sqlite:///{tmp_path / 'state' / 'cli.db'}")
+
+
+def kinds(doc: dict) -> list[tuple[str, str]]:
+    return [(a["kind"], a["supervisor"]) for a in doc["actions"]]
+
+
+def status_of(run: Cli, sid: str) -> dict:
+    doc = run.json("status", "-o", "json", "--no-lag")
+    [item] = [s for s in doc["supervisors"] if s["id"] == sid]
+    return item
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def test_validate_examples_exits_0():
+    result = CliRunner().invoke(cli, ["validate", str(EXAMPLES)], env=CLEAN_ENV)
+    assert result.exit_code == 0, result.output
+    n = len([p for p in EXAMPLES.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()])
+    assert n >= 3
+    assert result.stdout.strip() == f"ok: {n} spec(s), 0 marker(s) valid"
+
+
+def test_validate_example_markers():
+    result = CliRunner().invoke(cli, ["validate", *map(str, sorted((EXAMPLES / "markers").glob("*.yaml")))],
+                                env=CLEAN_ENV)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("ok: 0 spec(s), ")
+
+
+def test_validate_misspelled_key_exits_1_with_file_line_field_and_suggestion(tmp_path, specs):
+    line = misspell(specs / "clicks.yaml")
+    result = CliRunner().invoke(cli, ["validate", str(specs)], env=CLEAN_ENV)
+    assert result.exit_code == 1
+    path = specs / "clicks.yaml"
+    assert f"{path}:{line}:3: {TYPO}" in result.stderr.splitlines()
+    assert "1 problem(s); 1 valid spec(s), 0 valid marker(s)" in result.stderr
+    assert result.stdout == ""
+
+
+def test_validate_single_file(specs):
+    line = misspell(specs / "clicks-rollup.yaml")
+    ok = CliRunner().invoke(cli, ["validate", str(specs / "clicks.yaml")], env=CLEAN_ENV)
+    bad = CliRunner().invoke(cli, ["validate", str(specs / "clicks-rollup.yaml")], env=CLEAN_ENV)
+    assert (ok.exit_code, ok.stdout.strip()) == (0, "ok: 1 spec(s), 0 marker(s) valid")
+    assert bad.exit_code == 1
+    assert f"{specs / 'clicks-rollup.yaml'}:{line}:3: {TYPO}" in bad.stderr
+
+
+def test_validate_defaults_to_the_spec_directory(tmp_path, specs):
+    result = Cli(specs, tmp_path / "state", None)("validate")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == "ok: 2 spec(s), 0 marker(s) valid"
+
+
+def test_validate_missing_directory(tmp_path):
+    result = CliRunner().invoke(cli, ["validate", str(tmp_path / "nope")], env=CLEAN_ENV)
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'nope'}: cannot read: No such file or directory" in result.stderr
+
+
+# --------------------------------------------------------------------------- plan and apply
+
+
+def test_plan_json_then_apply_then_plan_exits_0(run: Cli):
+    doc = run.json("plan", "-o", "json", code=2)
+    assert kinds(doc) == [("create", "clicks"), ("create", "clicks-rollup")]
+    assert doc["notes"] == [] and doc["heldTerminations"] == []
+    assert doc["actions"][0]["path"] == str(run.specs / "clicks.yaml")
+    assert len(doc["actions"][0]["specHash"]) == 16
+
+    applied = run("apply")
+    assert applied.exit_code == 0, applied.output
+    assert "create" in applied.stdout and "clicks-rollup" in applied.stdout
+
+    assert run.json("plan", "-o", "json") == {"actions": [], "notes": [], "heldTerminations": []}
+    text = run("plan")
+    assert (text.exit_code, text.stdout.strip()) == (0, "No changes: the database matches the spec directory.")
+    again = run("apply")
+    assert (again.exit_code, again.stdout.strip()) == (0, "No changes.")
+
+    status = run.json("status", "-o", "json", "--no-lag")
+    assert [(s["id"], s["kind"], s["state"]) for s in status["supervisors"]] == [
+        ("clicks", "main", "PENDING"), ("clicks-rollup", "main", "PENDING")]
+    assert status["supervisors"][0]["lag"] is None  # not asked: never a false 0
+
+
+def test_apply_json_output(run: Cli):
+    doc = run.json("apply", "-o", "json")
+    assert [(r["action"]["kind"], r["ok"]) for r in doc["results"]] == [("create", True), ("create", True)]
+    assert doc["results"][0]["message"] == "created; PENDING until a runtime starts it"
+
+
+def test_deleting_one_of_two_specs_plans_terminate(run: Cli):
+    assert run("apply").exit_code == 0
+    (run.specs / "clicks-rollup.yaml").unlink()
+    doc = run.json("plan", "-o", "json", code=2)
+    assert kinds(doc) == [("terminate", "clicks-rollup")]
+    assert doc["actions"][0]["reason"] == "spec file removed"
+    assert run("apply").exit_code == 0
+    gone = status_of(run, "clicks-rollup")
+    assert (gone["state"], gone["epoch"]) == ("TERMINATED", 2)
+    assert run.json("plan", "-o", "json", code=0)["actions"] == []
+
+
+def test_corrupting_a_spec_keeps_its_last_valid_spec(run: Cli):
+    assert run("apply").exit_code == 0
+    before = status_of(run, "clicks")
+    line = misspell(run.specs / "clicks.yaml")
+    error = f"{run.specs / 'clicks.yaml'}:{line}:3: {TYPO}"
+
+    doc = run.json("plan", "-o", "json", code=2)
+    assert kinds(doc) == [("mark-invalid", "clicks")]
+    assert doc["actions"][0]["error"] == error
+    assert run("apply").exit_code == 0
+
+    after = status_of(run, "clicks")
+    assert after["specHash"] == before["specHash"]
+    assert after["lastError"] == error
+    assert (after["state"], after["epoch"]) == (before["state"], before["epoch"])
+    assert after["source"]["topic"] == "clicks"
+    assert run.json("plan", "-o", "json", code=0)["actions"] == []  # marked once
+
+    misspell_fixed = (run.specs / "clicks.yaml").read_text().replace("topc:", "topic:")
+    (run.specs / "clicks.yaml").write_text(misspell_fixed)
+    doc = run.json("plan", "-o", "json", code=2)
+    assert [(a["kind"], a["reason"]) for a in doc["actions"]] == [("update", "spec file is valid again")]
+    assert run("apply").exit_code == 0
+    assert status_of(run, "clicks")["lastError"] is None
+
+
+def test_empty_directory_holds_terminations(run: Cli):
+    assert run("apply").exit_code == 0
+    for f in run.specs.iterdir():
+        f.unlink()
+    doc = run.json("plan", "-o", "json", code=0)
+    assert doc["actions"] == []
+    assert doc["heldTerminations"] == ["clicks", "clicks-rollup"]
+    assert "spec directory is empty" in doc["notes"][0]
+    held = run("apply")
+    assert held.exit_code == 0 and "note: spec directory is empty" in held.stdout
+    assert status_of(run, "clicks")["state"] == "PENDING"
+    confirmed = run.json("apply", "--confirm-terminations", "-o", "json")
+    assert [(r["action"]["kind"], r["action"]["supervisor"]) for r in confirmed["results"]] == [
+        ("terminate", "clicks"), ("terminate", "clicks-rollup")]
+    assert status_of(run, "clicks")["state"] == "TERMINATED"
+
+
+def test_suspend_and_resume(run: Cli):
+    assert run("apply").exit_code == 0
+    path = run.specs / "clicks.yaml"
+    path.write_text(path.read_text().replace("suspended: false", "suspended: true"))
+    assert kinds(run.json("plan", "-o", "json", code=2)) == [("update", "clicks"), ("suspend", "clicks")]
+    assert run("apply").exit_code == 0
+    assert status_of(run, "clicks")["state"] == "SUSPENDED"
+    path.write_text(path.read_text().replace("suspended: true", "suspended: false"))
+    assert kinds(run.json("plan", "-o", "json", code=2)) == [("update", "clicks"), ("resume", "clicks")]
+    assert run("apply").exit_code == 0
+    assert status_of(run, "clicks")["state"] == "PENDING"
+
+
+def test_history_lists_create_and_update(run: Cli):
+    assert run("apply").exit_code == 0
+    path = run.specs / "clicks.yaml"
+    path.write_text(path.read_text().replace("taskCount: 2", "taskCount: 3"))
+    assert run("apply").exit_code == 0
+    entries = run.json("history", "clicks", "-o", "json")
+    assert [e["action"] for e in entries] == ["create", "update"]
+    assert all(e["actor"].startswith("cli:") for e in entries)
+    assert entries[1]["details"]["specHash"] == status_of(run, "clicks")["specHash"]
+    text = run("history", "clicks")
+    assert text.exit_code == 0
+    lines = text.stdout.strip().splitlines()
+    assert len(lines) == 2 and " create " in lines[0] and " update " in lines[1]
+    missing = run("history", "nope")
+    assert missing.exit_code == 1 and "no supervisor 'nope'" in missing.stderr
+
+
+def test_status_of_unknown_supervisor(run: Cli):
+    result = run("status", "nope", "--no-lag")
+    assert result.exit_code == 1
+    assert "no supervisor 'nope'" in result.stderr
+
+
+def test_segments_of_an_empty_datasource(run: Cli):
+    assert run.json("segments", "clicks", "-o", "json") == []
+
+
+def test_reset_dry_run_of_unknown_supervisor(run: Cli):
+    result = run("reset", "nope", "--to", "latest", "--dry-run")
+    assert result.exit_code == 1
+    assert "Error: no main supervisor 'nope' (see `reconciler status`)" in result.stderr
+
+
+def test_reset_rejects_a_bad_position(run_sqlite: Cli):
+    result = run_sqlite("reset", "clicks", "--to", "sometime", "--dry-run")
+    assert result.exit_code == 2  # a usage error, before any database or broker
+    assert "Error: Invalid value for '--to': not a timestamp: 'sometime'" in result.stderr
+    assert "or use latest, earliest, or offsets JSON" in result.stderr
+
+
+def test_db_upgrade_prints_the_revision(run: Cli):
+    first, second = run("db", "upgrade"), run("db", "upgrade")
+    assert (first.exit_code, first.stdout.strip()) == (0, "database at revision 0001")
+    assert (second.exit_code, second.stdout.strip()) == (0, "database at revision 0001")
+
+
+def test_default_database_is_sqlite_in_the_state_dir(tmp_path, specs):
+    run = Cli(specs, tmp_path / "state", None)
+    assert run("apply").exit_code == 0
+    assert (tmp_path / "state" / "reconciler.db").is_file()
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_environment_variables(tmp_path, specs):
+    db = tmp_path / "env.db"
+    run = Cli(specs, tmp_path / "state", None)
+    env = {"RECONCILER_SPECS": str(specs), "RECONCILER_DB": f"sqlite:///{db}",
+           "RECONCILER_STATE_DIR": str(tmp_path / "state")}
+    result = run("plan", "-o", "json", "--no-positions", env=env, globals_=False)
+    assert result.exit_code == 2, result.output
+    assert kinds(json.loads(result.stdout)) == [("create", "clicks"), ("create", "clicks-rollup")]
+    assert db.is_file()
+
+
+def test_config_file(tmp_path, specs):
+    db = tmp_path / "file.db"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"specs: {specs}\ndb: sqlite:///{db}\nstateDir: {tmp_path / 'state'}\n")
+    run = Cli(specs, tmp_path / "state", None)
+    result = run("--config", str(config), "apply", globals_=False)
+    assert result.exit_code == 0, result.output
+    assert db.is_file()
+    env_result = run("plan", env={"RECONCILER_CONFIG": str(config)}, globals_=False)
+    assert env_result.exit_code == 0  # the same database, through RECONCILER_CONFIG
+
+
+def test_cli_beats_env_beats_file(tmp_path):
+    dirs = {sid: copy_examples(tmp_path / f"specs-{sid}", sid) for sid in ("clicks", "clicks-rollup", "orders")}
+    config = tmp_path / "config.yaml"
+    config.write_text(f"specs: {dirs['clicks']}\ndb: sqlite:///{tmp_path / 'file.db'}\n"
+                      f"stateDir: {tmp_path / 'state'}\n")
+    env = {"RECONCILER_CONFIG": str(config)}
+    run = Cli(tmp_path, tmp_path / "state", None)
+
+    def planned(*args: str, extra_env: dict[str, str] | None = None) -> list[str]:
+        result = run(*args, "plan", "-o", "json", env=env | (extra_env or {}), globals_=False)
+        assert result.exit_code == 2, result.output
+        return [a["supervisor"] for a in json.loads(result.stdout)["actions"]]
+
+    assert planned() == ["clicks"]
+    assert planned(extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
+                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == ["clicks-rollup"]
+    assert planned("--specs", str(dirs["orders"]), "--db", f"sqlite:///{tmp_path / 'cli.db'}",
+                   extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
+                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == ["orders"]
+    assert {p.name for p in tmp_path.glob("*.db")} == {"file.db", "env.db", "cli.db"}
+
+
+def test_bad_config_file_is_a_clear_error(tmp_path, specs):
+    config = tmp_path / "config.yaml"
+    config.write_text("specz: x\n")
+    result = Cli(specs, tmp_path / "state", None)("--config", str(config), "validate", globals_=False)
+    assert result.exit_code == 1
+    assert f"config file {config}: unknown setting(s) specz" in result.stderr
+
+
+# --------------------------------------------------------------------------- help
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for name, cmd in sorted(group.commands.items()):
+        yield (*prefix, name)
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+
+
+ALL_COMMANDS = list(_commands(cli))
+
+
+def test_every_command_is_listed():
+    expected = {("apply",), ("db",), ("db", "upgrade"), ("history",), ("plan",), ("reset",), ("run",),
+                ("segments",), ("status",), ("validate",)}
+    assert set(ALL_COMMANDS) == expected
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=[" ".join(p) for p in ALL_COMMANDS])
+def test_help_has_an_example(path):
+    result = CliRunner().invoke(cli, [*path, "--help"], env=CLEAN_ENV)
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"Usage: cli {' '.join(path)} ") or result.stdout.startswith(
+        f"Usage: reconciler {' '.join(path)} ")
+    assert "Example" in result.stdout
+    assert "reconciler " in result.stdout.split("Example", 1)[1]
+
+
+def test_top_level_help():
+    result = CliRunner().invoke(cli, ["--help"], env=CLEAN_ENV)
+    assert result.exit_code == 0
+    for option, env in [("--specs", "RECONCILER_SPECS"), ("--db", "RECONCILER_DB"),
+                        ("--state-dir", "RECONCILER_STATE_DIR"), ("--segments", "RECONCILER_SEGMENTS"),
+                        ("--spark-master", "RECONCILER_SPARK_MASTER"), ("--config", "RECONCILER_CONFIG")]:
+        assert option in result.stdout and env in result.stdout
+    assert "reconciler plan" in result.stdout  # the quick tour's examples
+
+
+# --------------------------------------------------------------------------- the real script
+
+
+def script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    return subprocess.run([str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_console_script_is_installed():
+    assert SCRIPT.is_file(), f"{SCRIPT} missing: pip install -e . into the virtualenv"
+    result = script("--version", cwd=ROOT)
+    assert result.returncode == 0
+    assert "0.1.0" in result.stdout
+
+
+def test_script_validate(tmp_path, specs):
+    assert script("validate", str(EXAMPLES), cwd=tmp_path).returncode == 0
+    line = misspell(specs / "clicks.yaml")
+    result = script("validate", "specs", cwd=tmp_path)  # a relative path is shown as given
+    assert result.returncode == 1
+    assert f"specs/clicks.yaml:{line}:3: {TYPO}" in result.stderr.splitlines()
+
+
+def test_script_plan_apply_plan(tmp_path, specs, db_url):
+    common = ["--specs", str(specs), "--state-dir", str(tmp_path / "state"), "--db", db_url]
+    first = script(*common, "plan", "-o", "json", cwd=tmp_path)
+    assert first.returncode == 2, first.stderr
+    assert [a["kind"] for a in json.loads(first.stdout)["actions"]] == ["create", "create"]
+    assert script(*common, "apply", cwd=tmp_path).returncode == 0
+    second = script(*common, "plan", "-o", "json", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["actions"] == []
+    upgrade = script(*common, "db", "upgrade", cwd=tmp_path)
+    assert (upgrade.returncode, upgrade.stdout.strip()) == (0, "database at revision 0001")
+
+
+def test_bad_log_level_from_the_environment_is_a_clear_error(tmp_path, specs):
+    result = Cli(specs, tmp_path / "state", None)("validate", env={"RECONCILER_LOG_LEVEL": "verbose"})
+    assert result.exit_code == 1
+    assert "Error: logLevel must be DEBUG, INFO, WARNING or ERROR, not 'verbose'" in result.stderr

@@ -1,0 +1,191 @@
+"""Settings: declared once; command line > environment > config file > default."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from reconciler import settings as settings_mod
+from reconciler.errors import PermanentError
+from reconciler.settings import Settings, describe, load
+
+
+@pytest.fixture(autouse=True)
+def no_system_config(monkeypatch, tmp_path):
+    """Never read the host's /etc/stream-reconciler/config.yaml."""
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "absent" / "config.yaml")
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults():
+    s = load({}, None, env={})
+    assert s.specs == "specs"
+    assert s.state_dir == "state"
+    assert s.spark_master == "local[*]"
+    assert s.tick_interval == 30.0
+    assert s.debounce == 0.3
+    assert s.max_termination_share == 0.5
+    assert s.lease_ttl == 15.0
+    assert s.log_format == "text"
+    assert s.db_url == f"sqlite:///{(Path('state') / 'reconciler.db').absolute()}"
+    assert s.segments_dir == Path("state") / "segments"
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "file", "expected"),
+    [
+        pytest.param({"specs": "from-cli"}, {"RECONCILER_SPECS": "from-env"}, "specs: from-file\n", "from-cli",
+                     id="cli-beats-env-and-file"),
+        pytest.param({}, {"RECONCILER_SPECS": "from-env"}, "specs: from-file\n", "from-env", id="env-beats-file"),
+        pytest.param({"specs": None}, {}, "specs: from-file\n", "from-file", id="file-beats-default"),
+        pytest.param({}, {}, "{}\n", "specs", id="default"),
+        pytest.param({}, {}, "", "specs", id="empty-config-file"),
+    ],
+)
+def test_precedence(tmp_path, cli, env, file, expected):
+    s = load(cli, write_config(tmp_path, file), env=env)
+    assert s.specs == expected
+
+
+def test_precedence_is_per_setting(tmp_path):
+    cfg = write_config(tmp_path, "specs: f-specs\ndb: sqlite:///f.db\nsparkMaster: spark://f:7077\n"
+                                 "segments: f-seg\n")
+    s = load({"db": "sqlite:///cli.db"}, cfg, env={"RECONCILER_SPARK_MASTER": "spark://env:7077"})
+    assert (s.specs, s.db, s.spark_master, s.segments) == ("f-specs", "sqlite:///cli.db", "spark://env:7077", "f-seg")
+    assert s.db_url == "sqlite:///cli.db"
+    assert s.segments_dir == Path("f-seg")
+
+
+def test_config_path_from_environment(tmp_path):
+    cfg = write_config(tmp_path, "stateDir: /srv/rec\n")
+    s = load({}, None, env={"RECONCILER_CONFIG": cfg})
+    assert s.state_dir == "/srv/rec"
+    assert s.db_url == "sqlite:////srv/rec/reconciler.db"
+
+
+def test_default_config_file_is_read_when_present(tmp_path, monkeypatch):
+    path = tmp_path / "etc" / "config.yaml"
+    path.parent.mkdir()
+    path.write_text("logFormat: json\n")
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", path)
+    assert load({}, None, env={}).log_format == "json"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        pytest.param("30s", 30.0, id="seconds"),
+        pytest.param("500ms", 0.5, id="milliseconds"),
+        pytest.param("5m", 300.0, id="minutes"),
+        pytest.param("1h", 3600.0, id="hours"),
+        pytest.param("1.5s", 1.5, id="fraction"),
+        pytest.param("12", 12.0, id="bare-number-string"),
+        pytest.param(7, 7.0, id="number"),
+    ],
+)
+def test_durations(value, seconds):
+    assert load({"tick_interval": value}, None, env={}).tick_interval == seconds
+
+
+def test_durations_from_env_and_file(tmp_path):
+    cfg = write_config(tmp_path, "leaseTtl: 1m\ndebounce: 250ms\n")
+    s = load({}, cfg, env={"RECONCILER_TICK_INTERVAL": "45s", "RECONCILER_MAX_TERMINATION_SHARE": "0.25"})
+    assert (s.tick_interval, s.lease_ttl, s.debounce, s.max_termination_share) == (45.0, 60.0, 0.25, 0.25)
+
+
+def test_bad_duration_is_an_error():
+    with pytest.raises(PermanentError) as exc:
+        load({}, None, env={"RECONCILER_TICK_INTERVAL": "soon"})
+    assert str(exc.value) == "setting tick_interval: 'soon' is not a number or duration like 30s"
+
+
+def test_unknown_config_key_is_an_error(tmp_path):
+    cfg = write_config(tmp_path, "specs: x\ntickIntervall: 5s\n")
+    with pytest.raises(PermanentError) as exc:
+        load({}, cfg, env={})
+    msg = str(exc.value)
+    assert msg.startswith(f"config file {cfg}: unknown setting(s) tickIntervall; known: ")
+    assert "tickInterval" in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("- a\n- b\n", "expected a mapping of settings", id="not-a-mapping"),
+        pytest.param("specs: [unclosed\n", "not valid YAML", id="bad-yaml"),
+    ],
+)
+def test_bad_config_file(tmp_path, text, message):
+    cfg = write_config(tmp_path, text)
+    with pytest.raises(PermanentError, match=message):
+        load({}, cfg, env={})
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(PermanentError) as exc:
+        load({}, str(missing), env={})
+    assert str(exc.value) == f"config file {missing}: No such file or directory"
+
+
+def test_bad_log_format():
+    with pytest.raises(PermanentError, match="logFormat must be text or json, not 'xml'"):
+        load({"log_format": "xml"}, None, env={})
+
+
+@pytest.mark.parametrize(
+    ("env", "state_dir"),
+    [
+        pytest.param({"STATE_DIRECTORY": "/var/lib/stream-reconciler"}, "/var/lib/stream-reconciler", id="systemd"),
+        pytest.param({"STATE_DIRECTORY": "/var/lib/a:/var/lib/b"}, "/var/lib/a", id="systemd-several"),
+        pytest.param({"STATE_DIRECTORY": "/var/lib/a", "RECONCILER_STATE_DIR": "/srv/x"}, "/srv/x",
+                     id="explicit-beats-systemd"),
+        pytest.param({"STATE_DIRECTORY": ""}, "state", id="empty"),
+        pytest.param({}, "state", id="unset"),
+    ],
+)
+def test_state_directory_default(env, state_dir):
+    s = load({}, None, env=env)
+    assert s.state_dir == state_dir
+    assert s.db_url == f"sqlite:///{(Path(state_dir) / 'reconciler.db').absolute()}"
+    assert s.segments_dir == Path(state_dir) / "segments"
+
+
+def test_every_setting_is_described():
+    rows = describe()
+    assert [r[0] for r in rows] == [f.name for f in fields(Settings)]
+    for name, env, key, help_text in rows:
+        assert env.startswith("RECONCILER_"), name
+        assert key and key[0].islower(), name
+        assert len(help_text) > 10, name
+    assert len({r[1] for r in rows}) == len(rows)
+    assert len({r[2] for r in rows}) == len(rows)
+
+
+def test_uses_process_environment_by_default(monkeypatch):
+    monkeypatch.setenv("RECONCILER_SEGMENTS", "/data/segments")
+    monkeypatch.delenv("RECONCILER_CONFIG", raising=False)
+    assert load({}, None).segments_dir == Path("/data/segments")
+
+
+@pytest.mark.parametrize(
+    ("env", "ok"),
+    [
+        pytest.param({"RECONCILER_LOG_LEVEL": "debug"}, True, id="lowercase"),
+        pytest.param({"RECONCILER_LOG_LEVEL": "WARNING"}, True, id="uppercase"),
+        pytest.param({"RECONCILER_LOG_LEVEL": "verbose"}, False, id="unknown"),
+    ],
+)
+def test_log_level_is_checked(env, ok):
+    if ok:
+        assert load({}, None, env=env).log_level == env["RECONCILER_LOG_LEVEL"]
+    else:
+        with pytest.raises(PermanentError, match="logLevel must be DEBUG, INFO, WARNING or ERROR, not 'verbose'"):
+            load({}, None, env=env)
