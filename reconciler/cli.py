@@ -57,21 +57,24 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
+def _setting_options(func):
+    """One global option per setting, generated from ``settings.Settings`` (declared once)."""
+    choices = {"log_format": click.Choice(["text", "json"]),
+               "log_level": click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)}
+    for name, env, key, help_text in reversed(settings_mod.describe()):
+        flag = "--" + name.replace("_", "-")
+        func = click.option(flag, name, type=choices.get(name), metavar=None if name in choices else "VALUE",
+                            help=f"{help_text[0].upper()}{help_text[1:]} [{env}; config key {key}].")(func)
+    return func
+
+
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--specs", metavar="DIR", help="Watched spec directory [RECONCILER_SPECS; default ./specs].")
-@click.option("--db", metavar="URL", help="Metadata database URL, e.g. postgresql://user@host/db "
-              "[RECONCILER_DB; default SQLite in the state dir].")
-@click.option("--state-dir", metavar="DIR", help="State directory [RECONCILER_STATE_DIR; default ./state].")
-@click.option("--segments", metavar="DIR", help="Segments directory [RECONCILER_SEGMENTS; default <state>/segments].")
-@click.option("--spark-master", metavar="URL", help="Spark master [RECONCILER_SPARK_MASTER; default local[*]].")
 @click.option("--config", metavar="FILE", envvar="RECONCILER_CONFIG",
               help="YAML config file [RECONCILER_CONFIG; default /etc/stream-reconciler/config.yaml if present].")
-@click.option("--log-format", type=click.Choice(["text", "json"]), help="Log format [RECONCILER_LOG_FORMAT].")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Log level [RECONCILER_LOG_LEVEL; default INFO].")
+@_setting_options
 @click.version_option(package_name="stream-reconciler")
 @click.pass_context
-def cli(ctx, specs, db, state_dir, segments, spark_master, config, log_format, log_level):
+def cli(ctx, config, **values):
     """Reconcile stream-ingestion supervisors declared in YAML files.
 
     \b
@@ -82,12 +85,10 @@ def cli(ctx, specs, db, state_dir, segments, spark_master, config, log_format, l
       reconciler run                      the daemon: watch, reconcile, ingest
       reconciler status                   state, checkpoints, lag
       reconciler reset clicks --to latest --dry-run
+
+    Example: reconciler --specs examples --state-dir /tmp/state plan
     """
-    ctx.obj = Context(
-        {"specs": specs, "db": db, "state_dir": state_dir, "segments": segments, "spark_master": spark_master,
-         "log_format": log_format, "log_level": log_level},
-        config,
-    )
+    ctx.obj = Context(values, config)
     try:
         s = ctx.obj.settings
     except ReconcilerError as exc:

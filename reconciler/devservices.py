@@ -205,6 +205,41 @@ def _pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
     return preexec
 
 
+_OWNER_FILE = ".rct-owner"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale_dirs(base: str) -> None:
+    """Remove service dirs whose owning process died without stopping them (kill -9).
+
+    Only dirs made by this module (they hold an owner file) are touched; a leftover
+    PostgreSQL postmaster in one is stopped first (Tansu and RabbitMQ die with their
+    owner by themselves, see _pdeathsig_preexec).
+    """
+    for d in Path(base).glob("rct-*-*"):
+        try:
+            owner = int((d / _OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(owner):
+            continue
+        pm = d / "data" / "postmaster.pid"
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int(pm.read_text().split()[0])
+            if b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGQUIT)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 _live: set[_Service] = set()
 _live_lock = threading.Lock()
 
@@ -243,7 +278,10 @@ class _Service:
     def start(self):
         if self._started:
             return self
-        self.tmpdir = Path(tempfile.mkdtemp(prefix=f"rct-{self.name}-", dir=_service_tmp_base()))
+        base = _service_tmp_base()
+        _sweep_stale_dirs(base)
+        self.tmpdir = Path(tempfile.mkdtemp(prefix=f"rct-{self.name}-", dir=base))
+        (self.tmpdir / _OWNER_FILE).write_text(str(os.getpid()))
         try:
             self._start()
         except BaseException:

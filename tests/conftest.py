@@ -78,11 +78,12 @@ def _service(factory: Callable[[], devservices._Service]) -> devservices._Servic
     try:
         return factory().start()
     except devservices.ServiceBinaryMissing as e:
-        if _allow_skip():
-            pytest.skip(f"{e} (skipped: RECONCILER_TEST_ALLOW_SKIP=1)")
-        pytest.fail(
-            f"{e}\n(set RECONCILER_TEST_ALLOW_SKIP=1 to skip such tests instead)", pytrace=False
-        )
+        missing = str(e)
+    if _allow_skip():
+        pytest.skip(f"{missing} (skipped: RECONCILER_TEST_ALLOW_SKIP=1)")
+    pytest.fail(
+        f"{missing}\n(set RECONCILER_TEST_ALLOW_SKIP=1 to skip such tests instead)", pytrace=False
+    )
 
 
 # --------------------------------------------------------------------------- services

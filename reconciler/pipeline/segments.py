@@ -2,9 +2,9 @@
 
 Layout under ``segments_dir`` (``D`` is a datasource, ``B`` a batch id)::
 
-    D/__segment=<chunk>/B-<n>.parquet        committed rows (Hive-style partitions)
+    D/time_chunk=<chunk>/B-<n>.parquet        committed rows (Hive-style partitions)
     _deadletter/D/B-<n>.parquet              committed dead letters
-    _staging/B/__segment=<chunk>/part-*.parquet   a batch being written (Spark output)
+    _staging/B/time_chunk=<chunk>/part-*.parquet   a batch being written (Spark output)
     _staging/B/_deadletter/part-*.parquet         its dead letters
     _staging/B/_manifest.json                     what promote() will move, and where
 
@@ -247,7 +247,7 @@ def write_batch(
 ) -> StagedBatch:
     """Write a batch's rows and dead letters to staging; return what promote() will move.
 
-    ``df`` must have a ``__segment`` column (see ``transform``). ``dead_count``, when
+    ``df`` must have a ``time_chunk`` column (see ``transform``). ``dead_count``, when
     given, is asked after the segment write (e.g. an ``Observation`` filled during it):
     if it answers 0 the dead-letter write, a second Spark job over the same input, is
     skipped. Nothing becomes visible under ``<segments_dir>/<datasource>/`` here.

@@ -11,9 +11,12 @@ expressions.
   makes a whole record unreadable.
 * The timestamp column becomes ``__time`` (TIMESTAMP, UTC); a record whose value is
   not a JSON object, or whose timestamp is missing or unparseable, is a dead letter.
-* ``__segment`` is the record's time chunk (segment granularity floor of ``__time``)
-  as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``: Spark, pyarrow and DuckDB
-  all discover it as a string partition value (it is neither a number nor a date).
+* ``time_chunk`` (``SEGMENT``) is the record's time chunk (segment granularity floor
+  of ``__time``) as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``: Spark,
+  pyarrow and DuckDB all discover it as a string partition value (neither a number
+  nor a date). It is the Hive partition key, so its name must not start with ``_``
+  or ``.``: pyarrow's dataset discovery (and ``pq.read_table(dir)``) silently skips
+  such directories (``ignore_prefixes``), reading a ``__segment=...`` layout as empty.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from reconciler.spec.model import VIRTUAL_COLUMNS, DataSchema, Metric
 
 TIME = "__time"
-SEGMENT = "__segment"
+SEGMENT = "time_chunk"
 DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
 
 _PARSED = "__json"
@@ -77,7 +80,7 @@ def floor_time(col: Column, granularity: str) -> Column:
 
 
 def chunk_column(time_col: Column, segment_granularity: str) -> Column:
-    """The ``__segment`` string of a time (``YYYYMMDDTHHMMZ`` of its chunk's start)."""
+    """The ``time_chunk`` string of a time (``YYYYMMDDTHHMMZ`` of its chunk's start)."""
     if segment_granularity not in SEGMENT_GRANULARITIES:
         raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
     return F.date_format(floor_time(time_col, segment_granularity), _CHUNK_SPARK_FORMAT)
@@ -245,7 +248,8 @@ def _metric_column(m: Metric, field_types: dict[str, str]) -> Column:
 
 
 def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
-    """Segment rows from a ``parse`` frame's good records (with ``__segment``)."""
+    """Segment rows from a ``parse`` frame's good records (with ``time_chunk``)."""
+    output_columns(data_schema)  # fail early on a clash (e.g. a dimension "time_chunk")
     ok = parsed.where(F.col(_REASON).isNull())
     qtime = floor_time(F.col(TIME), data_schema.query_granularity).alias(TIME)
     dims = [_field(d).alias(d) for d in data_schema.dimensions]
@@ -275,11 +279,26 @@ def dead_rows(parsed: DataFrame) -> DataFrame:
     )
 
 
+def output_columns(data_schema: DataSchema) -> list[str]:
+    """The segment columns, in order (``SEGMENT`` last); raises on a name clash."""
+    if data_schema.rollup:
+        values = [m.name for m in data_schema.metrics]
+    else:
+        values = [f for f in _metric_field_types(data_schema) if f not in data_schema.dimensions]
+    cols = [TIME, *data_schema.dimensions, *values, SEGMENT]
+    seen: set[str] = set()
+    for c in cols:
+        if c.lower() in seen:
+            raise ValueError(f"column {c!r} appears twice in the segment columns {cols}")
+        seen.add(c.lower())
+    return cols
+
+
 def transform(df: DataFrame, data_schema: DataSchema) -> tuple[DataFrame, DataFrame]:
     """``(good_df, dead_df)`` for a frame of records (``RECORD_SCHEMA`` columns).
 
     good_df: ``__time``, the dimensions, the metrics (rollup) or metric source fields
-    (no rollup), and ``__segment``. dead_df: ``DEAD_COLUMNS``.
+    (no rollup), and ``time_chunk``. dead_df: ``DEAD_COLUMNS``.
     """
     parsed = parse(df, data_schema)
     return good_rows(parsed, data_schema), dead_rows(parsed)

@@ -649,9 +649,9 @@ def decode_chunk(
                     kput(data[m + 8 : m + 8 + data[m + 7]])
                     vput(data[le + 5 : pos])
                     continue
-                if data.startswith(_DATA32, le) and le + 9 + _U32(data, le + 4)[0] == pos:
+                if data.startswith(_DATA32, le) and le + 8 + _U32(data, le + 4)[0] == pos:
                     kput(data[m + 8 : m + 8 + data[m + 7]])
-                    vput(data[le + 9 : pos])
+                    vput(data[le + 8 : pos])
                     continue
         elif data.startswith(_DATA8, m) and pos - m > 4 and m + 5 + data[m + 4] == pos:
             kput(None)
@@ -905,26 +905,28 @@ def _walk(data: bytes, num_entries: int, hi: int) -> np.ndarray | None:
     return np.asarray(bounds, dtype=np.int64)
 
 
+_PAD = bytes(512)  # indexes computed from one length byte stay inside data + padding
+
+
 def _u32_at(a: np.ndarray, p: np.ndarray) -> np.ndarray:
-    b = [np.take(a, p + k, mode="clip").astype(np.int64) for k in range(4)]
-    return (b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]
+    return (
+        (a[p].astype(np.int64) << 24)
+        | (a[p + 1].astype(np.int64) << 16)
+        | (a[p + 2].astype(np.int64) << 8)
+        | a[p + 3]
+    )
 
 
 def _section_at(a: np.ndarray, p: np.ndarray, code: int, ctor: int) -> np.ndarray:
     """Where ``00 53 code ctor`` (a described section) starts at each position."""
-    return (
-        (np.take(a, p, mode="clip") == 0x00)
-        & (np.take(a, p + 1, mode="clip") == 0x53)
-        & (np.take(a, p + 2, mode="clip") == code)
-        & (np.take(a, p + 3, mode="clip") == ctor)
-    )
+    return (a[p] == 0x00) & (a[p + 1] == 0x53) & (a[p + 2] == code) & (a[p + 3] == ctor)
 
 
 def _data_section(a: np.ndarray, p: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(matches, value start)`` for one data section (vbin8 or vbin32) from p to end."""
-    d8 = _section_at(a, p, 0x75, 0xA0) & (p + 5 + np.take(a, p + 4, mode="clip") == end)
-    d32 = _section_at(a, p, 0x75, 0xB0) & (p + 9 + _u32_at(a, p + 4) == end)
-    return d8 | d32, np.where(d8, p + 5, p + 9)
+    d8 = _section_at(a, p, 0x75, 0xA0) & (p + 5 + a[p + 4] == end)
+    d32 = _section_at(a, p, 0x75, 0xB0) & (p + 8 + _u32_at(a, p + 4) == end)
+    return d8 | d32, np.where(d8, p + 5, p + 8)
 
 
 def chunk_arrays(
@@ -939,7 +941,7 @@ def chunk_arrays(
     bounds = _walk(data, num_entries, hi)
     if bounds is None:
         return None
-    a = np.frombuffer(data, dtype=np.uint8)
+    a = np.frombuffer(data + _PAD, dtype=np.uint8)
     ms = bounds[lo:hi] + 4  # message starts
     me = bounds[lo + 1 : hi + 1]  # message ends
     k = hi - lo
@@ -951,14 +953,14 @@ def chunk_arrays(
         offsets[0::2] = vs
         offsets[1::2] = me
         keys: pa.Array = pa.nulls(k, pa.binary())
-        pick = [1]
+        pick = [0]
     else:
-        first = np.take(a, ms + 6, mode="clip")
-        kl = np.take(a, ms + 7, mode="clip").astype(np.int64)
-        le = ms + 5 + np.take(a, ms + 4, mode="clip")  # end of the properties list
+        first = a[ms + 6]
+        kl = a[ms + 7].astype(np.int64)
+        le = ms + 5 + a[ms + 4]  # end of the properties list
         ok = (
             _section_at(a, ms, 0x73, 0xC0)
-            & (np.take(a, ms + 5, mode="clip") > 0)
+            & (a[ms + 5] > 0)
             & ((first == 0xA1) | (first == 0xA0))
             & (ms + 8 + kl <= le)
             & (le < me)

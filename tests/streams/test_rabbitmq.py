@@ -132,6 +132,58 @@ def test_decode_message_that_is_not_amqp():
     assert decode_message(b"") == (None, b"")
 
 
+def _chunk(messages: list[bytes]) -> bytes:
+    return b"".join(len(m).to_bytes(4, "big") + m for m in messages)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: dict(body=b"v%d" % i, properties={"message_id": f"key-{i}"}),
+        lambda i: dict(body=b"x" * (250 + i), properties={"message_id": b"b%d" % i}),
+        lambda i: dict(
+            body=b"{}" * i, properties={"message_id": f"k{i}", "creation_time": 1700000000000 + i}
+        ),
+        lambda i: dict(body=b"no key %d" % i),
+        lambda i: dict(body=b"app %d" % i, application_properties={"key": f"a{i}"}),
+    ],
+    ids=["str-id", "vbin32-body", "creation-time", "no-properties", "app-key"],
+)
+def test_chunk_arrays_agree_with_message_decoding(make):
+    from rstream import Properties
+
+    from reconciler.streams.rabbitmq import chunk_arrays
+
+    messages = []
+    for i in range(40):
+        kwargs = make(i)
+        if "properties" in kwargs:
+            kwargs["properties"] = Properties(**kwargs["properties"])
+        messages.append(_amqp(**kwargs))
+    data = _chunk(messages)
+    expected_keys, expected_values = decode_chunk(data, 40, 3, 37)
+    arrays = chunk_arrays(data, 40, 3, 37)
+    if "application_properties" in make(0):
+        assert arrays is None  # not a shape cut out by position
+        return
+    assert arrays is not None
+    assert arrays[0].to_pylist() == expected_keys
+    assert arrays[1].to_pylist() == expected_values
+    assert expected_values[0] == decode_message(messages[3])[1]
+
+
+def test_chunk_arrays_refuse_mixed_or_odd_chunks():
+    from rstream import Properties
+
+    from reconciler.streams.rabbitmq import chunk_arrays
+
+    with_key = _amqp(body=b"v", properties=Properties(message_id="k"))
+    without = _amqp(body=b"v")
+    assert chunk_arrays(_chunk([with_key, without] * 20), 40, 0, 40) is None
+    assert chunk_arrays(_chunk([b'{"raw": 1}'] * 40), 40, 0, 40) is None
+    assert chunk_arrays(b"\x80" + bytes(50), 1, 0, 1) is None
+
+
 def test_decode_chunk_defers_sub_entry_batches():
     assert decode_chunk(b"\x80" + b"\x00" * 20, 1, 0, 1) is None
 

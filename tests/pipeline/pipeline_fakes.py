@@ -1,0 +1,80 @@
+"""A stand-in stream for data-source tests without a broker.
+
+``FakeRangeDataSource`` ("fake_range") serves records generated from the offset
+alone, through the same ``_RangeReader`` machinery as the Kafka and RabbitMQ data
+sources (range splitting, Arrow batches, schema conformance). The module is pickled
+by value so that Spark's Python workers need not import it from the tests directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+from pyspark import cloudpickle
+
+from reconciler.pipeline import sources
+from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+
+BASE_MS = 1_763_640_000_000  # 2025-11-20T12:00:00Z
+
+
+def record_value(partition: str, offset: int) -> bytes:
+    return json.dumps(
+        {
+            "id": f"{partition}-{offset}",
+            "ts": BASE_MS + offset * 1000,
+            "user": f"u{offset % 7}",
+            "bytes": offset % 1000,
+        }
+    ).encode()
+
+
+def make_batch(partition: str, start: int, end: int) -> pa.RecordBatch:
+    offsets = list(range(start, end))
+    n = len(offsets)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([partition] * n, pa.string()),
+            pa.array(offsets, pa.int64()),
+            pa.array([f"{partition}-{o}".encode() for o in offsets], pa.binary()),
+            pa.array([record_value(partition, o) for o in offsets], pa.binary()),
+            pa.array([BASE_MS + o for o in offsets], pa.timestamp("ms", tz="UTC")),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+class FakeStreamReader:
+    """The RangeReader interface over generated records (RECORD_SCHEMA, ms timestamps)."""
+
+    def __init__(self, source: object = None):
+        self.source = source
+
+    def read(self, rng: PartitionRange, max_batch_rows: int = 65536):
+        pos = rng.start
+        while pos < rng.end:
+            stop = min(rng.end, pos + max_batch_rows)
+            yield make_batch(rng.partition, pos, stop)
+            pos = stop
+
+
+class FakeRangeReader(sources._RangeReader):
+    def _make_reader(self):
+        return FakeStreamReader(self.source_doc)
+
+
+class FakeRangeDataSource(sources._RangeDataSource):
+    reader_type = FakeRangeReader
+
+    @classmethod
+    def name(cls) -> str:
+        return "fake_range"
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def register(spark) -> None:
+    spark.dataSource.register(FakeRangeDataSource)

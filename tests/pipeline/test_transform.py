@@ -1,0 +1,389 @@
+"""transform(): JSON parsing, timestamps, virtual columns, granularity, rollup, dead letters."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from reconciler.pipeline.sources import ARROW_SCHEMA
+from reconciler.pipeline.transform import (
+    DEAD_COLUMNS,
+    chunk_interval,
+    chunk_of,
+    transform,
+)
+from reconciler.spec.model import DataSchema, Metric
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2025, 11, 20, 12, 34, 56, 789000, tzinfo=UTC)
+T0_MS = int(T0.timestamp() * 1000)
+
+
+def records(spark, values, *, keys=None, partition="3", first_offset=100, stream_ms=None):
+    """A records DataFrame (RECORD_SCHEMA columns) from JSON values (dict, str, bytes or None)."""
+    n = len(values)
+    raw = []
+    for v in values:
+        if isinstance(v, dict):
+            v = json.dumps(v)
+        raw.append(v.encode() if isinstance(v, str) else v)
+    keys = keys if keys is not None else [f"key-{i}".encode() for i in range(n)]
+    stream = stream_ms if stream_ms is not None else [T0_MS + i for i in range(n)]
+    table = pa.table(
+        {
+            "partition": pa.array([partition] * n, pa.string()),
+            "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+            "key": pa.array(keys, pa.binary()),
+            "value": pa.array(raw, pa.binary()),
+            "stream_time": pa.array([s * 1000 for s in stream], pa.timestamp("us", tz="UTC")),
+        },
+        schema=ARROW_SCHEMA,
+    )
+    return spark.createDataFrame(table)
+
+
+def rows(df, order_by=None):
+    if order_by:
+        df = df.orderBy(*order_by)
+    return df.toArrow().to_pylist()
+
+
+def schema(**kw) -> DataSchema:
+    kw.setdefault("datasource", "d")
+    kw.setdefault("timestamp_column", "ts")
+    return DataSchema(**kw)
+
+
+def ts_of(spark, value, fmt):
+    good, dead = transform(records(spark, [{"ts": value}]), schema(timestamp_format=fmt))
+    got = rows(good)
+    return got[0]["__time"] if got else None
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+@pytest.mark.parametrize(
+    "value, fmt, expected",
+    [
+        (T0_MS, "auto", T0),
+        (T0_MS / 1000, "auto", T0),  # seconds with a fraction
+        (int(T0.timestamp()), "auto", T0.replace(microsecond=0)),
+        (str(T0_MS), "auto", T0),  # a number in a string
+        ("2025-11-20T12:34:56.789Z", "auto", T0),
+        ("2025-11-20T14:34:56.789+02:00", "auto", T0),
+        ("2025-11-20 12:34:56.789", "auto", T0),  # no offset: UTC
+        ("2025-11-20T12:34:56.789Z", "iso", T0),
+        ("2025-11-20T12:34Z", "iso", T0.replace(second=0, microsecond=0)),
+        ("2025-11-20", "iso", T0.replace(hour=0, minute=0, second=0, microsecond=0)),
+        (T0_MS, "millis", T0),
+        (str(T0_MS), "millis", T0),
+        (T0_MS / 1000, "seconds", T0),
+        (1_000, "millis", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)),
+        (1_000, "seconds", datetime(1970, 1, 1, 0, 16, 40, tzinfo=UTC)),
+        (1_000, "auto", datetime(1970, 1, 1, 0, 16, 40, tzinfo=UTC)),  # small: seconds
+    ],
+)
+def test_timestamp_formats(spark, value, fmt, expected):
+    assert ts_of(spark, value, fmt) == expected
+
+
+@pytest.mark.parametrize(
+    "value, fmt",
+    [("yesterday", "auto"), (T0_MS, "iso"), ("2025-11-20T12:00:00Z", "millis"), (True, "auto"),
+     ({"a": 1}, "auto"), ("NaN", "seconds"), (1e300, "seconds")],
+)
+def test_unparseable_timestamps_are_dead(spark, value, fmt):
+    good, dead = transform(records(spark, [{"ts": value}]), schema(timestamp_format=fmt))
+    assert rows(good) == []
+    (d,) = rows(dead)
+    assert d["reason"].startswith(f"unparseable timestamp ({fmt})")
+
+
+def test_time_is_utc_timestamp_column(spark):
+    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema())
+    arrow = good.toArrow()
+    assert arrow.schema.field("__time").type == pa.timestamp("us", tz="UTC")
+    assert arrow.schema.field("time_chunk").type == pa.string()
+
+
+# --------------------------------------------------------------------------- dead letters
+
+
+def test_dead_letters_with_reasons(spark):
+    values = [
+        {"ts": T0_MS, "user": "ok"},
+        "not json",
+        "[1, 2]",
+        "42",
+        '{"ts": 1',
+        {"user": "no ts"},
+        {"ts": None, "user": "null ts"},
+        {"ts": "soon"},
+        None,
+        b"\xff\xfe",
+        "",
+    ]
+    good, dead = transform(records(spark, values), schema(dimensions=("user",)))
+    assert [r["user"] for r in rows(good)] == ["ok"]
+    got = rows(dead, ["offset"])
+    assert list(got[0]) == list(DEAD_COLUMNS)
+    reasons = {r["offset"] - 100: r["reason"] for r in got}
+    assert reasons == {
+        1: "invalid JSON: not a JSON object",
+        2: "invalid JSON: not a JSON object",
+        3: "invalid JSON: not a JSON object",
+        4: "invalid JSON: not a JSON object",
+        5: "missing timestamp column 'ts'",
+        6: "missing timestamp column 'ts'",
+        7: "unparseable timestamp (auto): soon",
+        8: "null value",
+        9: "invalid JSON: not a JSON object",
+        10: "invalid JSON: not a JSON object",
+    }
+    # dead letters keep the raw record
+    by_offset = {r["offset"]: r for r in got}
+    assert by_offset[101]["value"] == b"not json"
+    assert by_offset[101]["key"] == b"key-1"
+    assert by_offset[101]["partition"] == "3"
+    assert by_offset[108]["value"] is None
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def test_virtual_columns_and_string_dimensions(spark):
+    values = [
+        {"ts": T0_MS, "user": "alice", "n": 5, "obj": {"x": [1, 2]}, "flag": True, "f": 1.5},
+        {"ts": T0_MS + 1, "user": None},
+    ]
+    df = records(spark, values, keys=[b"k\xc3\xa9", None], partition="7", first_offset=42)
+    ds = schema(dimensions=("user", "n", "obj", "flag", "f", "missing",
+                            "__key", "__partition", "__offset", "__stream_time"))
+    good, dead = transform(df, ds)
+    assert rows(dead) == []
+    arrow = good.toArrow()
+    assert arrow.column_names == ["__time", "user", "n", "obj", "flag", "f", "missing",
+                                  "__key", "__partition", "__offset", "__stream_time", "time_chunk"]
+    types = {f.name: f.type for f in arrow.schema}
+    assert types["n"] == pa.string() and types["__offset"] == pa.int64()
+    assert types["__stream_time"] == pa.timestamp("us", tz="UTC")
+    r0, r1 = sorted(arrow.to_pylist(), key=lambda r: r["__offset"])
+    assert r0["user"] == "alice" and r0["n"] == "5" and r0["flag"] == "true" and r0["f"] == "1.5"
+    assert json.loads(r0["obj"]) == {"x": [1, 2]}
+    assert r0["missing"] is None
+    assert r0["__key"] == "ké" and r1["__key"] is None
+    assert r0["__partition"] == "7" and r0["__offset"] == 42 and r1["__offset"] == 43
+    assert r0["__stream_time"] == T0
+    assert r1["user"] is None
+
+
+def test_no_rollup_keeps_metric_fields_typed(spark):
+    values = [
+        {"ts": T0_MS, "user": "a", "bytes": 10, "lat": 1.25, "junk": "x"},
+        {"ts": T0_MS, "user": "b", "bytes": "oops", "lat": "2"},
+    ]
+    ds = schema(
+        dimensions=("user",),
+        metrics=(Metric("count", "count"), Metric("b", "longSum", "bytes"),
+                 Metric("l", "doubleMax", "lat")),
+    )
+    good, _ = transform(records(spark, values), ds)
+    arrow = good.toArrow()
+    assert arrow.column_names == ["__time", "user", "bytes", "lat", "time_chunk"]
+    assert arrow.schema.field("bytes").type == pa.int64()
+    assert arrow.schema.field("lat").type == pa.float64()
+    got = sorted(arrow.to_pylist(), key=lambda r: r["user"])
+    assert [(r["bytes"], r["lat"]) for r in got] == [(10, 1.25), (None, 2.0)]
+
+
+def test_timestamp_from_virtual_stream_time(spark):
+    df = records(spark, ["{}", "not json either"], stream_ms=[T0_MS, T0_MS + 5])
+    good, dead = transform(df, schema(timestamp_column="__stream_time"))
+    assert [r["__time"] for r in rows(good)] == [T0]
+    assert [r["reason"] for r in rows(dead)] == ["invalid JSON: not a JSON object"]
+
+
+# --------------------------------------------------------------------------- granularity
+
+
+@pytest.mark.parametrize(
+    "gran, expected",
+    [
+        ("none", T0),
+        ("second", T0.replace(microsecond=0)),
+        ("minute", T0.replace(second=0, microsecond=0)),
+        ("fifteen_minute", T0.replace(minute=30, second=0, microsecond=0)),
+        ("hour", T0.replace(minute=0, second=0, microsecond=0)),
+        ("day", T0.replace(hour=0, minute=0, second=0, microsecond=0)),
+    ],
+)
+def test_query_granularity(spark, gran, expected):
+    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema(query_granularity=gran))
+    assert rows(good)[0]["__time"] == expected
+
+
+@pytest.mark.parametrize(
+    "gran, chunk, start, end",
+    [
+        ("minute", "20251120T1234Z", "2025-11-20T12:34", "2025-11-20T12:35"),
+        ("fifteen_minute", "20251120T1230Z", "2025-11-20T12:30", "2025-11-20T12:45"),
+        ("hour", "20251120T1200Z", "2025-11-20T12:00", "2025-11-20T13:00"),
+        ("day", "20251120T0000Z", "2025-11-20T00:00", "2025-11-21T00:00"),
+        ("month", "20251101T0000Z", "2025-11-01T00:00", "2025-12-01T00:00"),
+    ],
+)
+def test_segment_chunks(spark, gran, chunk, start, end):
+    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema(segment_granularity=gran))
+    assert rows(good)[0]["time_chunk"] == chunk
+    assert chunk_of(T0, gran) == chunk
+    s, e = chunk_interval(chunk, gran)
+    assert s == datetime.fromisoformat(start).replace(tzinfo=UTC)
+    assert e == datetime.fromisoformat(end).replace(tzinfo=UTC)
+
+
+def test_chunks_before_1970_and_december():
+    t = datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)
+    assert chunk_of(t, "fifteen_minute") == "19691231T2345Z"
+    assert chunk_interval("20251201T0000Z", "month")[1] == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_fifteen_minute_before_1970(spark):
+    ms = int(datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp() * 1000)
+    good, _ = transform(
+        records(spark, [{"ts": ms}]),
+        schema(timestamp_format="millis", query_granularity="fifteen_minute",
+               segment_granularity="fifteen_minute"),
+    )
+    (r,) = rows(good)
+    assert r["__time"] == datetime(1969, 12, 31, 23, 45, tzinfo=UTC)
+    assert r["time_chunk"] == "19691231T2345Z"
+
+
+# --------------------------------------------------------------------------- rollup
+
+METRICS = (
+    Metric("count", "count"),
+    Metric("bytes_sum", "longSum", "bytes"),
+    Metric("lat_sum", "doubleSum", "lat"),
+    Metric("bytes_min", "longMin", "bytes"),
+    Metric("bytes_max", "longMax", "bytes"),
+    Metric("lat_min", "doubleMin", "lat"),
+    Metric("lat_max", "doubleMax", "lat"),
+    Metric("offset_sum", "longSum", "__offset"),
+)
+
+
+def _python_rollup(values, first_offset):
+    """The same rollup in plain Python: minute buckets, (user, page) dimensions."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for i, v in enumerate(values):
+        if not isinstance(v, dict) or "ts" not in v:
+            continue
+        t = datetime.fromtimestamp(v["ts"] / 1000, UTC).replace(second=0, microsecond=0)
+        groups[(t, v.get("user"), v.get("page"))].append((v, first_offset + i))
+
+    def agg(fn, xs):
+        xs = [x for x in xs if x is not None]
+        return fn(xs) if xs else None
+
+    out = {}
+    for key, members in groups.items():
+        b = [m.get("bytes") for m, _ in members]
+        lat = [m.get("lat") for m, _ in members]
+        out[key] = {
+            "count": len(members),
+            "bytes_sum": agg(sum, b),
+            "lat_sum": agg(math.fsum, lat),
+            "bytes_min": agg(min, b),
+            "bytes_max": agg(max, b),
+            "lat_min": agg(min, lat),
+            "lat_max": agg(max, lat),
+            "offset_sum": sum(o for _, o in members),
+        }
+    return out
+
+
+def test_rollup_matches_python(spark):
+    rnd = random.Random(7)
+    values: list = []
+    for _ in range(3000):
+        v = {
+            "ts": T0_MS + rnd.randrange(0, 3 * 3600_000),
+            "user": rnd.choice(["u1", "u2", "u3"]),
+            "page": rnd.choice(["/a", "/b"]),
+            "bytes": rnd.randrange(-50, 10_000),
+            "lat": round(rnd.uniform(0, 100), 3),
+        }
+        if rnd.random() < 0.05:
+            del v["bytes"]
+        if rnd.random() < 0.05:
+            v["page"] = None
+        values.append(v)
+    values += ["garbage", {"user": "u1"}]  # dead letters must not count
+    ds = schema(
+        dimensions=("user", "page"),
+        metrics=METRICS,
+        rollup=True,
+        query_granularity="minute",
+        segment_granularity="hour",
+    )
+    good, dead = transform(records(spark, values, first_offset=1000), ds)
+    assert len(rows(dead)) == 2
+    arrow = good.toArrow()
+    assert arrow.column_names == ["__time", "user", "page", *[m.name for m in METRICS], "time_chunk"]
+    assert arrow.schema.field("count").type == pa.int64()
+    assert arrow.schema.field("bytes_sum").type == pa.int64()
+    assert arrow.schema.field("lat_max").type == pa.float64()
+    expected = _python_rollup(values, 1000)
+    got = {(r["__time"], r["user"], r["page"]): r for r in arrow.to_pylist()}
+    assert set(got) == set(expected)
+    for key, exp in expected.items():
+        row = got[key]
+        assert row["time_chunk"] == chunk_of(key[0], "hour")
+        for name, value in exp.items():
+            if name == "lat_sum":
+                assert row[name] == pytest.approx(value, rel=1e-12)
+            else:
+                assert row[name] == value, (key, name)
+    assert sum(r["count"] for r in got.values()) == 3000
+
+
+def test_rollup_without_metrics_dedups(spark):
+    values = [{"ts": T0_MS, "user": "a"}, {"ts": T0_MS + 10, "user": "a"}, {"ts": T0_MS, "user": "b"}]
+    ds = schema(dimensions=("user",), rollup=True, query_granularity="second")
+    good, _ = transform(records(spark, values), ds)
+    got = rows(good, ["user"])
+    assert [r["user"] for r in got] == ["a", "b"]
+    assert list(got[0]) == ["__time", "user", "time_chunk"]
+
+
+def test_day_boundaries_across_segments(spark):
+    base = datetime(2025, 11, 20, 23, 59, 59, 999000, tzinfo=UTC)
+    ms = int(base.timestamp() * 1000)
+    good, _ = transform(records(spark, [{"ts": ms}, {"ts": ms + 1}]), schema(segment_granularity="day"))
+    got = [r["time_chunk"] for r in rows(good, ["__time"])]
+    assert got == ["20251120T0000Z", "20251121T0000Z"]
+    assert chunk_of(base + timedelta(milliseconds=1), "day") == "20251121T0000Z"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"dimensions": ("time_chunk",)},
+        {"dimensions": ("__time",)},
+        {"dimensions": ("user", "USER")},
+        {"dimensions": ("count",), "metrics": (Metric("count", "count"),), "rollup": True},
+        {"dimensions": ("time_chunk",), "rollup": True},
+    ],
+)
+def test_column_clashes_are_errors(spark, kw):
+    with pytest.raises(ValueError, match="appears twice"):
+        transform(records(spark, [{"ts": T0_MS}]), schema(**kw))
