@@ -39,7 +39,6 @@ STATIC_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     # No _SUCCESS markers: staging directories hold only what we move.
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-    "spark.hadoop.parquet.enable.summary-metadata": "false",
 }
 
 

@@ -86,21 +86,30 @@ _FORCED = {
 
 
 class _Config:
-    """The client configuration of one source, and the secret values to keep out of messages."""
+    """The client configuration of one source, and the secret values to keep out of messages.
+
+    References are resolved each time a client is built (a rotated ``${file:..}``
+    secret is picked up by the next client), never earlier.
+    """
 
     def __init__(self, source: KafkaSource, timeout: float):
         self.source = source
         self.timeout = timeout
-        resolved = secrets.resolve_mapping(source.consumer_properties or {})
+        self.secret_values: list[str] = []
+
+    def build(self) -> dict[str, Any]:
+        """The resolved configuration (holds secrets: never log it)."""
+        props = dict(self.source.consumer_properties or {})
+        resolved = secrets.resolve_mapping(props)
         self.secret_values = [
             str(resolved[k])
-            for k, v in (source.consumer_properties or {}).items()
+            for k, v in props.items()
             if (secrets.has_reference(v) or secrets.redact(v, str(k)) == secrets.REDACTED)
             and str(resolved[k])
         ]
-        ms = max(1000, int(timeout * 1000))
+        ms = max(1000, int(self.timeout * 1000))
         conf: dict[str, Any] = {
-            "bootstrap.servers": source.bootstrap_servers,
+            "bootstrap.servers": self.source.bootstrap_servers,
             "group.id": f"reconciler-{uuid.uuid4().hex}",  # never joined, never committed
             "client.id": "stream-reconciler",
             "socket.timeout.ms": ms,
@@ -108,12 +117,12 @@ class _Config:
             "session.timeout.ms": max(6000, ms),
             "fetch.queue.backoff.ms": 10,
             "fetch.wait.max.ms": 100,
-            "queued.max.messages.kbytes": 256 * 1024,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
             "logger": _rdkafka_log,
         }
         conf.update(resolved)
         conf.update(_FORCED)
-        self.conf = conf
+        return conf
 
     def scrub(self, text: str) -> str:
         for value in self.secret_values:
@@ -125,7 +134,7 @@ class _Config:
 
     def consumer_with_errors(self, **extra: Any) -> tuple[Consumer, deque[KafkaError]]:
         """A new consumer, and the errors librdkafka reports for it outside of consume()."""
-        conf = dict(self.conf)
+        conf = self.build()
         errors: deque[KafkaError] = deque(maxlen=16)
         conf["error_cb"] = errors.append
         conf.update(extra)
@@ -527,6 +536,9 @@ class KafkaRangeReader:
             except (KafkaException, RuntimeError):
                 pass
 
+    def close(self) -> None:
+        """Nothing to release: every ``read`` builds and closes its own consumer."""
+
     def _watermarks(self, consumer: Consumer, partition: int) -> tuple[int, int] | None:
         try:
             low, high = consumer.get_watermark_offsets(
@@ -564,7 +576,7 @@ class KafkaRangeReader:
         recent = [e for e in errors if e.code() != _EOF]
         if recent:
             err = self._config.translate(KafkaException(recent[-1]), f"reading {where}")
-            if isinstance(err, PermanentError):
+            if isinstance(err, PermanentError) or recent[-1].code() in _UNREACHABLE:
                 return err
         marks = self._watermarks(consumer, partition)
         if marks is None:
@@ -590,4 +602,4 @@ class KafkaRangeReader:
 
 def consumer_config(source: KafkaSource, timeout: float = DEFAULT_TIMEOUT) -> Mapping[str, Any]:
     """The resolved client configuration (for diagnostics: holds secrets, never log it)."""
-    return dict(_Config(source, timeout).conf)
+    return _Config(source, timeout).build()

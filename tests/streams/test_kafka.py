@@ -305,3 +305,23 @@ def test_offset_gaps_from_transaction_markers_end_the_range(kafka_broker, topic,
     offsets = [o for b in reader.read(PartitionRange("0", 0, end)) for o in b["offset"].to_pylist()]
     assert offsets == [0, 1, 2, 3, 4]
     assert time.monotonic() - started < 4, "waited for the marker's offset"
+
+
+class _FakeWatermarks:
+    def __init__(self, low: int, high: int):
+        self.marks = (low, high)
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        return self.marks
+
+
+def test_offsets_deleted_by_retention_are_permanent_and_name_the_first_offset():
+    """Tansu cannot delete records, so the retention answer is checked on its own."""
+    reader = KafkaRangeReader(KafkaSource("127.0.0.1:1", "clicks"))
+    err = reader._out_of_range(_FakeWatermarks(500, 900), 3, "clicks/3", 100, 700)
+    assert isinstance(err, PermanentError)
+    assert "clicks/3" in str(err) and "first available offset is 500" in str(err)
+    err = reader._out_of_range(_FakeWatermarks(0, 90), 3, "clicks/3", 100, 700)
+    assert isinstance(err, RetryableError)
+    err = reader._unavailable(_FakeWatermarks(500, 900), 3, "clicks/3", 100, 700, None, [])
+    assert isinstance(err, PermanentError) and "500" in str(err)

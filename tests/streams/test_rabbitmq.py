@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
+import struct
+import threading
 import time
 import uuid
 
@@ -203,6 +206,100 @@ def test_stream_stats_response_decoding():
         1,
         {"first_chunk_id": 10, "committed_chunk_id": -1},
     )
+
+
+class _FakeStatsServer:
+    """Just enough of the stream protocol (handshake, Open, StreamStats, Close) to check
+    the StreamStats path, which the 3.10 node of these tests cannot answer."""
+
+    def __init__(self, stats: dict[str, int], version: str = "3.13.7"):
+        self.stats = stats
+        self.version = version
+        self.requests: list[tuple[int, str]] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _string(text: str) -> bytes:
+        return struct.pack(">H", len(text)) + text.encode()
+
+    def _properties(self, pairs: list[tuple[str, str]]) -> bytes:
+        return struct.pack(">i", len(pairs)) + b"".join(
+            self._string(k) + self._string(v) for k, v in pairs
+        )
+
+    def _serve(self, conn: socket.socket) -> None:
+        def send(key: int, body: bytes) -> None:
+            frame = struct.pack(">HH", key, 1) + body
+            conn.sendall(struct.pack(">I", len(frame)) + frame)
+
+        with conn:
+            reader = conn.makefile("rb")
+            while True:
+                head = reader.read(4)
+                if len(head) < 4:
+                    return
+                payload = reader.read(struct.unpack(">I", head)[0])
+                key = struct.unpack(">H", payload[:2])[0]
+                if key == 0x14:  # the client's Tune
+                    continue
+                corr = struct.unpack(">I", payload[4:8])[0]
+                ok = struct.pack(">IH", corr, 1)
+                if key == 0x11:
+                    send(0x8011, ok + self._properties([("version", self.version)]))
+                elif key == 0x12:
+                    send(0x8012, ok + struct.pack(">i", 1) + self._string("PLAIN"))
+                elif key == 0x13:
+                    send(0x8013, ok)
+                    send(0x0014, struct.pack(">ii", 1 << 20, 60))
+                elif key == 0x15:
+                    props = [("advertised_host", "127.0.0.1"), ("advertised_port", str(self.port))]
+                    send(0x8015, ok + self._properties(props))
+                elif key == 0x1C:
+                    n = struct.unpack(">H", payload[8:10])[0]
+                    self.requests.append((key, payload[10 : 10 + n].decode()))
+                    body = struct.pack(">i", len(self.stats)) + b"".join(
+                        self._string(k) + struct.pack(">q", v) for k, v in self.stats.items()
+                    )
+                    send(0x801C, ok + body)
+                elif key == 0x16:
+                    send(0x8016, ok)
+                    return
+                else:
+                    self.requests.append((key, ""))
+                    return
+
+
+@pytest.mark.parametrize(
+    ("stats", "earliest", "latest"),
+    [
+        ({"first_chunk_id": 100, "committed_chunk_id": 900, "committed_offset": 949}, 100, 950),
+        ({"first_chunk_id": -1, "committed_chunk_id": -1}, 0, 0),
+    ],
+    ids=["committed-offset", "empty"],
+)
+def test_stream_stats_are_used_where_the_server_has_them(stats, earliest, latest):
+    server = _FakeStatsServer(stats)
+    try:
+        uri = f"rabbitmq-stream://guest:guest@127.0.0.1:{server.port}/%2f"
+        adapter = RabbitStreamAdapter(RabbitSource(uri=uri, streams=("s1",)), timeout=3)
+        assert adapter.latest() == {"s1": latest}
+        assert adapter.earliest() == {"s1": earliest}
+        assert server.requests == [(0x1C, "s1"), (0x1C, "s1")]
+    finally:
+        server.close()
 
 
 # --------------------------------------------------------------------------- brokers

@@ -1,4 +1,4 @@
-"""A stand-in stream for data-source tests without a broker.
+"""Pipeline test helpers: a stand-in stream for data-source tests without a broker.
 
 ``FakeRangeDataSource`` ("fake_range") serves records generated from the offset
 alone, through the same ``_RangeReader`` machinery as the Kafka and RabbitMQ data
@@ -12,6 +12,7 @@ import json
 import sys
 
 import pyarrow as pa
+import pytest
 from pyspark import cloudpickle
 
 from reconciler.pipeline import sources
@@ -78,3 +79,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def register(spark) -> None:
     spark.dataSource.register(FakeRangeDataSource)
+
+
+@pytest.fixture
+def fakes():
+    """This module: ``make_batch``, ``FakeStreamReader``, ``FakeRangeDataSource``, ``register``."""
+    return sys.modules[__name__]
