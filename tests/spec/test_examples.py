@@ -12,7 +12,7 @@ from reconciler.spec.model import KafkaSource, RabbitSource
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEC_FILES = sorted(p for p in EXAMPLES.iterdir() if p.is_file() and classify(p) == "spec")
 MARKER_DIR = EXAMPLES / "markers"
-MARKER_FILES = sorted(p for p in MARKER_DIR.glob("*.reset.y*ml")) if MARKER_DIR.is_dir() else []
+MARKER_FILES = sorted(MARKER_DIR.rglob("*.reset.y*ml"))
 
 
 def test_the_documented_examples_exist():
@@ -63,7 +63,17 @@ def test_kafka_clicks_rollup_matches_the_design():
     ]
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in MARKER_FILES])
+def test_a_marker_example_exists_for_every_position_type():
+    kinds = {load_marker_file(p).reset_to.kind for p in MARKER_FILES}
+    assert kinds == {"latest", "earliest", "timestamp", "offsets", "shiftBy"}
+
+
+def test_marker_examples_name_example_supervisors():
+    ids = {load_spec_file(p).id for p in SPEC_FILES}
+    assert {load_marker_file(p).supervisor_id for p in MARKER_FILES} <= ids
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in MARKER_FILES])
 def test_example_marker_is_valid(path):
     marker = load_marker_file(path, known_ids=None)
     assert classify(path) == "marker"
