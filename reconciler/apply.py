@@ -8,7 +8,9 @@ ends in the same state. Runtimes are not touched here: they read the database.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -123,7 +125,7 @@ class Applier:
 
     def _reject(self, a: Action, reason: str):
         req = a.request
-        token = req.token if req else f"marker-rejected:{a.path}"
+        token = req.token if req else _rejected_token(a.path or "")
         self.store.record_rejected(token, a.supervisor_id, req.trigger if req else "marker", reason, actor=self.actor,
                                    trigger=a.path or (req.source if req else ""))
         if a.path and (req is None or req.trigger == "marker"):
@@ -160,6 +162,18 @@ class Applier:
         ActionKind.REJECT_MARKER: _reject_marker,
         ActionKind.RETIRE_MARKER: _retire_marker,
     }
+
+
+def _rejected_token(path: str) -> str:
+    """An invalid marker's token: its path and bytes, hashed (fits the column whatever the path;
+    the same file is recorded once, a corrected one dropped at the same path is a new request)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError:
+        data = b""
+    return "marker-rejected:" + hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
 
 
 def _summary(result: ResetResult) -> dict[str, Any]:

@@ -121,7 +121,7 @@ def validate(c: Context, paths):
     problems, specs, markers = [], 0, 0
     for path in paths or (c.settings.specs,):
         if Path(path).is_dir():
-            state = loader.load_directory(path)
+            state = loader.load_directory(path, check_permissions=not c.settings.allow_insecure_specs)
             if not state.ok:
                 problems.append(f"{path}: {state.error}")
                 continue
@@ -151,7 +151,8 @@ def validate(c: Context, paths):
 def _desired(c: Context) -> Desired:
     from reconciler.spec.loader import load_directory
 
-    return desired_from_directory(load_directory(c.settings.specs))
+    return desired_from_directory(
+        load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs))
 
 
 def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True) -> Plan:
@@ -267,16 +268,23 @@ def status(c: Context, supervisor_id, output, no_lag):
     try:
         items = all_status(c.store, supervisor_id, with_latest=not no_lag)
         lease = c.store.lease()
+        daemons = c.store.daemons()
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
         raise click.ClickException(f"no supervisor '{supervisor_id}'")
+    if lease:
+        lease["live"] = lease["expires_at"] > datetime.now(UTC)
     if output == "json":
-        _echo_json({"supervisors": items, "leader": lease})
+        _echo_json({"supervisors": items, "leader": lease, "daemons": daemons})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id)))
-        if lease:
+        if lease and lease["live"]:
             click.echo(f"\nleader: {lease['holder']} (token {lease['token']}, lease until {lease['expires_at']:%H:%M:%S}Z)")
+        elif lease:
+            click.echo(f"\nleader: none (lease of {lease['holder']} expired at {lease['expires_at']:%H:%M:%S}Z)")
+        for d in daemons:
+            click.echo(f"daemon: {d['daemon']} {d['role']}")
 
 
 @cli.command(epilog="Example: reconciler history clicks")

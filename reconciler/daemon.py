@@ -1,38 +1,56 @@
 """The daemon (``reconciler run``): watch + tick loop, leader lease, signals, sd_notify.
 
-The loop, in order, each time round:
+The loop, in order, each time round (at least once a second):
 
-1. hold or take the leader lease (a standby daemon stops here, and says so);
-2. reconcile when the spec directory changed (debounced) or the tick is due;
-3. let the runtime manager pick up what changed (it ingests on its own threads:
-   the tick never waits on Spark);
+1. hold or take the leader lease (a standby daemon stops here, and says so in its
+   log, its systemd STATUS, ``/healthz`` and ``reconciler status``);
+2. reconcile when the spec directory changed and has settled (no file event for
+   ``debounce`` seconds and no ``.git/index.lock``: an editor's atomic save or a
+   ``git checkout`` of many files gives ONE pass over the final files), or when the
+   safety-net tick is due (it too waits for a busy directory). A pass whose files
+   changed while they were being read is dropped and redone: no pass acts on half a
+   change;
+3. the runtime manager ingests on its own threads (poked after a pass): the loop
+   never waits on Spark;
 4. tell systemd WATCHDOG=1 and a one-line STATUS, from this loop itself, so a hung
-   tick is caught;
+   loop is caught by ``WatchdogSec``;
 5. with ``--until-caught-up``, exit once everything reached its target.
 
-SIGTERM stops scheduling and lets in-flight batches publish (or be fenced), then
-exits 0; a second SIGTERM exits at once: a batch cut short publishes nothing and its
-staged files are removed at the next start. SIGHUP re-reads the config file and
-swaps the settings whole.
+SIGTERM (or SIGINT) stops scheduling, lets in-flight batches publish (or be fenced),
+tells systemd STOPPING=1, releases the lease and exits 0; a second one exits at once
+(re-raised with the default action): a batch cut short publishes nothing and its
+staged files are removed by the next leader's recovery. SIGHUP re-reads the config
+file and swaps the settings whole (RELOADING=1 ... READY=1); the database, segments,
+state directory and Spark master need a restart.
+
+Leadership: a lease row with a fencing token. The runtimes of one term publish with
+that term's token, so once another daemon took over (the lease ran out while this
+one was paused or cut off), their publishes fail in the database: a deposed leader
+can no longer publish.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from reconciler import logs, notify
 from reconciler import settings as settings_mod
 from reconciler.actual import Kind, State
-from reconciler.apply import Applier
+from reconciler.apply import ActionResult, Applier
 from reconciler.errors import ReconcilerError
-from reconciler.plan import PlanSettings
+from reconciler.metrics import Metrics, serve
+from reconciler.plan import ActionKind, PlanSettings
 from reconciler.reconcile import reconcile_once
 from reconciler.runtime.batching import caught_up
 from reconciler.runtime.manager import RuntimeManager
@@ -44,17 +62,25 @@ from reconciler.streams import adapter_for
 
 log = logging.getLogger(__name__)
 
+MAX_HOLD = 30.0  # seconds a busy directory (endless events, a stale .git/index.lock) may hold passes back
+SUMMARY_EVERY = 2.0  # seconds between refreshes of the STATUS line and the state gauges
+RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master")  # not swapped by SIGHUP
+
 
 class _SpecWatcher:
-    """watchdog events on the spec directory, debounced into one 'dirty since' time."""
+    """watchdog events on the spec directory: a counter, the time of the last event, and
+    whether the directory is busy (events still coming, or a git operation under way)."""
 
     def __init__(self, directory: str, wake: threading.Event):
         self.directory = directory
         self.wake = wake
+        self.events = 0
         self.last_event: float | None = None
+        self._blocked_since: float | None = None
+        self._warned = False
         self._observer = None
 
-    def start(self) -> None:
+    def start(self) -> _SpecWatcher:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
@@ -64,27 +90,55 @@ class _SpecWatcher:
             def on_any_event(self, event):
                 if event.event_type in ("opened", "closed_no_write"):
                     return
+                watcher.events += 1
                 watcher.last_event = time.monotonic()
                 watcher.wake.set()
 
         if not Path(self.directory).is_dir():
             log.warning("spec directory %s does not exist; relying on the periodic tick", self.directory)
-            return
+            return self
         self._observer = Observer()
         self._observer.schedule(Handler(), self.directory, recursive=False)
         self._observer.daemon = True
         self._observer.start()
+        return self
 
-    def settled(self, debounce: float) -> bool:
-        """Events happened and the directory has been quiet for ``debounce`` seconds (and no git op runs)."""
+    def pending(self) -> bool:
+        return self.last_event is not None
+
+    def git_busy(self) -> bool:
+        return (Path(self.directory) / ".git" / "index.lock").exists()
+
+    def blocked(self, debounce: float) -> bool:
+        """A pass now could see a half-written directory. Held back at most MAX_HOLD seconds."""
+        now = time.monotonic()
+        busy = self.git_busy() or (self.last_event is not None and now - self.last_event < debounce)
+        if not busy:
+            self._blocked_since, self._warned = None, False
+            return False
+        if self._blocked_since is None:
+            self._blocked_since = now
+        if now - self._blocked_since < MAX_HOLD:
+            return True
+        if not self._warned:
+            log.warning("spec directory %s has been busy for %.0fs (a stale .git/index.lock?); reconciling anyway",
+                        self.directory, now - self._blocked_since)
+            self._warned = True
+        return False
+
+    def wait_hint(self, debounce: float) -> float | None:
+        """Seconds until pending events have settled, or None without pending events."""
         if self.last_event is None:
-            return False
-        if (Path(self.directory) / ".git" / "index.lock").exists():
-            return False
-        return time.monotonic() - self.last_event >= debounce
+            return None
+        return max(0.02, self.last_event + debounce - time.monotonic())
 
-    def consume(self) -> None:
+    def consume(self) -> int:
+        """Forget pending events (a pass starts now); returns a mark for ``unchanged_since``."""
         self.last_event = None
+        return self.events
+
+    def unchanged_since(self, mark: int) -> bool:
+        return self.events == mark and not self.blocked(0.0)
 
     def stop(self) -> None:
         if self._observer is not None:
@@ -103,10 +157,19 @@ class Daemon:
         self.reload = False
         self.lease_token: int | None = None
         self.manager: RuntimeManager | None = None
-        self.metrics = None
+        self.metrics = Metrics()
+        self.passes = 0  # reconcile passes that applied at least one action
         self._spark_lock = threading.Lock()
         self._notes: tuple[str, ...] = ()
         self._targets: dict[str, dict[str, int]] | None = None
+        self._http = None
+        self._ping_every = 1.0
+        self._last_ping = 0.0
+        self._lease_checked = 0.0
+        self._lease_renewed = 0.0
+        self._leader_seen: str | None = None
+        self._beat: tuple[str, float] = ("", 0.0)
+        self._summary, self._summary_at = "starting", 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -114,123 +177,206 @@ class Daemon:
         s = self.settings
         s.state_path.mkdir(parents=True, exist_ok=True)
         s.segments_dir.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         self.store = Store(s.db_url)
         self.store.migrate()
         self._install_signals()
         self._start_http()
-        watcher = _SpecWatcher(s.specs, self.wake)
-        watcher.start()
+        self._ping_every = min(1.0, notify.watchdog_interval() or 1.0)
+        watcher = _SpecWatcher(s.specs, self.wake).start()
         deadline = time.monotonic() + timeout if timeout else None
-        next_tick = 0.0
-        last_ping = 0.0
-        ready = False
+        next_tick, ready = 0.0, False
         log.info("daemon %s starting: specs=%s db=%s segments=%s", self.holder, s.specs,
                  _redacted_url(s.db_url), s.segments_dir)
         try:
             while self.signals == 0:
                 if self.reload:
-                    self._reload()
+                    watcher, next_tick = self._reload(watcher, next_tick)
                 leader = self._hold_lease()
-                now = time.monotonic()
-                if leader and (now >= next_tick or watcher.settled(self.settings.debounce)):
-                    watcher.consume()
-                    self._tick()
-                    next_tick = time.monotonic() + self.settings.tick_interval
+                if leader:
+                    next_tick = self._maybe_reconcile(watcher, next_tick)
+                    self._refresh_summary()
+                self.metrics.loop_alive()
                 if not ready:
-                    notify.notify("READY=1", f"STATUS={self._status_line(leader)}")
+                    notify.notify("READY=1", f"STATUS={self.status_line()}")
                     ready = True
-                if now - last_ping >= 1.0:
-                    notify.notify("WATCHDOG=1", f"STATUS={self._status_line(leader)}")
-                    last_ping = now
+                self._ping()
                 if until_caught_up and leader and self._caught_up():
                     log.info("caught up: every supervisor reached its target")
                     return 0
                 if deadline and time.monotonic() > deadline:
                     log.error("--until-caught-up: not caught up within %.0fs", timeout)
                     return 1
-                self.wake.wait(self._sleep_for(leader, next_tick, until_caught_up))
+                self.wake.wait(self._sleep_for(leader, next_tick, watcher, until_caught_up))
                 self.wake.clear()
             return 0
         finally:
-            notify.notify("STOPPING=1", "STATUS=stopping: finishing in-flight batches")
-            log.info("stopping: finishing or fencing in-flight batches")
-            watcher.stop()
-            if self.manager is not None:
-                self.manager.stop(wait=True)
+            self._shutdown(watcher)
+
+    def request_stop(self) -> None:
+        """What the first SIGTERM does (for a daemon run in a thread, e.g. in tests)."""
+        self.signals += 1
+        self.wake.set()
+
+    def request_reload(self) -> None:
+        """What SIGHUP does."""
+        self.reload = True
+        self.wake.set()
+
+    def _shutdown(self, watcher: _SpecWatcher) -> None:
+        in_flight = len(self.manager.running) if self.manager else 0
+        notify.notify("STOPPING=1", f"STATUS=stopping: finishing or fencing {in_flight} in-flight batch(es)")
+        log.info("stopping: finishing or fencing %d in-flight batch(es)", in_flight)
+        watcher.stop()
+        self._stop_runtimes(wait=True)
+        try:
             if self.lease_token is not None:
                 self.store.release_lease(self.holder)
-            self.store.close()
-            log.info("stopped")
+            self.store.forget_daemon(self.holder)
+        except ReconcilerError as exc:
+            log.warning("could not release the lease (it expires by itself): %s", exc)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        self.store.close()
+        log.info("stopped")
 
     def _install_signals(self) -> None:
         def on_term(signum, _frame):
             self.signals += 1
+            name = signal.Signals(signum).name
             if self.signals > 1:
-                log.warning("second signal: exiting now (staged batches are cleaned up at next start)")
-                os._exit(1)
+                log.warning("second %s: exiting now; a batch cut short publishes nothing "
+                            "(its staged files are removed at the next start)", name)
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            log.info("%s: stopping after in-flight batches (send it again to exit at once)", name)
             self.wake.set()
 
         def on_hup(_signum, _frame):
-            self.reload = True
-            self.wake.set()
+            self.request_reload()
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)
             signal.signal(signal.SIGINT, on_term)
             signal.signal(signal.SIGHUP, on_hup)
 
-    def _reload(self) -> None:
+    def _reload(self, watcher: _SpecWatcher, next_tick: float) -> tuple[_SpecWatcher, float]:
         self.reload = False
-        notify.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        notify.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
+                      "STATUS=reloading the configuration")
+        old = self.settings
         try:
             new = settings_mod.load(self.cli_values, self.config_path)
-            if new.db_url != self.settings.db_url or new.segments_dir != self.settings.segments_dir:
-                log.warning("SIGHUP: db and segments cannot change while running; restart to change them")
-                new = settings_mod.Settings(**{**new.__dict__, "db": self.settings.db, "segments": self.settings.segments,
-                                               "state_dir": self.settings.state_dir})
-            self.settings = new
-            logs.setup(new.log_level, new.log_format)
-            log.info("SIGHUP: settings reloaded")
         except ReconcilerError as exc:
             log.error("SIGHUP: config not reloaded, keeping the old settings: %s", exc)
-        notify.notify("READY=1")
+            notify.notify("READY=1", f"STATUS={self.status_line()}")
+            return watcher, next_tick
+        fixed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(old, f)]
+        if fixed:
+            log.warning("SIGHUP: %s cannot change while running (restart to change them); kept", ", ".join(fixed))
+        new = dataclasses.replace(new, **{f: getattr(old, f) for f in RESTART_FIELDS})
+        self.settings = new
+        logs.setup(new.log_level, new.log_format)
+        changes = [f"{f.metadata['key']} {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}"
+                   for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
+        log.info("SIGHUP: settings reloaded: %s", "; ".join(changes) or "no changes")
+        if new.specs != old.specs:
+            watcher.stop()
+            watcher = _SpecWatcher(new.specs, self.wake).start()
+            next_tick = 0.0
+        if new.http != old.http:
+            if self._http is not None:
+                self._http.shutdown()
+                self._http.server_close()
+                self._http = None
+            self._start_http()
+        notify.notify("READY=1", f"STATUS={self.status_line()}")
+        return watcher, min(next_tick, time.monotonic() + new.tick_interval)
 
     # -- leadership --------------------------------------------------------------------
 
     def _hold_lease(self) -> bool:
+        """Take or renew the lease (at most every min(1s, ttl/5)); True while we lead."""
+        now = time.monotonic()
+        ttl = self.settings.lease_ttl
+        if now - self._lease_checked < min(1.0, ttl / 5):
+            return self.lease_token is not None
+        self._lease_checked = now
         try:
-            token = self.store.acquire_lease(self.holder, self.settings.lease_ttl)
+            token = self.store.acquire_lease(self.holder, ttl)
+            self.metrics.database_error = None
         except ReconcilerError as exc:
+            self.metrics.database_error = str(exc)
+            if self.lease_token is not None and now - self._lease_renewed < ttl:
+                log.warning("cannot renew the leader lease (%s); leading until it would expire", exc)
+                return True
             log.warning("cannot reach the database for the lease: %s", exc)
             token = None
-        if token is not None and self.lease_token is None:
-            log.info("leader: lease taken (token %d)", token)
-            self._become_leader()
-        elif token is None and self.lease_token is not None:
-            log.error("leader lease lost; stopping runtimes (their publishes are fenced)")
-            if self.manager is not None:
-                self.manager.stop(wait=False)
-                self.manager = None
-        elif token is None and self.lease_token is None:
-            holder = (self.store.lease() or {}).get("holder", "?")
-            if getattr(self, "_standby_logged", None) != holder:
-                log.info("standby: %s holds the leader lease", holder)
-                self._standby_logged = holder
-        self.lease_token = token
-        if self.metrics:
-            self.metrics.leader.set(1 if token else 0)
-        return token is not None
+        if token is not None:
+            self._lease_renewed = now
+        if token != self.lease_token:
+            self._change_role(token)
+        if self.lease_token is None:
+            self._note_standby()
+            if self.metrics.role != "standby":  # started as a standby
+                self.metrics.set_role("standby")
+        self._heartbeat()
+        return self.lease_token is not None
 
-    def _become_leader(self) -> None:
+    def _change_role(self, token: int | None) -> None:
+        if self.lease_token is not None:
+            log.error("leader lease lost (token %d); stopping runtimes: their publishes are fenced", self.lease_token)
+            self._stop_runtimes(wait=False)
+            self.lease_token = None
+        if token is not None:
+            try:
+                self._become_leader(token)
+            except ReconcilerError as exc:
+                log.error("cannot start leading (will retry): %s", exc)
+                token = None
+        self.lease_token = token
+        self._leader_seen = None
+        self.metrics.set_role("leader" if token is not None else "standby")
+
+    def _become_leader(self, token: int) -> None:
+        previous = self._leader_seen
         recover(self.store, self.settings.segments_dir)
+        holder = self.holder
+        # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=self.settings.segments_dir, spark=self._spark,
-                             lease=self._lease, metrics=self.metrics)
+                             lease=lambda: (holder, token), metrics=self.metrics)
         self.manager = RuntimeManager(ctx)
         self.manager.start()
+        log.info("leader: lease taken (token %d)%s", token,
+                 f", {previous}'s lease having run out" if previous and previous != holder else "")
 
-    def _lease(self) -> tuple[str, int] | None:
-        return (self.holder, self.lease_token) if self.lease_token is not None else ("-", -1)
+    def _note_standby(self) -> None:
+        try:
+            holder = (self.store.lease() or {}).get("holder", "nobody")
+        except ReconcilerError:
+            holder = "unknown (database unreachable)"
+        if holder != self._leader_seen:
+            log.info("standby: %s holds the leader lease; taking over if it is not renewed for %gs",
+                     holder, self.settings.lease_ttl)
+            self._leader_seen = holder
+
+    def _heartbeat(self) -> None:
+        role = "leader" if self.lease_token is not None else "standby"
+        now = time.monotonic()
+        if self._beat[0] == role and now - self._beat[1] < self.settings.lease_ttl / 3:
+            return
+        try:
+            self.store.heartbeat(self.holder, role, self.settings.lease_ttl)
+            self._beat = (role, now)
+        except ReconcilerError:
+            pass
+
+    def _stop_runtimes(self, *, wait: bool) -> None:
+        if self.manager is not None:
+            self.manager.stop(wait=wait)
+            self.manager = None
 
     def _spark(self):
         from reconciler.pipeline.spark import get_session
@@ -238,39 +384,111 @@ class Daemon:
         with self._spark_lock:
             return get_session(self.settings.spark_master)
 
-    # -- the tick -------------------------------------------------------------------------
+    # -- reconcile passes ---------------------------------------------------------------
 
-    def _tick(self) -> None:
+    def _maybe_reconcile(self, watcher: _SpecWatcher, next_tick: float) -> float:
+        """Reconcile if files changed or the tick is due, once the directory is quiet; the next tick time."""
+        files = watcher.pending()
+        if not files and time.monotonic() < next_tick:
+            return next_tick
+        if watcher.blocked(self.settings.debounce):
+            return next_tick
+        mark = watcher.consume()
+        outcome = self._reconcile("files" if files else "tick", lambda: watcher.unchanged_since(mark))
+        if outcome == "deferred":
+            return time.monotonic()  # again as soon as the directory is quiet
+        return time.monotonic() + self.settings.tick_interval
+
+    def _reconcile(self, trigger: str, stable: Callable[[], bool]) -> str:
         started = time.monotonic()
         applier = Applier(self.store, actor=f"daemon:{self.holder}", state_dir=self.settings.state_path)
         ps = PlanSettings(max_termination_share=self.settings.max_termination_share)
         try:
-            result = reconcile_once(self.settings.specs, applier, ps)
+            result = reconcile_once(self.settings.specs, applier, ps,
+                                    check_permissions=not self.settings.allow_insecure_specs, stable=stable)
         except ReconcilerError as exc:
             log.error("reconcile aborted (nothing concluded): %s", exc)
-            return
+            self.metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))
+            return "aborted"
+        if result is None:
+            log.debug("the spec directory changed while it was read: pass dropped, redone when quiet")
+            self.metrics.reconcile_done("deferred", time.monotonic() - started)
+            return "deferred"
         if result.plan.notes != self._notes:
             for note in result.plan.notes:
                 log.warning("%s", note)
             self._notes = result.plan.notes
         if self.manager is not None:
             self.manager.poke()
-        if self.metrics:
-            self.metrics.tick_seconds.observe(time.monotonic() - started)
-            self.metrics.last_tick = time.monotonic()
-            actual = self.store.read_actual()
-            self.metrics.set_states({k: str(v.state) for k, v in actual.supervisors.items()}, [str(x) for x in State])
+        self._count_resets(result.results)
+        elapsed = time.monotonic() - started
+        outcome = "changed" if result.results else "unchanged"
+        if result.results:
+            self.passes += 1
+            failed = sum(1 for r in result.results if not r.ok)
+            log.info("reconcile pass (%s): %d action(s) applied, %d failed, in %.3fs",
+                     trigger, len(result.results), failed, elapsed)
+        else:
+            log.debug("reconcile pass (%s): no changes, %.3fs", trigger, elapsed)
+        self.metrics.reconcile_done(outcome, elapsed)
+        self._summary_at = 0.0  # refresh the STATUS line now
+        return outcome
 
-    def _sleep_for(self, leader: bool, next_tick: float, until_caught_up: bool) -> float:
-        horizon = max(0.05, next_tick - time.monotonic()) if leader else self.settings.lease_ttl / 3
-        cap = 0.5 if until_caught_up else 1.0
-        return min(horizon, cap, self.settings.lease_ttl / 3)
+    def _count_resets(self, results: tuple[ActionResult, ...]) -> None:
+        for r in results:
+            if r.ok and r.action.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL) \
+                    and not r.details.get("appliedBefore"):
+                trigger = r.action.request.trigger if r.action.request else "unknown"
+                self.metrics.resets.labels(r.action.supervisor_id, trigger).inc()
 
-    def _status_line(self, leader: bool) -> str:
+    def _sleep_for(self, leader: bool, next_tick: float, watcher: _SpecWatcher, until_caught_up: bool) -> float:
+        # wake up when the next WATCHDOG=1 is due, not a hair before (that would skip a ping)
+        ping_due = max(0.02, self._last_ping + self._ping_every - time.monotonic())
+        cap = min(ping_due, 0.5 if until_caught_up else 1.0)
         if not leader:
-            return "standby"
-        n = len(self.manager.runtimes) if self.manager else 0
-        return f"leader, {n} supervisor runtime(s)"
+            return min(cap, self.settings.lease_ttl / 5)
+        horizon = max(0.02, next_tick - time.monotonic())
+        hint = watcher.wait_hint(self.settings.debounce)
+        if hint is not None:
+            horizon = min(horizon, hint)
+        return min(horizon, cap, self.settings.lease_ttl / 5)
+
+    # -- telling the world: STATUS, WATCHDOG, gauges ---------------------------------------
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        if now - self._last_ping >= self._ping_every - 0.02:
+            self._last_ping = now
+            notify.notify("WATCHDOG=1", f"STATUS={self.status_line()}")
+
+    def status_line(self) -> str:
+        """The one-line summary systemd shows (``systemctl status``)."""
+        if self.lease_token is None:
+            return f"standby: leader is {self._leader_seen or 'unknown'}"
+        return f"leader (token {self.lease_token}): {self._summary}"
+
+    def _refresh_summary(self) -> None:
+        now = time.monotonic()
+        if now - self._summary_at < SUMMARY_EVERY:
+            return
+        self._summary_at = now
+        try:
+            actual = self.store.read_actual()
+        except ReconcilerError:
+            return
+        states = {sid: str(r.state) for sid, r in actual.supervisors.items()}
+        self.metrics.set_states(states, [str(x) for x in State])
+        self.metrics.prune_failing(sid for sid, r in actual.supervisors.items() if r.state in RUNNABLE)
+        counts = Counter(s for s in states.values() if s != State.TERMINATED)
+        text = f"{sum(counts.values())} supervisor(s)"
+        if counts:
+            text += ": " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
+        busy = len(self.manager.running) if self.manager else 0
+        if busy:
+            text += f"; {busy} batch(es) in flight"
+        if self.metrics.failing:
+            text += f"; {len(self.metrics.failing)} failing"
+        self._summary = text
 
     # -- --until-caught-up ------------------------------------------------------------------
 
@@ -304,15 +522,13 @@ class Daemon:
     def _start_http(self) -> None:
         if not self.settings.http:
             return
-        from reconciler.metrics import Metrics, serve
-
-        self.metrics = Metrics()
-        self.metrics.max_tick_age = max(120.0, 3 * self.settings.tick_interval)
         try:
             self._http = serve(self.metrics, self.settings.http)
-            log.info("metrics on http://%s/metrics, health on /healthz", self.settings.http)
-        except OSError as exc:
-            log.warning("cannot serve metrics on %s: %s (continuing without)", self.settings.http, exc.strerror)
+            host, port = self._http.server_address[:2]
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", host, port)
+        except (OSError, ValueError) as exc:
+            log.warning("cannot serve metrics on %s: %s (continuing without)", self.settings.http,
+                        getattr(exc, "strerror", None) or exc)
 
 
 def _redacted_url(url: str) -> str:

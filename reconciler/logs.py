@@ -1,7 +1,15 @@
 """Logging to stderr, one event per line, as text or JSON, at levels journald understands.
 
-Under systemd (``JOURNAL_STREAM`` set) text lines carry a ``<N>`` syslog priority
-prefix so journald files each line at its level.
+Text lines look like ``2026-11-21 13:07:41,972 INFO    reconciler.runtime.supervisor:
+batch 1d53 published: 5000 records ... [supervisor=clicks batch=1d53...]``: the
+structured fields a record carries (supervisor, batch, action) are appended, and a
+multi-line message or traceback is folded onto its line with `` | ``.
+
+When stderr is connected to the journal (``JOURNAL_STREAM`` names stderr's device
+and inode, as systemd sets it for ``StandardError=journal``), every line starts with
+a ``<N>`` syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
+debug), so journald files each line at its level (``journalctl -p warning``). The
+JSON format carries the same number as ``priority``.
 """
 
 from __future__ import annotations
@@ -12,7 +20,20 @@ import os
 import sys
 from datetime import UTC, datetime
 
-_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+FIELDS = ("supervisor", "batch", "action")
+
+
+def priority(levelno: int) -> int:
+    """The syslog priority of a logging level (journald's ``PRIORITY``)."""
+    if levelno >= logging.CRITICAL:
+        return 2
+    if levelno >= logging.ERROR:
+        return 3
+    if levelno >= logging.WARNING:
+        return 4
+    if levelno >= logging.INFO:
+        return 6
+    return 7
 
 
 class _JsonFormatter(logging.Formatter):
@@ -20,10 +41,11 @@ class _JsonFormatter(logging.Formatter):
         event = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
+            "priority": priority(record.levelno),
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("supervisor", "batch", "action"):
+        for key in FIELDS:
             if hasattr(record, key):
                 event[key] = getattr(record, key)
         if record.exc_info:
@@ -37,13 +59,35 @@ class _TextFormatter(logging.Formatter):
         self.journald = journald
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record).replace("\n", " | ")
-        return f"<{_PRIORITY.get(record.levelno, 6)}>{line}" if self.journald else line
+        line = super().format(record)
+        extra = " ".join(f"{k}={getattr(record, k)}" for k in FIELDS if getattr(record, k, None) is not None)
+        if extra:
+            line = f"{line} [{extra}]"
+        line = line.replace("\r", "").replace("\n", " | ")
+        return f"<{priority(record.levelno)}>{line}" if self.journald else line
+
+
+def stderr_is_journal(stream=None, env=None) -> bool:
+    """True when ``stream`` (stderr) is the journal stream systemd announced in ``JOURNAL_STREAM``.
+
+    Checking device and inode (not only that the variable is set) keeps the prefix out
+    of a child process's output that inherited the variable but writes elsewhere.
+    """
+    value = (os.environ if env is None else env).get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not dev or not ino:
+        return False
+    try:
+        st = os.fstat((stream or sys.stderr).fileno())
+        return st.st_dev == int(dev) and st.st_ino == int(ino)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def setup(level: str = "INFO", fmt: str = "text") -> None:
+    """Route every logger to one stderr handler (replacing earlier ones: SIGHUP calls this again)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(bool(os.environ.get("JOURNAL_STREAM"))))
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(stderr_is_journal()))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,20 +1,29 @@
 """Prometheus metrics and the ``/healthz`` endpoint (prometheus-client).
 
+The daemon always keeps a ``Metrics`` object (tests read it in process); the HTTP
+server is started only when the ``http`` setting names an address.
+
 ``/healthz`` answers 200 while the daemon is healthy and 503 otherwise, as Druid's
-supervisor health does: the tick loop must have completed recently and no runnable
-supervisor may be failing (e.g. its broker is unreachable).
+supervisor health does. Healthy means: the daemon's loop went round recently (a hung
+loop is unhealthy), the database answered the last lease renewal, and, on the leader,
+the last reconcile pass was not aborted and no runnable supervisor is failing (for
+example because its broker is unreachable). A standby that can reach the database is
+healthy: standing by is its job. The JSON body says which check failed.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
+
+MAX_LOOP_AGE = 120.0  # seconds without a loop iteration before /healthz says 503
 
 
 class Metrics:
@@ -29,13 +38,23 @@ class Metrics:
                                        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.tick_seconds = Histogram("reconciler_tick_duration_seconds", "reconcile pass duration", registry=r,
                                       buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+        self.passes = Counter("reconciler_reconcile_passes",
+                              "reconcile passes by outcome: changed (applied actions), unchanged, "
+                              "deferred (the directory changed while read), aborted", ["outcome"], registry=r)
         self.conflicts = Counter("reconciler_publish_conflicts", "publishes that lost their compare-and-swap", ["supervisor"], registry=r)
-        self.resets = Counter("reconciler_resets", "reset requests applied", ["supervisor", "kind"], registry=r)
+        self.resets = Counter("reconciler_resets", "reset requests applied by this daemon", ["supervisor", "trigger"], registry=r)
         self.leader = Gauge("reconciler_leader", "1 while this daemon holds the leader lease", registry=r)
+        self.role = "starting"
         self.failing: dict[str, str] = {}
+        self.database_error: str | None = None
+        self.reconcile_error: str | None = None
+        self.last_loop = 0.0
         self.last_tick = 0.0
-        self.max_tick_age = 120.0
+        self.max_loop_age = MAX_LOOP_AGE
+        self._states: set[str] = set()
         self._lock = threading.Lock()
+
+    # -- written by the runtimes ---------------------------------------------------------
 
     def observe_positions(self, supervisor: str, checkpoint: Mapping[str, int], target: Mapping[str, int]) -> None:
         for p, end in target.items():
@@ -52,11 +71,6 @@ class Metrics:
     def publish_conflict(self, supervisor: str) -> None:
         self.conflicts.labels(supervisor).inc()
 
-    def set_states(self, states: Mapping[str, str], all_states: list[str]) -> None:
-        for sid, st in states.items():
-            for s in all_states:
-                self.state.labels(sid, s).set(1 if s == st else 0)
-
     def set_failing(self, supervisor: str, error: str | None) -> None:
         with self._lock:
             if error:
@@ -64,18 +78,79 @@ class Metrics:
             else:
                 self.failing.pop(supervisor, None)
 
+    # -- written by the daemon's loop ----------------------------------------------------
+
+    def loop_alive(self) -> None:
+        self.last_loop = time.monotonic()
+
+    def set_role(self, role: str) -> None:
+        self.role = role
+        self.leader.set(1 if role == "leader" else 0)
+        if role != "leader":
+            self.clear_failing()
+
+    def reconcile_done(self, outcome: str, seconds: float, error: str | None = None) -> None:
+        self.passes.labels(outcome).inc()
+        if outcome != "deferred":
+            self.tick_seconds.observe(seconds)
+            self.last_tick = time.monotonic()
+            self.reconcile_error = error
+
+    def set_states(self, states: Mapping[str, str], all_states: Iterable[str]) -> None:
+        all_states = list(all_states)
+        for sid, st in states.items():
+            for s in all_states:
+                self.state.labels(sid, s).set(1 if s == st else 0)
+        for gone in self._states - set(states):
+            for s in all_states:
+                try:
+                    self.state.remove(gone, s)
+                except KeyError:
+                    pass
+        self._states = set(states)
+
+    def prune_failing(self, runnable: Iterable[str]) -> None:
+        """Forget failures of supervisors no longer runnable (terminated, suspended, completed)."""
+        keep = set(runnable)
+        with self._lock:
+            for sid in set(self.failing) - keep:
+                del self.failing[sid]
+
+    def clear_failing(self) -> None:
+        with self._lock:
+            self.failing.clear()
+
+    def passes_count(self, outcome: str) -> int:
+        value = self.registry.get_sample_value("reconciler_reconcile_passes_total", {"outcome": outcome})
+        return int(value or 0)
+
+    # -- /healthz --------------------------------------------------------------------
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         with self._lock:
             failing = dict(self.failing)
-        tick_age = time.monotonic() - self.last_tick if self.last_tick else None
-        ok = not failing and tick_age is not None and tick_age < self.max_tick_age
-        return ok, {"healthy": ok, "failing": failing, "secondsSinceTick": tick_age}
+        now = time.monotonic()
+        loop_age = now - self.last_loop if self.last_loop else None
+        problems = []
+        if loop_age is None or loop_age >= self.max_loop_age:
+            problems.append("the daemon's loop is not running" if loop_age is None
+                            else f"the daemon's loop has not run for {loop_age:.0f}s")
+        if self.database_error:
+            problems.append(f"database: {self.database_error}")
+        if self.role == "leader":
+            if self.reconcile_error:
+                problems.append(f"last reconcile aborted: {self.reconcile_error}")
+            problems += [f"{sid}: {err}" for sid, err in sorted(failing.items())]
+        ok = not problems
+        return ok, {
+            "healthy": ok, "role": self.role, "problems": problems, "failing": failing,
+            "secondsSinceLoop": loop_age,
+            "secondsSinceReconcile": now - self.last_tick if self.last_tick else None,
+        }
 
 
 def serve(metrics: Metrics, address: str) -> ThreadingHTTPServer:
-    """Start ``/metrics`` and ``/healthz`` on ``host:port`` in a daemon thread."""
-    import json
-
+    """Start ``/metrics`` and ``/healthz`` on ``host:port`` in a daemon thread (port 0: any free port)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
 
@@ -98,5 +173,6 @@ def serve(metrics: Metrics, address: str) -> ThreadingHTTPServer:
 
     Handler.registry = registry
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.actual import ActualState, State, SupervisorRecord
+from reconciler.actual import ActualState, DetailedState, State, SupervisorRecord
 from reconciler.requests import ResetRequest, from_marker, from_stanza
 from reconciler.resets import Positions, ResetOutcome, compute_reset
 from reconciler.spec.model import KafkaSource, SupervisorSpec
@@ -108,6 +108,7 @@ class Desired:
     markers: Sequence[tuple[str, ResetRequest]] = ()  # (path, request)
     rejected_markers: Mapping[str, str] = field(default_factory=dict)  # path -> error text
     marker_ids: Mapping[str, str] = field(default_factory=dict)  # path of a rejected marker -> supervisor id
+    invalid_paths: Mapping[str, str] = field(default_factory=dict)  # every invalid spec file -> error text
 
     @property
     def empty(self) -> bool:
@@ -121,8 +122,10 @@ def desired_from_directory(state) -> Desired:
     markers = [(m.path, from_marker(m)) for m in state.markers]
     rejected = {path: str(err) for path, err in state.rejected_markers.items()}
     marker_ids = {path: _marker_id(path) for path in rejected}
+    invalid_paths = {path: str(err) for path, err in state.invalid.items()}
     return Desired(ok=state.ok, error=getattr(state, "error", None), specs=specs, invalid=invalid,
-                   markers=markers, rejected_markers=rejected, marker_ids=marker_ids)
+                   markers=markers, rejected_markers=rejected, marker_ids=marker_ids,
+                   invalid_paths=invalid_paths)
 
 
 def _marker_id(path: str) -> str:
@@ -148,13 +151,14 @@ def plan(
     actions: list[Action] = []
     notes: list[str] = []
     mains = actual.mains()
+    invalid = _invalid_by_id(desired, mains)
 
-    for sid in sorted(set(desired.specs) | set(desired.invalid)):
+    for sid in sorted(set(desired.specs) | set(invalid)):
         if sid in desired.specs:
             path, spec = desired.specs[sid]
             actions += _diff_valid(spec, path, mains.get(sid), actual)
         else:
-            path, error = desired.invalid[sid]
+            path, error = invalid[sid]
             rec = mains.get(sid)
             if rec is None or rec.state == State.TERMINATED:
                 notes.append(f"{path}: invalid, and no supervisor '{sid}' runs from it: nothing to keep")
@@ -162,7 +166,7 @@ def plan(
                 actions.append(Action(ActionKind.MARK_INVALID, sid, f"{path} is invalid; keeps its last valid spec",
                                       path=path, error=error))
 
-    terminate, held, why = _terminations(desired, mains, settings)
+    terminate, held, why = _terminations(desired, mains, settings, invalid)
     actions += terminate
     if why:
         notes.append(why)
@@ -177,6 +181,10 @@ def plan(
     return Plan(tuple(actions), tuple(notes), held)
 
 
+_RUNTIME_FAILURES = (DetailedState.LOST_CONTACT_WITH_STREAM, DetailedState.UNABLE_TO_CONNECT_TO_STREAM,
+                     DetailedState.UNHEALTHY_TASKS)
+
+
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
     out: list[Action] = []
     if rec is None or rec.state == State.TERMINATED:
@@ -189,7 +197,10 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
             if rec.last_error != error:
                 out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
             return out
-        if rec.spec_hash != spec.spec_hash or rec.last_error:
+        # last_error also holds a runtime's failure (written with one of these detailed states):
+        # only a spec-file error is one that the file being valid again clears.
+        spec_error = bool(rec.last_error) and rec.detailed_state not in _RUNTIME_FAILURES
+        if rec.spec_hash != spec.spec_hash or spec_error:
             why = "spec changed" if rec.spec_hash != spec.spec_hash else "spec file is valid again"
             out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path))
         if spec.suspended and rec.state != State.SUSPENDED:
@@ -211,9 +222,23 @@ def _source_conflict(old: SupervisorSpec, new: SupervisorSpec) -> str | None:
     return None
 
 
-def _terminations(desired: Desired, mains: Mapping[str, SupervisorRecord], settings: PlanSettings):
+def _invalid_by_id(desired: Desired, mains: Mapping[str, SupervisorRecord]) -> dict[str, tuple[str, str]]:
+    """Invalid files by supervisor id. A broken file whose id cannot be recovered (binary
+    garbage in ``a.yaml`` that declared ``id: b``) still belongs to the supervisor last
+    loaded from that path: it keeps its last valid spec, it is not removed."""
+    invalid = dict(desired.invalid)
+    for sid, rec in mains.items():
+        if sid in desired.specs or sid in invalid or rec.state == State.TERMINATED:
+            continue
+        if rec.spec_path is not None and rec.spec_path in desired.invalid_paths:
+            invalid[sid] = (rec.spec_path, desired.invalid_paths[rec.spec_path])
+    return invalid
+
+
+def _terminations(desired: Desired, mains: Mapping[str, SupervisorRecord], settings: PlanSettings,
+                  invalid: Mapping[str, tuple[str, str]]):
     active = [sid for sid, r in mains.items() if r.state != State.TERMINATED]
-    gone = sorted(sid for sid in active if sid not in desired.specs and sid not in desired.invalid)
+    gone = sorted(sid for sid in active if sid not in desired.specs and sid not in invalid)
     if not gone:
         return [], (), None
     if not desired.ok:

@@ -6,6 +6,7 @@ Shared by the daemon's tick and ``reconciler apply``, so both do exactly the sam
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reconciler.apply import ActionResult, Applier
@@ -21,11 +22,33 @@ class PassResult:
     results: tuple[ActionResult, ...]
 
 
-def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | None = None) -> PassResult:
-    state = load_directory(specs_dir)
-    for problem in state.problems:
-        log.debug("invalid: %s", problem)
+def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | None = None, *,
+                   check_permissions: bool = True, stable: Callable[[], bool] | None = None) -> PassResult | None:
+    """One pass. With ``stable`` (the daemon's watcher), a directory that changed while it was
+    being read (an editor's save, a ``git checkout`` under way) is not acted on: None is
+    returned and the daemon reads it again once it is quiet, so no pass sees half of a change."""
+    state = load_directory(specs_dir, check_permissions=check_permissions)
+    if stable is not None and not stable():
+        return None
+    _report(specs_dir, state)
     desired = desired_from_directory(state)
     actual = applier.store.read_actual()
     p = plan(desired, actual, settings=settings or PlanSettings())
     return PassResult(p, tuple(applier.apply(p.actions)))
+
+
+# What was last reported per directory: each problem is logged once while it lasts.
+_reported: dict[str, frozenset[str]] = {}
+
+
+def _report(specs_dir: str, state) -> None:
+    """Log each invalid file, rejected marker, directory refusal and spec warning once (WARNING),
+    until it changes."""
+    found = [state.error] if not state.ok and state.error else []
+    found += [f"invalid: {p}" for p in state.problems]
+    found += [f"warning: {w}" for w in getattr(state, "warnings", ())]
+    before = _reported.get(specs_dir, frozenset())
+    for message in found:
+        if message not in before:
+            log.warning("%s", message)
+    _reported[specs_dir] = frozenset(found)

@@ -58,7 +58,11 @@ def status_text(items: list[dict[str, Any]], detail: bool) -> str:
         if s.get("backfill"):
             b = s["backfill"]
             progress = f"{b['done']}/{b['total']}"
-            if b["etaSeconds"] is not None and not b["complete"]:
+            if b["ratePerSecond"]:
+                progress += f" {b['ratePerSecond']:,.0f}/s"
+            if b["complete"]:
+                progress += " COMPLETED"
+            elif b["etaSeconds"] is not None:
                 progress += f" eta {b['etaSeconds']:.0f}s"
         rows.append([s["id"], s["state"], s["detailedState"], lag, s["records"], s["unparseable"], progress,
                      (s["lastError"] or s["streamError"] or "")[:80]])

@@ -38,6 +38,9 @@ class Settings:
     debounce: float = _opt(0.3, "RECONCILER_DEBOUNCE", "debounce", "seconds of quiet after file events before a reconcile")
     max_termination_share: float = _opt(0.5, "RECONCILER_MAX_TERMINATION_SHARE", "maxTerminationShare",
                                         "share of supervisors one tick may terminate before terminations are held")
+    allow_insecure_specs: bool = _opt(False, "RECONCILER_ALLOW_INSECURE_SPECS", "allowInsecureSpecs",
+                                      "accept spec and marker files (and the directory) writable by others "
+                                      "(true/false; default false: such files are refused)")
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl", "seconds a leader lease lasts without renewal")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http", "address of /metrics and /healthz ('' to disable)")
     log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
@@ -57,6 +60,7 @@ class Settings:
 
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl"}
+_BOOLS = {"allow_insecure_specs"}
 
 
 def describe() -> list[tuple[str, str, str, str]]:
@@ -78,6 +82,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
             values[f.name] = file_values[f.metadata["key"]]
     for name in _FLOATS & values.keys():
         values[name] = _seconds_or_float(name, values[name])
+    for name in _BOOLS & values.keys():
+        values[name] = _bool(name, values[name])
     settings = replace(Settings(), **values)
     if not settings.state_dir:
         settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
@@ -101,6 +107,17 @@ def _seconds_or_float(name: str, value: Any) -> float:
             return parse_duration(str(value))
         except ValueError:
             raise PermanentError(f"setting {name}: {value!r} is not a number or duration like 30s") from None
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise PermanentError(f"setting {name}: {value!r} is not true or false")
 
 
 def _read_config(path: str | None) -> dict[str, Any]:

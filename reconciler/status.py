@@ -53,7 +53,9 @@ def _backfill_progress(rec: SupervisorRecord, checkpoint, totals, now) -> dict[s
     done = sum(min(checkpoint.get(p, start.get(p, 0)), end[p]) - start.get(p, end[p]) for p in end)
     rate = eta = None
     if totals["first"] is not None and done > 0:
-        elapsed = max((now - rec.created_at).total_seconds(), 1e-3)
+        # a finished backfill keeps the rate it ran at (up to its last batch), not one that decays
+        until = totals["last"] if rec.state == State.COMPLETED and totals["last"] is not None else now
+        elapsed = max((until - rec.created_at).total_seconds(), 1e-3)
         rate = done / elapsed
         eta = (total - done) / rate if rate > 0 else None
     return {"done": done, "total": total, "ratePerSecond": rate, "etaSeconds": eta,

@@ -8,14 +8,14 @@ or ``segments.discard``s it when the publish lost.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
 
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.sources import format_name, read_options
-from reconciler.pipeline.transform import dead_reason_column, dead_rows, good_rows, parse
+from reconciler.pipeline.transform import dead_rows, good_rows, parse
 from reconciler.spec.model import Source, SupervisorSpec
 from reconciler.streams.base import PartitionRange
 
@@ -80,17 +80,11 @@ def run_batch(
         return staged
 
     records = read_ranges(spark, spec.source, live, tasks, max_batch_rows)
-    parsed = parse(records, ds)
-    obs = Observation(f"batch-{batch_id}")
-    observed = parsed.observe(
-        obs,
-        F.count(F.lit(1)).alias("records"),
-        F.count(F.col(dead_reason_column())).alias("dead"),
-    )
+    obs = Observation(f"batch-{batch_id}-{uuid.uuid4().hex[:8]}")
     return seg.write_batch(
         spark,
-        good_rows(observed, ds),
-        dead_rows(parsed),
+        good_rows(parse(records, ds, observation=obs), ds),
+        dead_rows(parse(records, ds)),
         segments_dir,
         ds.datasource,
         batch_id,

@@ -166,7 +166,9 @@ class SupervisorRuntime:
         now = (state, detailed, error)
         if now == self._reported and rec.state == state:
             return
-        self.ctx.store.set_detailed(rec.id, state, detailed, error)
+        # Clear only an error this runtime reported: one it did not is the spec file's.
+        ours = self._reported is not None and self._reported[2] is not None
+        self.ctx.store.set_detailed(rec.id, state, detailed, error, keep_error=error is None and not ours)
         self._reported = now
 
     def _adapter_for(self, rec: SupervisorRecord):

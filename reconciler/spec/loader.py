@@ -10,7 +10,9 @@ Unreadable is never absent: a directory that cannot be read is ``ok=False``
 (the planner then plans nothing destructive), and a file that does not parse or
 validate stays in ``invalid`` with the supervisor id recovered as well as
 possible, so its supervisor keeps its last good spec instead of being removed.
-Paths in messages are shown as the caller spelled the directory.
+Paths in messages are shown as the caller spelled the directory. A directory or
+file that others could have written is refused (``permissions``) unless the
+``allowInsecureSpecs`` setting says otherwise.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from types import MappingProxyType
 from typing import Literal
 
 from reconciler.errors import SpecInvalid, SpecProblem
+from reconciler.spec import permissions, secrets
 from reconciler.spec.model import Marker, Position, SupervisorSpec
 from reconciler.spec.validate import load_schema, sort_problems, validate_document
-from reconciler.spec.yamlsafe import ParsedYaml, parse_yaml, read_limited
+from reconciler.spec.yamlsafe import ParsedYaml, format_field, parse_yaml, read_limited
 
 FileKind = Literal["spec", "marker", "ignored"]
 
@@ -109,20 +112,34 @@ def load_spec_file(
 
 
 def spec_warnings(path: str | os.PathLike[str], spec: SupervisorSpec) -> list[SpecProblem]:
-    """Advice that does not invalidate a spec: the file name differs from ``specs/<id>.yaml``."""
-    name = os.path.basename(os.fspath(path))
+    """Advice that does not invalidate a spec: the file name differs from ``specs/<id>.yaml``;
+    a secret is written out instead of referenced."""
+    shown = os.fspath(path)
+    name = os.path.basename(shown)
     stem = name.rsplit(".", 1)[0]
-    if stem == spec.id:
-        return []
-    return [
+    out = [
         SpecProblem(
-            os.fspath(path),
+            shown,
             None,
             None,
-            "id",
-            f"id '{spec.id}' differs from the file name; by convention the file is {spec.id}.yaml",
+            format_field(at),
+            f"{what} is a literal secret: it is kept in the database's spec history; "
+            "write it as ${env:NAME} or ${file:/path}",
         )
+        for at, what in secrets.literal_secrets(spec.document.get("source") or {})
     ]
+    if stem != spec.id:
+        out.insert(
+            0,
+            SpecProblem(
+                shown,
+                None,
+                None,
+                "id",
+                f"id '{spec.id}' differs from the file name; by convention the file is {spec.id}.yaml",
+            ),
+        )
+    return out
 
 
 def load_marker_file(
@@ -183,9 +200,17 @@ def load_marker_file(
 
 
 def load_directory(
-    directory: str | os.PathLike[str], *, now: datetime | None = None
+    directory: str | os.PathLike[str],
+    *,
+    now: datetime | None = None,
+    check_permissions: bool = True,
 ) -> DirectoryState:
-    """The whole top level of the spec directory, never raising for a bad file."""
+    """The whole top level of the spec directory, never raising for a bad file.
+
+    With ``check_permissions`` (the default; off with the ``allowInsecureSpecs``
+    setting) a directory writable by others is ``ok=False`` and such files are
+    invalid or rejected (see ``permissions``).
+    """
     shown = os.fspath(directory)
     try:
         names = sorted(entry.name for entry in os.scandir(shown))
@@ -201,6 +226,10 @@ def load_directory(
             ok=False,
             error=f"spec directory {shown} cannot be read: {exc.strerror or exc}",
         )
+    if check_permissions:
+        refused = permissions.insecure_reason(shown)
+        if refused:
+            return DirectoryState(path=shown, ok=False, error=refused)
     results: list[_SpecResult] = []
     marker_paths: list[str] = []
     for name in names:
@@ -209,15 +238,22 @@ def load_directory(
         if kind == "ignored" or os.path.isdir(full):
             continue
         if kind == "spec":
-            results.append(_load_spec(full, shown, now))
+            result = _load_spec(full, shown, now)
+            if check_permissions:
+                _refuse_insecure(result)
+            results.append(result)
         else:
             marker_paths.append(full)
     _flag_duplicate_ids(results)
-    known = {r.id for r in results if r.id}
+    id_pattern = re.compile(load_schema("spec")["properties"]["id"]["pattern"])
+    known = {r.id for r in results if r.id and id_pattern.search(r.id)}  # '../x' names no marker
     markers: list[Marker] = []
     rejected: dict[str, SpecInvalid] = {}
     for full in marker_paths:
+        refused = permissions.insecure_reason(full) if check_permissions else None
         try:
+            if refused:
+                raise SpecInvalid([SpecProblem(full, None, None, "", refused)])
             markers.append(load_marker_file(full, known, root=shown, now=now))
         except SpecInvalid as exc:
             rejected[full] = exc
@@ -274,6 +310,14 @@ def _load_spec(
                 SpecProblem(display, None, None, "", f"cannot build the spec: {exc}")
             ]
     return result
+
+
+def _refuse_insecure(result: _SpecResult) -> None:
+    """A spec file others could have written is invalid (its id is still recovered)."""
+    refused = permissions.insecure_reason(result.path)
+    if refused:
+        result.problems = [SpecProblem(result.path, None, None, "", refused)]
+        result.spec = None
 
 
 def _note_id(result: _SpecResult, parsed: ParsedYaml) -> None:

@@ -76,3 +76,25 @@ def redact(doc: Any, key: str = "") -> Any:
         if "://" in doc:
             return redact_uri(doc)
     return doc
+
+
+def literal_secrets(source: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """Secrets written out in a spec's ``source`` instead of referenced: (field path, what).
+
+    Specs should hold secrets only as ``${env:NAME}`` / ``${file:/path}``; a literal one
+    still works (and is redacted in output) but is kept in the database's spec history.
+    """
+    found: list[tuple[tuple[str, ...], str]] = []
+    for key, value in (source.get("consumerProperties") or {}).items():
+        if isinstance(value, str) and value and not has_reference(value) and _SECRET_KEYS.search(str(key)):
+            found.append((("source", "consumerProperties", str(key)), f"'{key}'"))
+    uri = source.get("uri")
+    if isinstance(uri, str):
+        masked = _REF.sub("REFERENCE", uri)
+        try:
+            password = urlsplit(masked).password
+        except ValueError:
+            password = None
+        if password and "REFERENCE" not in password:
+            found.append((("source", "uri"), "the URI's password"))
+    return found

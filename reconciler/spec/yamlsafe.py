@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -90,8 +91,15 @@ def read_limited(
 ) -> bytes:
     """The bytes of a file, refusing files over ``max_bytes`` before reading them."""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        # O_NONBLOCK: a FIFO named like a spec must not hang the tick in open().
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise _invalid(
+                    display, "not a regular file (a FIFO, device or socket); specs are plain files"
+                )
+            size = st.st_size
             if size > max_bytes:
                 raise _invalid(
                     display,

@@ -218,13 +218,20 @@ class Store:
             if actor:
                 self._audit(c, supervisor_id, state.lower(), actor, None, reason, None, now)
 
-    def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
-        """Runtime status updates; written only when something changed (callers track that)."""
+    def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None,
+                     *, keep_error: bool = False) -> None:
+        """Runtime status updates; written only when something changed (callers track that).
+
+        ``keep_error`` leaves ``last_error`` as it is: a runtime that reported no error of
+        its own must not wipe the spec file's error the applier recorded (``mark_invalid``)."""
+        values: dict[str, Any] = dict(state=state, detailed_state=detailed, updated_at=utcnow())
+        if not keep_error:
+            values["last_error"] = error
         with self._write() as c:
             c.execute(
                 sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
                     supervisors.c.state.notin_([State.TERMINATED, State.SUSPENDED, State.COMPLETED])
-                ).values(state=state, detailed_state=detailed, last_error=error, updated_at=utcnow())
+                ).values(**values)
             )
 
     def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
@@ -496,6 +503,36 @@ class Store:
         d = dict(row)
         d["expires_at"] = _aware(d["expires_at"])
         return d
+
+    # Daemon heartbeats share the leases table: name "daemon:<holder>", the holder
+    # column holds the daemon's role ("leader" or "standby"), token is unused (0).
+
+    def heartbeat(self, holder: str, role: str, ttl: float, *, now=None) -> None:
+        """Record that daemon ``holder`` is alive as ``role`` until now + ttl (for ``reconciler status``)."""
+        now = now or utcnow()
+        name = f"daemon:{holder}"[:128]
+        with self._write() as c:
+            hit = c.execute(sa.update(leases).where(leases.c.name == name)
+                            .values(holder=role, expires_at=now + timedelta(seconds=ttl))).rowcount
+            if not hit:
+                c.execute(sa.insert(leases).values(name=name, holder=role, token=0,
+                                                   expires_at=now + timedelta(seconds=ttl)))
+            # heartbeats of daemons gone for a day (SIGKILL, power cut) are forgotten
+            c.execute(sa.delete(leases).where(leases.c.name.like("daemon:%"),
+                                              leases.c.expires_at < now - timedelta(days=1)))
+
+    def forget_daemon(self, holder: str) -> None:
+        with self._write() as c:
+            c.execute(sa.delete(leases).where(leases.c.name == f"daemon:{holder}"[:128]))
+
+    def daemons(self, *, now=None) -> list[dict[str, Any]]:
+        """Live daemons (heartbeat not expired): ``{"daemon", "role", "expires_at"}``, leader first."""
+        now = now or utcnow()
+        with self._read() as c:
+            rows = c.execute(sa.select(leases).where(leases.c.name.like("daemon:%"))).mappings().all()
+        live = [{"daemon": r["name"][len("daemon:"):], "role": r["holder"], "expires_at": _aware(r["expires_at"])}
+                for r in rows if _aware(r["expires_at"]) > now]
+        return sorted(live, key=lambda d: (d["role"] != "leader", d["daemon"]))
 
     @staticmethod
     def _check_lease(c, holder: str, token: int) -> None:

@@ -1,0 +1,344 @@
+"""Ingestion throughput: this product against a bare client and a naive pipeline.
+
+Prints ONE JSON document on stdout (logs go to stderr). For each system (Kafka on a
+Tansu broker, RabbitMQ Streams on a private node; both started here through
+``reconciler.devservices``) it produces N records of ~100 bytes of JSON over 4
+partitions (a 4-partition topic, or 4 streams), then measures, on the same data in
+the same run:
+
+a. ``raw_consume``: one bare client draining every partition, counting records
+   (``benchmarks/_raw_consume.py``): the ceiling of the transport, no parsing;
+b. ``naive_pipeline``: one process, one client, ``json.loads`` per record, a pyarrow
+   table, one Parquet file: what a simple hand-written ingester does;
+c. ``product_cold``: ``reconciler run --until-caught-up`` as a subprocess, wall time
+   from exec to exit, so Python imports, the Spark JVM start, the first job and the
+   database commit are all included; ``batch_seconds`` is the daemon's own account of
+   its batches (read, parse, write, publish, promote) from its log; the first batch
+   includes starting the SparkSession, which the daemon does lazily;
+d. ``product_warm``: the daemon in this process after a small warm-up run, so the
+   SparkSession and its Python workers already exist (a long-running daemon's state).
+
+Every product run is verified: the committed Parquet holds exactly N rows and N
+distinct ids. ``ratios`` divides the product's rates by a and b.
+
+Usage: ``.venv/bin/python benchmarks/ingest.py [--records N] [--system kafka|rabbitmq|both]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _raw_consume import raw_kafka_consume_rate, raw_rabbit_consume_rate  # noqa: E402
+
+from reconciler import devservices  # noqa: E402
+
+log = logging.getLogger("bench")
+PARTITIONS = 4
+TASK_COUNT = 2  # one reader per core of a 2-core machine; see README
+WARMUP_RECORDS = 20_000
+
+
+def _rate(records: int, seconds: float) -> dict[str, Any]:
+    return {"records": records, "seconds": round(seconds, 3),
+            "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
+
+
+def _spec(sid: str, source: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "source": source,
+        "taskCount": TASK_COUNT,
+        "taskDuration": "1s",
+        "maxBatchRecords": 1_000_000,
+        "dataSchema": {
+            "datasource": sid,
+            "timestamp": {"column": "ts", "format": "millis"},
+            "dimensions": ["id", "user", "page", "__partition", "__offset"],
+            "metrics": [{"name": "bytes", "type": "longSum", "field": "bytes"}],
+            "granularity": {"segment": "hour", "query": "none", "rollup": False},
+        },
+    }
+
+
+def _verify(segments: Path, datasource: str, n: int) -> dict[str, Any]:
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(segments / datasource), format="parquet", partitioning="hive").to_table(columns=["id"])
+    distinct = pc.count_distinct(table["id"]).as_py()
+    ok = table.num_rows == n and distinct == n
+    if not ok:
+        log.error("verification FAILED for %s: %d rows, %d distinct ids, expected %d", datasource,
+                  table.num_rows, distinct, n)
+    return {"rows": table.num_rows, "distinct_ids": distinct, "exactly_once": ok}
+
+
+# --------------------------------------------------------------------------- naive pipelines
+
+
+def _write_naive(values: list[bytes], partitions: list[str], offsets: list[int], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    loads = json.loads
+    cols: dict[str, list] = {"id": [], "ts": [], "user": [], "page": [], "bytes": []}
+    for v in values:
+        d = loads(v)
+        for k, c in cols.items():
+            c.append(d.get(k))
+    table = pa.table({
+        "__time": pa.array(cols.pop("ts"), pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+        **{k: pa.array(v) for k, v in cols.items()},
+        "__partition": pa.array(partitions, pa.string()),
+        "__offset": pa.array(offsets, pa.int64()),
+    })
+    pq.write_table(table, out)
+
+
+def naive_kafka(bootstrap: str, topic: str, ends: dict[int, int], out: Path) -> dict[str, Any]:
+    """One tuned confluent-kafka consumer, json.loads per record, one pyarrow table, one file."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    started = time.perf_counter()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{os.getpid()}",
+                         "enable.auto.commit": False, "fetch.queue.backoff.ms": 10, "log_level": 2})
+    values: list[bytes] = []
+    parts: list[str] = []
+    offsets: list[int] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        pending = {p for p, e in ends.items() if e > 0}
+        while pending:
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                if msg.error():
+                    continue
+                p, o = msg.partition(), msg.offset()
+                if p in pending and o < ends[p]:
+                    values.append(msg.value())
+                    parts.append(str(p))
+                    offsets.append(o)
+                    if o + 1 >= ends[p]:
+                        pending.discard(p)
+    finally:
+        consumer.close()
+    _write_naive(values, parts, offsets, out)
+    return _rate(len(values), time.perf_counter() - started)
+
+
+def naive_rabbit(uri: str, streams: list[str], ends: dict[str, int], out: Path) -> dict[str, Any]:
+    """rstream's Consumer (AMQP decoding per message), json.loads per record, one table, one file."""
+    import asyncio
+
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
+
+    from reconciler.streams.rabbitmq import parse_stream_uri
+
+    ep = parse_stream_uri(uri)
+    values: list[bytes] = []
+    parts: list[str] = []
+    offsets: list[int] = []
+
+    async def main() -> None:
+        done = asyncio.Event()
+        pending = {s for s in streams if ends[s] > 0}
+        async with Consumer(ep.host, ep.port, username=ep.username, password=ep.password, vhost=ep.vhost,
+                            frame_max=8 * 1024 * 1024) as consumer:
+            async def on_message(msg, ctx) -> None:
+                s, o = ctx.stream, ctx.offset
+                if s in pending and o < ends[s]:
+                    values.append(bytes(msg.body))
+                    parts.append(s)
+                    offsets.append(o)
+                    if o + 1 >= ends[s]:
+                        pending.discard(s)
+                        if not pending:
+                            done.set()
+
+            for s in streams:
+                await consumer.subscribe(s, on_message, decoder=amqp_decoder, initial_credit=64,
+                                         offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+            await asyncio.wait_for(done.wait(), 600)
+
+    started = time.perf_counter()
+    asyncio.run(main())
+    _write_naive(values, parts, offsets, out)
+    return _rate(len(values), time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------- the product
+
+
+def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[str, Any]:
+    """``reconciler run --until-caught-up`` in a fresh process; wall time from exec to exit."""
+    import yaml
+
+    specs, state = work / f"{sid}-cold" / "specs", work / f"{sid}-cold" / "state"
+    specs.mkdir(parents=True)
+    (specs / f"{sid}.yaml").write_text(yaml.safe_dump(_spec(sid, source)))
+    env = {**os.environ, "RECONCILER_SPECS": str(specs), "RECONCILER_STATE_DIR": str(state),
+           "RECONCILER_HTTP": "", "RECONCILER_CONFIG": os.devnull, "RECONCILER_TICK_INTERVAL": "1",
+           "PYSPARK_PYTHON": sys.executable}
+    started = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).with_name("reconciler")), "run", "--until-caught-up",
+                           "--timeout", "900"], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"reconciler run exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    batch_s = [float(m[1]) for m in re.finditer(r"published: \d+ records \(\d+ unparseable\) in ([0-9.]+)s",
+                                                 proc.stderr)]
+    out = _rate(n, wall)
+    out["batches"] = len(batch_s)
+    out["batch_seconds"] = round(sum(batch_s), 3)
+    out["batch_records_per_s"] = round(n / sum(batch_s), 1) if batch_s else None
+    out["outside_batches_seconds"] = round(wall - sum(batch_s), 3)
+    out["verify"] = _verify(state / "segments", sid, n)
+    return out
+
+
+def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_source: dict[str, Any]) -> dict[str, Any]:
+    """The daemon in this process: a small run warms Spark up, then the timed run."""
+    import yaml
+
+    from reconciler import settings as settings_mod
+    from reconciler.daemon import Daemon
+
+    def run(tag: str, spec_id: str, src: dict[str, Any]) -> tuple[float, Path]:
+        base = work / f"{spec_id}-{tag}"
+        (base / "specs").mkdir(parents=True)
+        (base / "specs" / f"{spec_id}.yaml").write_text(yaml.safe_dump(_spec(spec_id, src)))
+        s = settings_mod.load({"specs": str(base / "specs"), "state_dir": str(base / "state"), "http": "",
+                               "tick_interval": 1.0}, config=os.devnull, env={})
+        t = time.perf_counter()
+        code = Daemon(s).run(until_caught_up=True, timeout=900)
+        if code != 0:
+            raise RuntimeError(f"in-process daemon exited {code}")
+        return time.perf_counter() - t, s.segments_dir
+
+    run("warmup", f"{sid}-warmup", warmup_source)
+    seconds, segments = run("warm", sid, source)
+    out = _rate(n, seconds)
+    out["verify"] = _verify(segments, sid, n)
+    return out
+
+
+def _ratios(res: dict[str, Any]) -> dict[str, Any]:
+    def r(a: str, b: str) -> float | None:
+        x, y = res.get(a, {}).get("records_per_s"), res.get(b, {}).get("records_per_s")
+        return round(x / y, 3) if x and y else None
+
+    return {"cold_over_raw": r("product_cold", "raw_consume"), "cold_over_naive": r("product_cold", "naive_pipeline"),
+            "warm_over_raw": r("product_warm", "raw_consume"), "warm_over_naive": r("product_warm", "naive_pipeline")}
+
+
+# --------------------------------------------------------------------------- per system
+
+
+def bench_kafka(n: int, work: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"partitions": PARTITIONS}
+    with devservices.TansuBroker() as broker:
+        broker.create_topic("bench", PARTITIONS)
+        broker.create_topic("warmup", PARTITIONS)
+        log.info("kafka: producing %d records", n)
+        t = time.perf_counter()
+        ends = devservices.produce_kafka(broker.bootstrap, "bench", devservices.make_records(n))
+        res["produce"] = _rate(n, time.perf_counter() - t)
+        devservices.produce_kafka(broker.bootstrap, "warmup", devservices.make_records(WARMUP_RECORDS))
+        assert sum(ends.values()) == n, ends
+        log.info("kafka: raw consume")
+        res["raw_consume"] = raw_kafka_consume_rate(broker.bootstrap, "bench", ends, timeout=600)
+        log.info("kafka: naive pipeline")
+        res["naive_pipeline"] = naive_kafka(broker.bootstrap, "bench", ends, work / "kafka-naive.parquet")
+        source = {"type": "kafka", "bootstrapServers": broker.bootstrap, "topic": "bench"}
+        log.info("kafka: product, cold subprocess")
+        res["product_cold"] = product_cold(work, "kbench", source, n)
+        log.info("kafka: product, warm in-process")
+        res["product_warm"] = product_warm(work, "kbench", source, n, {**source, "topic": "warmup"})
+    res["ratios"] = _ratios(res)
+    return res
+
+
+def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"partitions": PARTITIONS}
+    with devservices.RabbitNode() as node:
+        streams = [f"bench-{i}" for i in range(PARTITIONS)]
+        warm = [f"warmup-{i}" for i in range(PARTITIONS)]
+        for s in streams + warm:
+            node.create_stream(s)
+        records = devservices.make_records(n)
+        per: dict[str, list] = {s: [] for s in streams}
+        for rec in records:
+            per[streams[zlib.crc32(rec[0].encode()) % PARTITIONS]].append(rec)
+        log.info("rabbitmq: producing %d records", n)
+        t = time.perf_counter()
+        for s, recs in per.items():
+            devservices.produce_rabbit(node.stream_uri, s, recs, batch_size=1000, timeout=600)
+        res["produce"] = _rate(n, time.perf_counter() - t)
+        for i, s in enumerate(warm):
+            devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(WARMUP_RECORDS // PARTITIONS,
+                                                                                    start=i * 100_000))
+        ends = {s: len(recs) for s, recs in per.items()}
+        log.info("rabbitmq: raw consume")
+        res["raw_consume"] = raw_rabbit_consume_rate(node.stream_uri, streams, ends, timeout=600)
+        log.info("rabbitmq: naive pipeline")
+        res["naive_pipeline"] = naive_rabbit(node.stream_uri, streams, ends, work / "rabbit-naive.parquet")
+        source = {"type": "rabbitmq", "uri": node.stream_uri, "streams": streams}
+        log.info("rabbitmq: product, cold subprocess")
+        res["product_cold"] = product_cold(work, "rbench", source, n)
+        log.info("rabbitmq: product, warm in-process")
+        res["product_warm"] = product_warm(work, "rbench", source, n, {**source, "streams": warm})
+    res["ratios"] = _ratios(res)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000, help="records per system (default 1,000,000)")
+    ap.add_argument("--system", choices=["kafka", "rabbitmq", "both"], default="both")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (segments, logs)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    work = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
+    doc: dict[str, Any] = {
+        "records": args.records,
+        "record_bytes_mean": round(sum(len(v) for _, v in devservices.make_records(10_000)) / 10_000, 1),
+        "task_count": TASK_COUNT,
+        "spark_master": "local[*]",
+        "cores": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    started = time.perf_counter()
+    try:
+        if args.system in ("kafka", "both"):
+            doc["kafka"] = bench_kafka(args.records, work)
+        if args.system in ("rabbitmq", "both"):
+            doc["rabbitmq"] = bench_rabbit(args.records, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log.info("work directory kept: %s", work)
+    doc["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    doc["total_seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
