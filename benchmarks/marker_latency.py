@@ -28,6 +28,7 @@ import argparse
 import collections
 import json
 import logging
+import math
 import shutil
 import statistics
 import sys
@@ -65,7 +66,7 @@ dataSchema:
 
 def _stats(xs: list[float]) -> dict[str, float]:
     s = sorted(xs)
-    p95 = s[min(len(s) - 1, max(0, round(0.95 * len(s) + 0.5) - 1))]
+    p95 = s[max(0, math.ceil(0.95 * len(s)) - 1)]  # nearest rank
     return {"median": round(statistics.median(s), 4), "p95": round(p95, 4), "max": round(s[-1], 4),
             "min": round(s[0], 4), "mean": round(statistics.fmean(s), 4)}
 

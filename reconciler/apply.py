@@ -21,7 +21,7 @@ import yaml
 
 from reconciler import faults
 from reconciler import positions as positions_mod
-from reconciler.actual import DetailedState, State
+from reconciler.actual import DetailedState, Kind, State
 from reconciler.errors import PermanentError, ReconcilerError
 from reconciler.plan import Action, ActionKind
 from reconciler.resets import Positions, compute_reset
@@ -140,6 +140,18 @@ class Applier:
         status = handled.get("status", "applied")
         new = retire(a.path, status, {"note": "already handled", "status": status})
         return (f"renamed to {new}" if new else "could not rename; will retry"), {}
+
+    def render_missing_backfills(self, actual) -> None:
+        """Render backfill specs that are missing from the state directory (the process died
+        between the reset transaction and the rendering): the audit copy exists for every one."""
+        if self.state_dir is None:
+            return
+        for sid, rec in actual.supervisors.items():
+            if rec.kind == Kind.BACKFILL and not (self.state_dir / "backfills" / f"{sid}.yaml").exists():
+                try:
+                    self._render_backfill(sid)
+                except OSError as exc:
+                    log.warning("cannot render the backfill spec of %s: %s", sid, exc)
 
     def _render_backfill(self, backfill_id: str) -> None:
         """The generated bounded spec, for audit; never in the watched directory."""

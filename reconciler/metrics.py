@@ -3,6 +3,24 @@
 The daemon always keeps a ``Metrics`` object (tests read it in process); the HTTP
 server is started only when the ``http`` setting names an address.
 
+Metrics (counters carry the ``_total`` suffix in the exposition):
+
+=========================================  =====================  =====================================
+name                                       labels                 what
+=========================================  =====================  =====================================
+``reconciler_supervisor_state``            supervisor, state      1 for the current state, else 0
+``reconciler_partition_lag``               supervisor, partition  records between checkpoint and target
+``reconciler_partition_checkpoint``        supervisor, partition  the next offset to ingest
+``reconciler_records_ingested``            supervisor             records published (incl. unparseable)
+``reconciler_records_unparseable``         supervisor             records kept as dead letters
+``reconciler_batch_duration_seconds``      supervisor             histogram: read, write, publish
+``reconciler_tick_duration_seconds``       (none)                 histogram: one reconcile pass
+``reconciler_reconcile_passes``            outcome                changed, unchanged, deferred, aborted
+``reconciler_publish_conflicts``           supervisor             publishes that lost the CAS (fenced)
+``reconciler_resets``                      supervisor, trigger    resets applied by this daemon
+``reconciler_leader``                      (none)                 1 while this daemon holds the lease
+=========================================  =====================  =====================================
+
 ``/healthz`` answers 200 while the daemon is healthy and 503 otherwise, as Druid's
 supervisor health does. Healthy means: the daemon's loop went round recently (a hung
 loop is unhealthy), the database answered the last lease renewal, and, on the leader,

@@ -34,7 +34,9 @@ def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | No
     desired = desired_from_directory(state)
     actual = applier.store.read_actual()
     p = plan(desired, actual, settings=settings or PlanSettings())
-    return PassResult(p, tuple(applier.apply(p.actions)))
+    results = tuple(applier.apply(p.actions))
+    applier.render_missing_backfills(actual)  # a crash after a reset committed skipped its rendering
+    return PassResult(p, results)
 
 
 # What was last reported per directory: each problem is logged once while it lasts.

@@ -99,7 +99,8 @@ def ranges_to_json(ranges: Iterable[PartitionRange]) -> str:
 
 def ranges_from_json(text: str) -> list[PartitionRange]:
     return [
-        PartitionRange(str(d["partition"]), int(d["start"]), int(d["end"])) for d in json.loads(text)
+        PartitionRange(str(d["partition"]), int(d["start"]), int(d["end"]))
+        for d in json.loads(text)
     ]
 
 

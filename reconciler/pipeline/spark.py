@@ -29,8 +29,10 @@ SQL_CONF: dict[str, str] = {
     # read __time as timestamp[us, tz=UTC].
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # partitionBy without a sort: a task keeps up to this many open files (one per
-    # time chunk) and only falls back to sorting beyond it.
-    "spark.sql.maxConcurrentOutputFileWriters": "64",
+    # time chunk) and only falls back to sorting beyond it. Few chunks per batch is
+    # the common case; many open writers share the memory for row groups and cost
+    # more than the sort (measured: 278 hourly chunks, 64 writers ~25% slower).
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
 }
 
 # Settings fixed when the JVM starts (ignored by Spark Connect).

@@ -39,10 +39,20 @@ _TS = "__ts_text"
 _REASON = "__reason"
 
 # Fixed-width granularities in microseconds; the others are calendar units for date_trunc.
-_FIXED_MICROS = {"second": 1_000_000, "minute": 60_000_000, "fifteen_minute": 900_000_000,
-                 "hour": 3_600_000_000, "day": 86_400_000_000}
-_TRUNC_UNIT = {"second": "second", "minute": "minute", "hour": "hour", "day": "day",
-               "month": "month"}
+_FIXED_MICROS = {
+    "second": 1_000_000,
+    "minute": 60_000_000,
+    "fifteen_minute": 900_000_000,
+    "hour": 3_600_000_000,
+    "day": 86_400_000_000,
+}
+_TRUNC_UNIT = {
+    "second": "second",
+    "minute": "minute",
+    "hour": "hour",
+    "day": "day",
+    "month": "month",
+}
 SEGMENT_GRANULARITIES = ("minute", "fifteen_minute", "hour", "day", "month")
 QUERY_GRANULARITIES = ("none", "second", "minute", "fifteen_minute", "hour", "day")
 
@@ -135,11 +145,7 @@ def parse_timestamp(text: Column, fmt: str) -> Column:
     if fmt == "iso":
         return iso
     if fmt == "auto":
-        return (
-            F.when(num.isNull(), iso)
-            .when(F.abs(num) > F.lit(1e11), millis)
-            .otherwise(seconds)
-        )
+        return F.when(num.isNull(), iso).when(F.abs(num) > F.lit(1e11), millis).otherwise(seconds)
     raise ValueError(f"unknown timestamp format: {fmt!r}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from reconciler.runtime.supervisor import RUNNABLE, RuntimeContext, StepOutcome, SupervisorRuntime
 
@@ -49,7 +49,9 @@ class RuntimeManager:
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=wait, cancel_futures=True)
-        for rt in self.runtimes.values():
+        with self._lock:  # a runtime still stepping (wait=False) is closed by _done, not under its feet
+            idle = [rt for sid, rt in self.runtimes.items() if sid not in self.running]
+        for rt in idle:
             rt.close()
 
     def _loop(self) -> None:
@@ -89,13 +91,15 @@ class RuntimeManager:
     def _done(self, sid: str, fut: Future) -> None:
         try:
             outcome: StepOutcome = fut.result()
+        except CancelledError:  # stop() cancelled a step that never started: nothing ran, nothing to report
+            outcome = StepOutcome(0.0)
         except Exception:  # step() catches what it expects; anything else is a bug: back off and log
             log.exception("runtime step crashed", extra={"supervisor": sid})
             outcome = StepOutcome(5.0)
         with self._lock:
             self.running.pop(sid, None)
             self.due[sid] = time.monotonic() + outcome.delay
-            if outcome.done and sid in self.runtimes:
+            if (outcome.done or self._stop.is_set()) and sid in self.runtimes:
                 self.runtimes.pop(sid).close()
                 self.due.pop(sid, None)
         if outcome.records or outcome.done:

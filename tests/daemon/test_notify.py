@@ -10,7 +10,11 @@ test, which records every message the way systemd would receive it.
   half-published (no staging leftovers, checkpoints == committed ranges, every key once);
 * a second SIGTERM exits at once (killed by the signal); the next start recovers and
   every key is still there exactly once;
-* SIGHUP: RELOADING=1 then READY=1, the new tickInterval and logLevel in effect.
+* SIGHUP: RELOADING=1 then READY=1, the new tickInterval, logLevel and logFormat
+  (JSON, one event per line) in effect; a broken config file keeps the old settings;
+* a hung pass silences WATCHDOG=1 (the pings come from the loop itself);
+* without NOTIFY_SOCKET every notification is a no-op; log lines carry journald
+  priorities when stderr is the journal.
 
 Helpers here (``NotifySocket``, ``start_daemon``, ``wait_until``, ``assert_consistent``)
 are shared with the other daemon tests.
@@ -426,12 +430,13 @@ def test_sighup_rereads_the_config_and_swaps_settings(tmp_path, daemons):
     port = devservices.free_port()
     config = tmp_path / "config.yaml"
 
-    def write_config(tick: str, level: str) -> None:
+    def write_config(tick: str, level: str, fmt: str) -> None:
         config.write_text(f"specs: {tmp_path / 'specs'}\nstateDir: {tmp_path / 'state'}\n"
-                          f"tickInterval: {tick}\nlogLevel: {level}\nhttp: 127.0.0.1:{port}\nleaseTtl: 5s\n")
+                          f"tickInterval: {tick}\nlogLevel: {level}\nlogFormat: {fmt}\n"
+                          f"http: 127.0.0.1:{port}\nleaseTtl: 5s\n")
 
     (tmp_path / "specs").mkdir()
-    write_config("60s", "INFO")
+    write_config("60s", "INFO", "text")
     passes = lambda: _metric(port, "reconciler_reconcile_passes_total", '{outcome="unchanged"}') or 0  # noqa: E731
     with NotifySocket() as sd:
         proc, log = daemons.start("daemon", daemon_env(NOTIFY_SOCKET=sd.path), "--config", str(config), "run")
@@ -439,7 +444,7 @@ def test_sighup_rereads_the_config_and_swaps_settings(tmp_path, daemons):
         wait_until(passes, 10, "the first pass", proc=proc, log=log)
         time.sleep(2.0)
         assert passes() == 1  # tickInterval 60s: no second pass yet
-        write_config("300ms", "DEBUG")
+        write_config("300ms", "DEBUG", "json")
         t_hup = time.monotonic()
         proc.send_signal(signal.SIGHUP)
         t_reloading = sd.wait_for("RELOADING", "1", after=t_hup, timeout=10, proc=proc, log=log)
@@ -452,11 +457,15 @@ def test_sighup_rereads_the_config_and_swaps_settings(tmp_path, daemons):
         assert proc.wait(30) == 0, tail(log)
         sd.wait_for("STOPPING", "1", timeout=1)
     assert t_ready < t_hup < t_reloading <= t_ready2
-    text = log.read_text()
-    assert "SIGHUP: settings reloaded: tickInterval 60.0 -> 0.3; logLevel 'INFO' -> 'DEBUG'" in text
-    after = text.split("settings reloaded", 1)[1]
-    assert " DEBUG " in after and "reconcile pass (tick): no changes" in after  # the new level too
-    assert " DEBUG " not in text.split("settings reloaded", 1)[0]
+    lines = log.read_text().splitlines()
+    first_json = next(i for i, line in enumerate(lines) if line.startswith("{"))
+    before, after = lines[:first_json], [json.loads(line) for line in lines[first_json:]]  # one event a line
+    assert all(" DEBUG " not in line for line in before)
+    assert after[0]["msg"] == ("SIGHUP: settings reloaded: tickInterval 60.0 -> 0.3; "
+                               "logFormat 'text' -> 'json'; logLevel 'INFO' -> 'DEBUG'")
+    debug = [e for e in after if e["level"] == "debug"]  # the new level is in effect too
+    assert any(e["msg"].startswith("reconcile pass (tick): no changes") for e in debug)
+    assert all(e["priority"] == 7 for e in debug)
 
 
 def test_sighup_with_a_broken_config_keeps_the_old_settings(tmp_path, daemons):
@@ -475,3 +484,39 @@ def test_sighup_with_a_broken_config_keeps_the_old_settings(tmp_path, daemons):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, tail(log)
     assert "SIGHUP: config not reloaded, keeping the old settings" in log.read_text()
+
+
+def test_a_hung_pass_silences_the_watchdog(tmp_path, monkeypatch):
+    """WATCHDOG=1 comes from the loop itself: while a pass hangs, systemd hears nothing
+    (and WatchdogSec= would restart the daemon); once it returns, the pings resume."""
+    from reconciler import daemon as daemon_mod
+
+    hang, release = threading.Event(), threading.Event()
+    real = daemon_mod.reconcile_once
+
+    def hanging(*args, **kwargs):
+        if hang.is_set():
+            release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(daemon_mod, "reconcile_once", hanging)
+    s = helpers.make_settings(tmp_path, tick_interval=0.2)
+    with NotifySocket() as sd:
+        monkeypatch.setenv("NOTIFY_SOCKET", sd.path)
+        d = daemon_mod.Daemon(s)
+        thread = threading.Thread(target=d.run, daemon=True)
+        thread.start()
+        try:
+            sd.wait_for("WATCHDOG", "1", timeout=30)
+            hang.set()
+            t_hang = time.monotonic()
+            time.sleep(3.0)
+            release.set()
+            t_release = time.monotonic()
+            sd.wait_for("WATCHDOG", "1", after=t_release, timeout=5)
+        finally:
+            release.set()
+            d.request_stop()
+            thread.join(30)
+    pings = sd.times("WATCHDOG", "1")
+    assert max_gap(pings, t_hang, t_release) >= 2.5  # silent while the pass hung

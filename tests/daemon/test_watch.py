@@ -172,7 +172,7 @@ def test_slow_rewrite_under_git_index_lock_is_one_pass(tmp_path):
 
 
 def test_editor_atomic_save_is_an_update_never_a_removal(tmp_path):
-    s = helpers.make_settings(tmp_path, tick_interval=0.05, debounce=0.3)
+    s = helpers.make_settings(tmp_path, tick_interval=0.05, debounce=0.6)
     specs = Path(s.specs)
     path = helpers.write_spec(specs, suspended("clicks"))
     with daemon_thread(s) as daemon:

@@ -11,6 +11,7 @@ announced).
 from __future__ import annotations
 
 import collections
+import getpass
 import json
 import logging
 import threading
@@ -153,6 +154,8 @@ def test_fall_behind_then_reset_to_latest_with_backfill(spark, kafka_broker, top
         assert r["trigger"].startswith(want_trigger)
         if trigger == "marker":
             assert r["trigger"].endswith("clicks.reset.yaml")
+        if trigger == "cli":
+            assert r["trigger"].startswith(f"cli: {getpass.getuser()} (operation ")
         parts = {p["partition"]: p for p in r["details"]["partitions"]}
         assert {p: (x["checkpoint"], x["new"], x["backfill"]) for p, x in parts.items()} == {
             p: (before[p], ends[int(p)], ends[int(p)] - before[p]) for p in before}

@@ -100,7 +100,10 @@ def test_kafka_split_batches_and_rollup(spark, kafka_broker, topic, tmp_path):
         source,
         "rolled",
         dimensions=["user"],
-        metrics=[{"name": "n", "type": "count"}, {"name": "bytes", "type": "longSum", "field": "bytes"}],
+        metrics=[
+            {"name": "n", "type": "count"},
+            {"name": "bytes", "type": "longSum", "field": "bytes"},
+        ],
         granularity={"segment": "day", "query": "hour", "rollup": True},
     )
     full = [PartitionRange(str(p), 0, e) for p, e in ends.items()]
@@ -125,7 +128,9 @@ def test_kafka_split_batches_and_rollup(spark, kafka_broker, topic, tmp_path):
 @pytest.mark.kafka
 def test_kafka_empty_ranges(spark, kafka_broker, topic, tmp_path):
     name = topic(partitions=2)
-    spec = spec_for({"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "e")
+    spec = spec_for(
+        {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "e"
+    )
     staged = run_batch(spark, spec, [PartitionRange("0", 0, 0)], tmp_path, "empty", task_count=2)
     assert staged.files == () and staged.rows == 0 and staged.input_rows == 0
     seg.promote(staged)
@@ -140,7 +145,9 @@ def test_rabbitmq_every_key_once(spark, rabbit_node, stream, tmp_path, tasks):
     halves = [records[: N // 2], records[N // 2 :]]
     for s, recs in zip(streams, halves, strict=True):
         assert devservices.produce_rabbit(rabbit_node.stream_uri, s, recs) == len(recs)
-    spec = spec_for({"type": "rabbitmq", "uri": rabbit_node.stream_uri, "streams": streams}, "orders")
+    spec = spec_for(
+        {"type": "rabbitmq", "uri": rabbit_node.stream_uri, "streams": streams}, "orders"
+    )
     from reconciler.streams import adapter_for
 
     adapter = adapter_for(spec.source)
@@ -169,7 +176,9 @@ def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path):
     t0 = time.perf_counter()
     ends = devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(n))
     produce_s = time.perf_counter() - t0
-    spec = spec_for({"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "bench")
+    spec = spec_for(
+        {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "bench"
+    )
     ranges = [PartitionRange(str(p), 0, e) for p, e in ends.items()]
     root = tmp_path / "segments"
     times = []
@@ -180,5 +189,7 @@ def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path):
         times.append(time.perf_counter() - t)
         assert staged.rows == n
     warm = min(times[1:])
-    print(f"\nproduce {n} records: {produce_s:.1f}s; batches: {[round(x, 2) for x in times]} s; "
-          f"warm: {n / warm:,.0f} records/s")
+    print(
+        f"\nproduce {n} records: {produce_s:.1f}s; batches: {[round(x, 2) for x in times]} s; "
+        f"warm: {n / warm:,.0f} records/s"
+    )

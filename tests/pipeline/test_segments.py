@@ -37,8 +37,12 @@ def frames(spark, n=300, bad=(), hours=3, first_offset=0):
         else:
             values.append(
                 json.dumps(
-                    {"id": f"r{o}", "ts": T0_MS + (i * hours * HOUR_MS) // n, "user": f"u{i % 3}",
-                     "bytes": i}
+                    {
+                        "id": f"r{o}",
+                        "ts": T0_MS + (i * hours * HOUR_MS) // n,
+                        "user": f"u{i % 3}",
+                        "bytes": i,
+                    }
                 ).encode()
             )
     table = pa.table(
@@ -89,7 +93,8 @@ def test_write_then_promote(spark, tmp_path):
     deadletters = [f for f in files if f.startswith("_deadletter/")]
     assert len(data) == len(staged.files) and len(deadletters) == len(staged.dead_files) >= 1
     assert all(
-        f.startswith("clicks/time_chunk=") and f.endswith(".parquet") and "/b0001-" in f for f in data
+        f.startswith("clicks/time_chunk=") and f.endswith(".parquet") and "/b0001-" in f
+        for f in data
     )
     assert set(files) == set(data) | set(deadletters)
     assert all(f.startswith("_deadletter/clicks/b0001-") for f in deadletters)

@@ -108,7 +108,9 @@ def test_conform_casts_to_spark_arrow_schema(fakes):
     assert b.schema.equals(RECORD_SCHEMA)
     c = conform(b)
     assert c.schema.equals(ARROW_SCHEMA)
-    assert c.column("stream_time").cast(pa.timestamp("ms", tz="UTC")).equals(b.column("stream_time"))
+    assert (
+        c.column("stream_time").cast(pa.timestamp("ms", tz="UTC")).equals(b.column("stream_time"))
+    )
     assert conform(c) is c
 
 
@@ -131,7 +133,9 @@ def test_fake_source_reads_every_offset_once(spark, fakes, tasks):
         "struct<partition:string,offset:bigint,key:binary,value:binary,stream_time:timestamp>"
     )
     t = df.toArrow()
-    got = sorted(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
+    got = sorted(
+        zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True)
+    )
     assert got == [("0", o) for o in range(1000)] + [("1", o) for o in range(500, 1700)]
     rows = t.to_pylist()
     assert all(r["key"] == f"{r['partition']}-{r['offset']}".encode() for r in rows)
@@ -146,8 +150,10 @@ def test_no_ranges_reads_nothing(spark, fakes):
 @pytest.mark.spark
 def test_registered_sources_load(spark):
     # Registered by get_session(); an empty range list never contacts a broker.
-    for fmt, src in (("kafka_range", KafkaSource("127.0.0.1:1", "t")),
-                     ("rabbitmq_range", RabbitSource("rabbitmq-stream://h:1/%2f", ("s",)))):
+    for fmt, src in (
+        ("kafka_range", KafkaSource("127.0.0.1:1", "t")),
+        ("rabbitmq_range", RabbitSource("rabbitmq-stream://h:1/%2f", ("s",))),
+    ):
         df = spark.read.format(fmt).options(**read_options(src, [], 2)).load()
         assert df.count() == 0
 

@@ -30,7 +30,9 @@ def test_session_settings(spark):
 
 
 def test_python_workers_use_this_interpreter(spark):
-    exe = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
+    exe = (
+        spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
+    )
     assert exe == [sys.executable]
 
 

@@ -97,8 +97,15 @@ def test_timestamp_formats(spark, value, fmt, expected):
 
 @pytest.mark.parametrize(
     "value, fmt",
-    [("yesterday", "auto"), (T0_MS, "iso"), ("2025-11-20T12:00:00Z", "millis"), (True, "auto"),
-     ({"a": 1}, "auto"), ("NaN", "seconds"), (1e300, "seconds")],
+    [
+        ("yesterday", "auto"),
+        (T0_MS, "iso"),
+        ("2025-11-20T12:00:00Z", "millis"),
+        (True, "auto"),
+        ({"a": 1}, "auto"),
+        ("NaN", "seconds"),
+        (1e300, "seconds"),
+    ],
 )
 def test_unparseable_timestamps_are_dead(spark, value, fmt):
     good, dead = transform(records(spark, [{"ts": value}]), schema(timestamp_format=fmt))
@@ -165,13 +172,37 @@ def test_virtual_columns_and_string_dimensions(spark):
         {"ts": T0_MS + 1, "user": None},
     ]
     df = records(spark, values, keys=[b"k\xc3\xa9", None], partition="7", first_offset=42)
-    ds = schema(dimensions=("user", "n", "obj", "flag", "f", "missing",
-                            "__key", "__partition", "__offset", "__stream_time"))
+    ds = schema(
+        dimensions=(
+            "user",
+            "n",
+            "obj",
+            "flag",
+            "f",
+            "missing",
+            "__key",
+            "__partition",
+            "__offset",
+            "__stream_time",
+        )
+    )
     good, dead = transform(df, ds)
     assert rows(dead) == []
     arrow = good.toArrow()
-    assert arrow.column_names == ["__time", "user", "n", "obj", "flag", "f", "missing",
-                                  "__key", "__partition", "__offset", "__stream_time", "time_chunk"]
+    assert arrow.column_names == [
+        "__time",
+        "user",
+        "n",
+        "obj",
+        "flag",
+        "f",
+        "missing",
+        "__key",
+        "__partition",
+        "__offset",
+        "__stream_time",
+        "time_chunk",
+    ]
     types = {f.name: f.type for f in arrow.schema}
     assert types["n"] == pa.string() and types["__offset"] == pa.int64()
     assert types["__stream_time"] == pa.timestamp("us", tz="UTC")
@@ -192,8 +223,11 @@ def test_no_rollup_keeps_metric_fields_typed(spark):
     ]
     ds = schema(
         dimensions=("user",),
-        metrics=(Metric("count", "count"), Metric("b", "longSum", "bytes"),
-                 Metric("l", "doubleMax", "lat")),
+        metrics=(
+            Metric("count", "count"),
+            Metric("b", "longSum", "bytes"),
+            Metric("l", "doubleMax", "lat"),
+        ),
     )
     good, _ = transform(records(spark, values), ds)
     arrow = good.toArrow()
@@ -259,8 +293,11 @@ def test_fifteen_minute_before_1970(spark):
     ms = int(datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp() * 1000)
     good, _ = transform(
         records(spark, [{"ts": ms}]),
-        schema(timestamp_format="millis", query_granularity="fifteen_minute",
-               segment_granularity="fifteen_minute"),
+        schema(
+            timestamp_format="millis",
+            query_granularity="fifteen_minute",
+            segment_granularity="fifteen_minute",
+        ),
     )
     (r,) = rows(good)
     assert r["__time"] == datetime(1969, 12, 31, 23, 45, tzinfo=UTC)
@@ -338,7 +375,13 @@ def test_rollup_matches_python(spark):
     good, dead = transform(records(spark, values, first_offset=1000), ds)
     assert len(rows(dead)) == 2
     arrow = good.toArrow()
-    assert arrow.column_names == ["__time", "user", "page", *[m.name for m in METRICS], "time_chunk"]
+    assert arrow.column_names == [
+        "__time",
+        "user",
+        "page",
+        *[m.name for m in METRICS],
+        "time_chunk",
+    ]
     assert arrow.schema.field("count").type == pa.int64()
     assert arrow.schema.field("bytes_sum").type == pa.int64()
     assert arrow.schema.field("lat_max").type == pa.float64()
@@ -357,7 +400,11 @@ def test_rollup_matches_python(spark):
 
 
 def test_rollup_without_metrics_dedups(spark):
-    values = [{"ts": T0_MS, "user": "a"}, {"ts": T0_MS + 10, "user": "a"}, {"ts": T0_MS, "user": "b"}]
+    values = [
+        {"ts": T0_MS, "user": "a"},
+        {"ts": T0_MS + 10, "user": "a"},
+        {"ts": T0_MS, "user": "b"},
+    ]
     ds = schema(dimensions=("user",), rollup=True, query_granularity="second")
     good, _ = transform(records(spark, values), ds)
     got = rows(good, ["user"])
@@ -368,7 +415,9 @@ def test_rollup_without_metrics_dedups(spark):
 def test_day_boundaries_across_segments(spark):
     base = datetime(2025, 11, 20, 23, 59, 59, 999000, tzinfo=UTC)
     ms = int(base.timestamp() * 1000)
-    good, _ = transform(records(spark, [{"ts": ms}, {"ts": ms + 1}]), schema(segment_granularity="day"))
+    good, _ = transform(
+        records(spark, [{"ts": ms}, {"ts": ms + 1}]), schema(segment_granularity="day")
+    )
     got = [r["time_chunk"] for r in rows(good, ["__time"])]
     assert got == ["20251120T0000Z", "20251121T0000Z"]
     assert chunk_of(base + timedelta(milliseconds=1), "day") == "20251121T0000Z"
