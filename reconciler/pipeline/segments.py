@@ -295,8 +295,11 @@ def write_batch(
     files = _collect_segment_files(root, datasource, batch_id, segment_granularity)
     dead_files = _collect_dead_files(root, datasource, batch_id)
     if fsync:
+        # Files, their directories, and the directories up to segments_dir: after a
+        # power loss the staged batch must still be there once the database says it
+        # is committed (the manifest, written last, is synced the same way).
         paths = [Path(f.staging_path) for f in (*files, *dead_files)]
-        _fsync_all(paths, [p.parent for p in paths])
+        _fsync_all(paths, [*(p.parent for p in paths), stage, stage.parent, root])
     staged = StagedBatch(
         batch_id=batch_id,
         datasource=datasource,
@@ -358,7 +361,8 @@ def promote(staged: StagedBatch) -> None:
                 f"batch {staged.batch_id}: {f.staging_path} is gone and {f.final_path} does not exist"
             )
     # The renames (and new chunk directories) are durable before the manifest goes.
-    _fsync_all([], moved_dirs | {d.parent for d in moved_dirs})
+    parents = {d.parent for d in moved_dirs}
+    _fsync_all([], moved_dirs | parents | {p.parent for p in parents})
     _remove_tree(Path(staged.staging_dir))
 
 

@@ -249,7 +249,7 @@ def parse(
     return out
 
 
-def _metric_column(m: Metric, field_types: dict[str, str]) -> Column:
+def _metric_column(m: Metric) -> Column:
     if m.type == "count":
         return F.count(F.lit(1)).alias(m.name)
     src = _field(m.field or "")
@@ -267,8 +267,7 @@ def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
     dims = [_field(d).alias(d) for d in data_schema.dimensions]
     if data_schema.rollup:
         grouped = ok.groupBy(qtime, *dims)
-        field_types = _metric_field_types(data_schema)
-        metrics = [_metric_column(m, field_types) for m in data_schema.metrics]
+        metrics = [_metric_column(m) for m in data_schema.metrics]
         if not metrics:
             out = grouped.agg(F.count(F.lit(1)).alias("__rows")).drop("__rows")
         else:

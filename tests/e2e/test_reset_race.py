@@ -147,6 +147,7 @@ def finish_and_check(spark, settings, store: Store, expected_keys: list[str], re
     latest = positions_mod.capture(store.get(SID).spec, Position("latest"), datetime.now(UTC))[0].latest
     assert store.checkpoints(SID) == latest
     assert_offsets_tiled(settings, latest)
+    assert h.staging_leftovers(settings) == []  # the discarded batches' files are gone
 
 
 @pytest.mark.parametrize("iterations", [pytest.param(10, id="x10"),

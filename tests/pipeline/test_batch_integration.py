@@ -169,13 +169,20 @@ def test_rabbitmq_every_key_once(spark, rabbit_node, stream, tmp_path, tasks):
 
 @pytest.mark.soak
 @pytest.mark.kafka
-def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path):
-    """Warm end-to-end rate for 1M records (run with --soak; prints the rates)."""
+@pytest.mark.parametrize("step_ms", [1000, 1], ids=["278-hourly-chunks", "one-chunk"])
+def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path, step_ms):
+    """Warm end-to-end rate for 1M records (run with --soak -s; prints the rates).
+
+    ``make_records`` spaces records ``step_ms`` apart: 1 s gives 278 hourly chunks
+    (556 files per batch with 2 tasks), 1 ms one chunk.
+    """
     n = int(os.environ.get("RECONCILER_BENCH_RECORDS", "1000000"))
     name = topic(partitions=4)
     t0 = time.perf_counter()
-    ends = devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(n))
+    records = devservices.make_records(n, step_ms=step_ms)
+    ends = devservices.produce_kafka(kafka_broker.bootstrap, name, records)
     produce_s = time.perf_counter() - t0
+    del records
     spec = spec_for(
         {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "bench"
     )
@@ -190,6 +197,7 @@ def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path):
         assert staged.rows == n
     warm = min(times[1:])
     print(
-        f"\nproduce {n} records: {produce_s:.1f}s; batches: {[round(x, 2) for x in times]} s; "
-        f"warm: {n / warm:,.0f} records/s"
+        f"\n{n} records, {len(staged.segments)} chunks, {len(staged.files)} files: "
+        f"produce {produce_s:.1f}s; batches {[round(x, 2) for x in times]} s; "
+        f"warm {n / warm:,.0f} records/s; load {os.getloadavg()[0]:.1f}"
     )
