@@ -67,7 +67,8 @@ class SupervisorRecord:
     parent_id: str | None = None
     spec_path: str | None = None
     last_request: str | None = None
-    last_error: str | None = None
+    spec_error: str | None = None  # written by apply (mark-invalid), cleared by a valid file
+    runtime_error: str | None = None  # written by the runtime, cleared by its next success
     last_attempted_hash: str | None = None
     start_offsets: Mapping[str, int] | None = None
     end_offsets: Mapping[str, int] | None = None
@@ -77,6 +78,11 @@ class SupervisorRecord:
     @property
     def spec(self) -> SupervisorSpec:
         return SupervisorSpec.from_document(self.spec_document)
+
+    @property
+    def last_error(self) -> str | None:
+        """What an operator should look at first: the spec file's error, else the runtime's."""
+        return self.spec_error or self.runtime_error
 
     @property
     def bounded(self) -> bool:

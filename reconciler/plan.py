@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.actual import ActualState, DetailedState, State, SupervisorRecord
+from reconciler.actual import ActualState, State, SupervisorRecord
 from reconciler.requests import ResetRequest, from_marker, from_stanza
 from reconciler.resets import Positions, ResetOutcome, compute_reset
 from reconciler.spec.model import KafkaSource, SupervisorSpec
@@ -162,7 +162,7 @@ def plan(
             rec = mains.get(sid)
             if rec is None or rec.state == State.TERMINATED:
                 notes.append(f"{path}: invalid, and no supervisor '{sid}' runs from it: nothing to keep")
-            elif rec.last_error != error:
+            elif rec.spec_error != error:
                 actions.append(Action(ActionKind.MARK_INVALID, sid, f"{path} is invalid; keeps its last valid spec",
                                       path=path, error=error))
 
@@ -181,10 +181,6 @@ def plan(
     return Plan(tuple(actions), tuple(notes), held)
 
 
-_RUNTIME_FAILURES = (DetailedState.LOST_CONTACT_WITH_STREAM, DetailedState.UNABLE_TO_CONNECT_TO_STREAM,
-                     DetailedState.UNHEALTHY_TASKS)
-
-
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
     out: list[Action] = []
     if rec is None or rec.state == State.TERMINATED:
@@ -194,13 +190,10 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
         conflict = _source_conflict(rec.spec, spec)
         if conflict:
             error = f"{path}: source: {conflict}; keeps its last valid spec (use a new id, or revert)"
-            if rec.last_error != error:
+            if rec.spec_error != error:
                 out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
             return out
-        # last_error also holds a runtime's failure (written with one of these detailed states):
-        # only a spec-file error is one that the file being valid again clears.
-        spec_error = bool(rec.last_error) and rec.detailed_state not in _RUNTIME_FAILURES
-        if rec.spec_hash != spec.spec_hash or spec_error:
+        if rec.spec_hash != spec.spec_hash or rec.spec_error:
             why = "spec changed" if rec.spec_hash != spec.spec_hash else "spec file is valid again"
             out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path))
         if spec.suspended and rec.state != State.SUSPENDED:

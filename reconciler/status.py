@@ -37,6 +37,7 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
         "detailedState": str(rec.detailed_state), "epoch": rec.epoch, "specHash": rec.spec_hash,
         "specPath": rec.spec_path, "datasource": rec.spec_document.get("dataSchema", {}).get("datasource"),
         "source": secrets.redact(rec.spec_document.get("source")), "lastError": rec.last_error,
+        "specError": rec.spec_error, "runtimeError": rec.runtime_error,
         "lastRequest": rec.last_request, "streamError": stream_error, "partitions": parts,
         "lag": _total_lag(parts, rec.bounded or bool(latest)),
         "records": totals["records"], "unparseable": totals["unparseable"], "batches": totals["batches"],

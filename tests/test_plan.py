@@ -67,7 +67,7 @@ def record(s: SupervisorSpec | str, state: State = State.RUNNING, *, kind: Kind 
     return SupervisorRecord(
         id=s.id, kind=kind, spec_document=s.document, spec_hash=s.spec_hash, state=state,
         detailed_state=DetailedState(state), epoch=1, parent_id=parent,
-        spec_path=None if kind == Kind.BACKFILL else f"specs/{s.id}.yaml", last_error=last_error,
+        spec_path=None if kind == Kind.BACKFILL else f"specs/{s.id}.yaml", spec_error=last_error,
         end_offsets={"0": 10} if kind == Kind.BACKFILL else None, **over,
     )
 
@@ -510,7 +510,7 @@ def effects(have: ActualState, p: Plan) -> ActualState:
             sups[a.supervisor_id] = dataclasses.replace(record(a.spec, state), spec_path=a.path)
         elif a.kind == ActionKind.UPDATE:
             sups[a.supervisor_id] = dataclasses.replace(rec, spec_document=a.spec.document,
-                                                        spec_hash=a.spec.spec_hash, last_error=None)
+                                                        spec_hash=a.spec.spec_hash, spec_error=None)
         elif a.kind == ActionKind.SUSPEND:
             sups[a.supervisor_id] = dataclasses.replace(rec, state=State.SUSPENDED)
         elif a.kind == ActionKind.RESUME:
@@ -518,7 +518,7 @@ def effects(have: ActualState, p: Plan) -> ActualState:
         elif a.kind == ActionKind.TERMINATE:
             sups[a.supervisor_id] = dataclasses.replace(rec, state=State.TERMINATED)
         elif a.kind == ActionKind.MARK_INVALID:
-            sups[a.supervisor_id] = dataclasses.replace(rec, last_error=a.error)
+            sups[a.supervisor_id] = dataclasses.replace(rec, spec_error=a.error)
         elif a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL, ActionKind.REJECT_MARKER):
             if a.request is not None:
                 tokens.add(a.request.token)

@@ -4,6 +4,11 @@ Starting a session costs seconds (a JVM, then Python workers on first use), so t
 daemon, the CLI and the test session each share one. ``get_session`` builds it on
 first call and hands back the same object afterwards; asking for another master
 while one is running is an error, not a silent second cluster.
+
+On a cluster (``spark://``, Spark Connect ``sc://``) the executors' Python must have
+this package installed: the data sources' readers (``reconciler.streams.*``) run
+there, and the segments directory must be a path every executor and this process
+share (the staging/promote side of ``segments`` works on local paths).
 """
 
 from __future__ import annotations

@@ -166,9 +166,7 @@ class SupervisorRuntime:
         now = (state, detailed, error)
         if now == self._reported and rec.state == state:
             return
-        # Clear only an error this runtime reported: one it did not is the spec file's.
-        ours = self._reported is not None and self._reported[2] is not None
-        self.ctx.store.set_detailed(rec.id, state, detailed, error, keep_error=error is None and not ours)
+        self.ctx.store.set_detailed(rec.id, state, detailed, error)
         self._reported = now
 
     def _adapter_for(self, rec: SupervisorRecord):

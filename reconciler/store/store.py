@@ -178,7 +178,7 @@ class Store:
                 raise PermanentError(f"supervisor '{spec.id}' exists already; plan again (it needs an update)")
             values = dict(
                 spec=doc, spec_hash=spec.spec_hash, spec_path=path, state=state, detailed_state=DetailedState(state),
-                last_error=None, last_attempted_hash=spec.spec_hash, updated_at=now,
+                spec_error=None, last_attempted_hash=spec.spec_hash, updated_at=now,
             )
             if existing is None:
                 c.execute(sa.insert(supervisors).values(id=spec.id, kind=Kind.MAIN, epoch=1, created_at=now, **values))
@@ -197,7 +197,7 @@ class Store:
         with self._write() as c:
             c.execute(
                 sa.update(supervisors).where(supervisors.c.id == spec.id).values(
-                    spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path, last_error=None,
+                    spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path, spec_error=None,
                     last_attempted_hash=spec.spec_hash, updated_at=now,
                 )
             )
@@ -212,21 +212,16 @@ class Store:
         if bump_epoch:
             values["epoch"] = supervisors.c.epoch + 1
         if error is not None or clear_error:
-            values["last_error"] = error
+            values["runtime_error"] = error
         with self._write() as c:
             c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(**values))
             if actor:
                 self._audit(c, supervisor_id, state.lower(), actor, None, reason, None, now)
 
-    def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None,
-                     *, keep_error: bool = False) -> None:
+    def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
         """Runtime status updates; written only when something changed (callers track that).
-
-        ``keep_error`` leaves ``last_error`` as it is: a runtime that reported no error of
-        its own must not wipe the spec file's error the applier recorded (``mark_invalid``)."""
-        values: dict[str, Any] = dict(state=state, detailed_state=detailed, updated_at=utcnow())
-        if not keep_error:
-            values["last_error"] = error
+        Only ``runtime_error`` is the runtime's: the spec file's error is ``mark_invalid``'s."""
+        values: dict[str, Any] = dict(state=state, detailed_state=detailed, runtime_error=error, updated_at=utcnow())
         with self._write() as c:
             c.execute(
                 sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
@@ -236,7 +231,7 @@ class Store:
 
     def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
         now = now or utcnow()
-        values: dict[str, Any] = dict(last_error=error, updated_at=now)
+        values: dict[str, Any] = dict(spec_error=error, updated_at=now)
         if attempted_hash is not None:  # an unparseable file has no hash: keep the last attempted one
             values["last_attempted_hash"] = attempted_hash
         with self._write() as c:
@@ -545,7 +540,8 @@ def _record(r) -> SupervisorRecord:
     return SupervisorRecord(
         id=r.id, kind=Kind(r.kind), spec_document=json.loads(r.spec), spec_hash=r.spec_hash,
         state=State(r.state), detailed_state=DetailedState(r.detailed_state), epoch=int(r.epoch),
-        parent_id=r.parent_id, spec_path=r.spec_path, last_request=r.last_request, last_error=r.last_error,
+        parent_id=r.parent_id, spec_path=r.spec_path, last_request=r.last_request, spec_error=r.spec_error,
+        runtime_error=r.runtime_error,
         last_attempted_hash=r.last_attempted_hash,
         start_offsets={k: int(v) for k, v in json.loads(r.start_offsets).items()} if r.start_offsets else None,
         end_offsets={k: int(v) for k, v in json.loads(r.end_offsets).items()} if r.end_offsets else None,

@@ -24,7 +24,8 @@ supervisors = sa.Table(
     sa.Column("detailed_state", sa.String(48), nullable=False),
     sa.Column("epoch", sa.Integer, nullable=False, server_default="1"),  # fencing epoch
     sa.Column("last_request", sa.String(256), nullable=True),  # last handled backfill request id
-    sa.Column("last_error", sa.Text, nullable=True),  # e.g. the broken file's error
+    sa.Column("spec_error", sa.Text, nullable=True),  # the spec file's error; it keeps its last valid spec
+    sa.Column("runtime_error", sa.Text, nullable=True),  # the runtime's last failure (broker, Spark, disk)
     sa.Column("last_attempted_hash", sa.String(32), nullable=True),
     sa.Column("start_offsets", sa.Text, nullable=True),  # backfill: JSON {partition: start}
     sa.Column("end_offsets", sa.Text, nullable=True),  # backfill: JSON {partition: end}
