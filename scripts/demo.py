@@ -32,7 +32,7 @@ def kafka_examples(bootstrap: str, specs: Path) -> list[str]:
         if doc.get("source", {}).get("type") != "kafka":
             continue  # the RabbitMQ example needs a RabbitMQ node: see README
         text = path.read_text().replace("127.0.0.1:9092", bootstrap)
-        (specs / path.name).write_text(text)
+        (specs / f"{doc['id']}.yaml").write_text(text)  # by convention the file name is the id
         ids.append(doc["id"])
     return ids
 

@@ -46,6 +46,9 @@ STATIC_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     # No _SUCCESS markers: staging directories hold only what we move.
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # The 1g default makes Parquet's writers shrink their row groups (and say so on
+    # stderr) as soon as a batch spans several time chunks.
+    "spark.driver.memory": "2g",
 }
 
 
@@ -98,6 +101,8 @@ def get_session(
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
                 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             settings.update(STATIC_CONF)
+            if master.startswith("local"):
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback, no hostname guess
             builder = SparkSession.builder.master(master).appName(app_name)
         for k, v in (conf or {}).items():
             settings[k] = str(v)
@@ -111,6 +116,7 @@ def get_session(
                 builder = builder.config(k, v)
             session = builder.getOrCreate()
             session.sparkContext.setLogLevel("WARN")
+            _quiet_parquet(session)
             # getOrCreate may hand back a session someone else built: make sure the SQL
             # settings hold regardless.
             for k in SQL_CONF:
@@ -137,3 +143,14 @@ def stop_session() -> None:
                 _session.stop()
             finally:
                 _session, _master = None, None
+
+
+def _quiet_parquet(session: SparkSession) -> None:
+    """Parquet's MemoryManager warns (and prints a line of its own) whenever writers share
+    memory: expected here, and noise in a log of one event per line."""
+    try:
+        jvm = session.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel("org.apache.parquet", level)
+    except Exception:  # a JVM without log4j 2: keep the noise rather than fail the session
+        pass
