@@ -493,7 +493,11 @@ class Daemon:
     # -- --until-caught-up ------------------------------------------------------------------
 
     def _caught_up(self) -> bool:
-        actual = self.store.read_actual()
+        try:
+            actual = self.store.read_actual()
+        except ReconcilerError as exc:  # e.g. the database connection dropped: ask again next loop
+            log.warning("cannot read the state to check catch-up yet: %s", exc)
+            return False
         if self._targets is None:
             targets = {}
             for sid, rec in actual.supervisors.items():

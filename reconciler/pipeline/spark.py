@@ -102,7 +102,9 @@ def get_session(
                 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             settings.update(STATIC_CONF)
             if master.startswith("local"):
-                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback, no hostname guess
+                os.environ.setdefault(
+                    "SPARK_LOCAL_IP", "127.0.0.1"
+                )  # stay on loopback, no hostname guess
             builder = SparkSession.builder.master(master).appName(app_name)
         for k, v in (conf or {}).items():
             settings[k] = str(v)

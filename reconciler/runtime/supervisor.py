@@ -124,8 +124,15 @@ class SupervisorRuntime:
         batch_id = uuid.uuid4().hex
         started = time.monotonic()
         records = sum(r.size for r in ranges)
-        staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
-                           task_count=spec.task_count)
+        try:
+            staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
+                               task_count=spec.task_count)
+        except Exception:  # a failed job's partial output must not linger in staging
+            try:
+                segments.discard(str(self.ctx.segments_dir), batch_id)
+            except OSError:
+                log.debug("could not discard failed batch %s", batch_id, exc_info=True)
+            raise
         faults.crash_point("after-write", rec.id)
         files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
                  for f in staged.files]
