@@ -8,6 +8,8 @@ writers cleanly behind ``busy_timeout``. Read-only connections (execution option
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -32,9 +34,9 @@ def _sqlite_engine(url: str) -> sa.Engine:
     def _on_connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA busy_timeout=30000")
+        _enable_wal(cur)
+        cur.execute("PRAGMA synchronous=FULL")
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -43,3 +45,22 @@ def _sqlite_engine(url: str) -> sa.Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def _enable_wal(cur, patience: float = 30.0) -> None:
+    """Switch a database to WAL once (the mode is persistent).
+
+    Switching needs an exclusive lock, and SQLite answers "locked" at once, without its
+    busy handler, when two processes open a brand-new database together (the daemon and
+    a CLI command, or two daemons): retry for a while instead of failing the start.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
