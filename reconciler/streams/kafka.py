@@ -339,22 +339,29 @@ class _Prober:
 
     def end_of(self, partition: int, high: int) -> int:
         """The true end of a partition: from ``high`` (a lower bound), read to the EOF event."""
+        return self._scan_tail(partition, high, None, "finding the end")
+
+    def _scan_tail(self, partition: int, start: int, ts: int | None, doing: str) -> int:
+        """Read from ``start`` to the EOF event: the first offset whose time is >= ``ts``
+        (never, when ``ts`` is None), else the partition's true end."""
         if self._consumer is None:
             self._consumer = self._config.consumer()
         c = self._consumer
-        c.assign([TopicPartition(self._topic, partition, high)])
+        c.assign([TopicPartition(self._topic, partition, start)])
         deadline = time.monotonic() + self._timeout
-        end = high
+        end = start
         try:
             while time.monotonic() < deadline:
                 for m in c.consume(num_messages=10_000, timeout=0.5):
                     err = m.error()
                     if err is None:
+                        if ts is not None and m.timestamp()[1] >= ts:
+                            return m.offset()
                         end = m.offset() + 1
                     elif err.code() == _EOF:
                         return max(end, m.offset())
                     else:
-                        raise self._config.translate(KafkaException(err), "finding the end")
+                        raise self._config.translate(KafkaException(err), doing)
         finally:
             c.unassign()
         return end
@@ -387,26 +394,7 @@ class _Prober:
         if lo < high:
             return lo
         # Nothing below the (possibly underestimated) high watermark: scan the tail.
-        c = self._consumer or self._config.consumer()
-        self._consumer = c
-        c.assign([TopicPartition(self._topic, partition, high)])
-        deadline = time.monotonic() + self._timeout
-        end = high
-        try:
-            while time.monotonic() < deadline:
-                for m in c.consume(num_messages=10_000, timeout=0.5):
-                    err = m.error()
-                    if err is None:
-                        if m.timestamp()[1] >= ts:
-                            return m.offset()
-                        end = m.offset() + 1
-                    elif err.code() == _EOF:
-                        return max(end, m.offset())
-                    else:
-                        raise self._config.translate(KafkaException(err), "searching by time")
-        finally:
-            c.unassign()
-        return end
+        return self._scan_tail(partition, high, ts, "searching by time")
 
 
 class KafkaRangeReader:
