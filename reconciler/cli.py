@@ -19,6 +19,7 @@ from reconciler import logs, render
 from reconciler import settings as settings_mod
 from reconciler.errors import ReconcilerError
 from reconciler.plan import ActionKind, Desired, Plan, PlanSettings, desired_from_directory, plan
+from reconciler.spec import secrets
 from reconciler.spec.model import Position
 
 EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
@@ -53,6 +54,33 @@ class Context:
             self._store.migrate()
         return self._store
 
+    @property
+    def read_store(self):
+        """The store for a command that only reads: a database that does not exist yet is an
+        error (``no database at ...``), never created as a side effect of looking."""
+        if self._store is None:
+            missing = _missing_sqlite_file(self.settings.db_url)
+            if missing is not None:
+                raise click.ClickException(
+                    f"no database at {missing}: nothing has run with these settings yet "
+                    "(check --db / --state-dir, or the config file the daemon uses)")
+        return self.store
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a file-based SQLite database that does not exist, else None."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # a malformed URL is reported by the store with its own message
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):
+        return None
+    return None if Path(parsed.database).exists() else parsed.database
+
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -68,7 +96,19 @@ def _setting_options(func):
     return func
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _ScrubbedGroup(click.Group):
+    """Every refusal a command prints passes ``secrets.scrub``: a message may quote what a
+    client library echoed of a secret this process resolved (a reset's capture, status's lag)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = secrets.scrub(exc.message)
+            raise
+
+
+@click.group(cls=_ScrubbedGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--config", metavar="FILE", envvar="RECONCILER_CONFIG",
               help="YAML config file [RECONCILER_CONFIG; default /etc/stream-reconciler/config.yaml if present].")
 @_setting_options
@@ -100,7 +140,7 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except ReconcilerError as exc:  # a command let one through: still a clean message, exit 1
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {secrets.scrub(str(exc))}", err=True)
         sys.exit(1)
 
 
@@ -266,9 +306,9 @@ def status(c: Context, supervisor_id, output, no_lag):
     from reconciler.status import all_status
 
     try:
-        items = all_status(c.store, supervisor_id, with_latest=not no_lag)
-        lease = c.store.lease()
-        daemons = c.store.daemons()
+        items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
+        lease = c.read_store.lease()
+        daemons = c.read_store.daemons()
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
@@ -293,8 +333,8 @@ def status(c: Context, supervisor_id, output, no_lag):
 @pass_ctx
 def history(c: Context, supervisor_id, output):
     """The audit log of one supervisor: creates, updates, resets with offsets, terminations."""
-    entries = c.store.history(supervisor_id)
-    if not entries and c.store.get(supervisor_id) is None:
+    entries = c.read_store.history(supervisor_id)
+    if not entries and c.read_store.get(supervisor_id) is None:
         raise click.ClickException(f"no supervisor '{supervisor_id}'")
     if output == "json":
         _echo_json(entries)
@@ -308,7 +348,7 @@ def history(c: Context, supervisor_id, output):
 @pass_ctx
 def segments(c: Context, datasource, output):
     """Committed segments of a datasource: interval, rows, size, offsets, path."""
-    rows = c.store.segments(datasource)
+    rows = c.read_store.segments(datasource)
     if output == "json":
         _echo_json(rows)
     else:
@@ -320,8 +360,13 @@ def segments(c: Context, datasource, output):
 # -- reset ------------------------------------------------------------------------------
 
 def parse_position(text: str) -> Position:
-    """latest | earliest | ISO time | -2h | {"0": 1200} | {"offsets": {...}} | {"shiftBy": -100}."""
+    """latest | earliest | ISO time | -2h | {"0": 1200} | {"offsets": {...}} | {"shiftBy": -100}.
+
+    JSON positions are checked against the same schema as a marker's ``resetTo``, so
+    ``{"0": 1.7}``, ``{"0": true}``, ``{"offsets": ..., "shiftBy": 3}`` and ``-1e400`` are
+    refused with the reason instead of being rounded, dropped or overflowing."""
     from reconciler.spec.timeparse import TimestampError, parse_timestamp
+    from reconciler.spec.validate import validate_data
 
     t = text.strip()
     if t in ("latest", "earliest"):
@@ -329,17 +374,16 @@ def parse_position(text: str) -> Position:
     if t.startswith("{"):
         try:
             doc = json.loads(t)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="'--to'") from None
         if isinstance(doc, dict) and not ({"offsets", "shiftBy", "timestamp"} & doc.keys()):
             doc = {"offsets": doc}
-        try:
-            pos = Position.from_document(doc)
-            if pos.kind == "offsets" and any(int(v) < 0 for v in pos.offsets.values()):
-                raise ValueError("offsets must be >= 0")
-            return pos
-        except (ValueError, TypeError) as exc:
-            raise click.BadParameter(str(exc), param_hint="'--to'") from None
+        problems = validate_data({"resetTo": doc}, "marker", path="--to")
+        if problems:
+            reasons = "; ".join(f"{p.field.removeprefix('resetTo').lstrip('.') or 'position'}: {p.message}"
+                                for p in problems)
+            raise click.BadParameter(reasons, param_hint="'--to'")
+        return Position.from_document(doc)
     try:
         parse_timestamp(t, datetime.now(UTC))
     except TimestampError as exc:

@@ -21,7 +21,14 @@ tells systemd STOPPING=1, releases the lease and exits 0; a second one exits at 
 (re-raised with the default action): a batch cut short publishes nothing and its
 staged files are removed by the next leader's recovery. SIGHUP re-reads the config
 file and swaps the settings whole (RELOADING=1 ... READY=1); the database, segments,
-state directory and Spark master need a restart.
+state directory and Spark master need a restart. Signal handlers only set a flag and
+ring the loop's self-pipe (``waker``): the loop does the work, so a storm of signals
+cannot deadlock it.
+
+Nothing one pass, one file or one supervisor does ends the loop: an unexpected error is
+logged with its traceback, counted as an aborted pass (``/healthz`` says so) and the loop
+goes on. ``/healthz`` also turns 503 when the loop has not gone round for the lease TTL
+(at least 10 s): by then the daemon has lost, or is losing, its lease.
 
 Leadership: a lease row with a fencing token. The runtimes of one term publish with
 that term's token, so once another daemon took over (the lease ran out while this
@@ -59,6 +66,7 @@ from reconciler.runtime.supervisor import RUNNABLE, RuntimeContext
 from reconciler.settings import Settings
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
+from reconciler.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,7 @@ class _SpecWatcher:
     """watchdog events on the spec directory: a counter, the time of the last event, and
     whether the directory is busy (events still coming, or a git operation under way)."""
 
-    def __init__(self, directory: str, wake: threading.Event):
+    def __init__(self, directory: str, wake: Waker):
         self.directory = directory
         self.wake = wake
         self.events = 0
@@ -152,8 +160,9 @@ class Daemon:
         self.config_path = config_path
         self.cli_values = cli_values or {}
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.wake = threading.Event()
+        self.wake = Waker()
         self.signals = 0
+        self._signal_name: str | None = None
         self.reload = False
         self.lease_token: int | None = None
         self.manager: RuntimeManager | None = None
@@ -183,6 +192,7 @@ class Daemon:
         self._install_signals()
         self._start_http()
         self._ping_every = min(1.0, notify.watchdog_interval() or 1.0)
+        self.metrics.max_loop_age = max(10.0, s.lease_ttl)
         watcher = _SpecWatcher(s.specs, self.wake).start()
         deadline = time.monotonic() + timeout if timeout else None
         next_tick, ready = 0.0, False
@@ -192,10 +202,15 @@ class Daemon:
             while self.signals == 0:
                 if self.reload:
                     watcher, next_tick = self._reload(watcher, next_tick)
-                leader = self._hold_lease()
-                if leader:
-                    next_tick = self._maybe_reconcile(watcher, next_tick)
-                    self._refresh_summary()
+                try:
+                    leader = self._hold_lease()
+                    if leader:
+                        next_tick = self._maybe_reconcile(watcher, next_tick)
+                        self._refresh_summary()
+                except Exception as exc:  # noqa: BLE001 (one bad round must not end the daemon)
+                    log.exception("unexpected error in the daemon loop (continuing): %s", exc)
+                    self.metrics.reconcile_done("aborted", 0.0, error=f"unexpected error: {exc}")
+                    leader, next_tick = self.lease_token is not None, time.monotonic() + 1.0
                 self.metrics.loop_alive()
                 if not ready:
                     notify.notify("READY=1", f"STATUS={self.status_line()}")
@@ -208,7 +223,9 @@ class Daemon:
                     log.error("--until-caught-up: not caught up within %.0fs", timeout)
                     return 1
                 self.wake.wait(self._sleep_for(leader, next_tick, watcher, until_caught_up))
-                self.wake.clear()
+            if self._signal_name:
+                log.info("%s: stopping after in-flight batches (send it again to exit at once)",
+                         self._signal_name)
             return 0
         finally:
             self._shutdown(watcher)
@@ -216,12 +233,12 @@ class Daemon:
     def request_stop(self) -> None:
         """What the first SIGTERM does (for a daemon run in a thread, e.g. in tests)."""
         self.signals += 1
-        self.wake.set()
+        self.wake.ring()
 
     def request_reload(self) -> None:
-        """What SIGHUP does."""
+        """What SIGHUP does: a flag and the bell, nothing that takes a lock."""
         self.reload = True
-        self.wake.set()
+        self.wake.ring()
 
     def _shutdown(self, watcher: _SpecWatcher) -> None:
         in_flight = len(self.manager.running) if self.manager else 0
@@ -239,20 +256,23 @@ class Daemon:
             self._http.shutdown()
             self._http.server_close()
         self.store.close()
+        self.wake.close()
         log.info("stopped")
 
     def _install_signals(self) -> None:
+        # Handlers run between two bytecodes of the main thread, perhaps inside a lock it
+        # holds: they touch no lock (no logging, no Event), only flags, a pipe and stderr.
         def on_term(signum, _frame):
             self.signals += 1
             name = signal.Signals(signum).name
             if self.signals > 1:
-                log.warning("second %s: exiting now; a batch cut short publishes nothing "
-                            "(its staged files are removed at the next start)", name)
+                _write_stderr(f"second {name}: exiting now; a batch cut short publishes nothing "
+                              "(its staged files are removed at the next start)\n")
                 signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
                 return
-            log.info("%s: stopping after in-flight batches (send it again to exit at once)", name)
-            self.wake.set()
+            self._signal_name = name
+            self.wake.ring()
 
         def on_hup(_signum, _frame):
             self.request_reload()
@@ -410,6 +430,12 @@ class Daemon:
             log.error("reconcile aborted (nothing concluded): %s", exc)
             self.metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))
             return "aborted"
+        except Exception as exc:  # noqa: BLE001 (a bug or an input no check foresaw: report, go on)
+            log.exception("reconcile aborted by an unexpected error (nothing concluded; the daemon "
+                          "goes on): %s", exc)
+            self.metrics.reconcile_done("aborted", time.monotonic() - started,
+                                        error=f"unexpected error: {type(exc).__name__}: {exc}")
+            return "aborted"
         if result is None:
             log.debug("the spec directory changed while it was read: pass dropped, redone when quiet")
             self.metrics.reconcile_done("deferred", time.monotonic() - started)
@@ -533,6 +559,13 @@ class Daemon:
         except (OSError, ValueError) as exc:
             log.warning("cannot serve metrics on %s: %s (continuing without)", self.settings.http,
                         getattr(exc, "strerror", None) or exc)
+
+
+def _write_stderr(text: str) -> None:
+    try:
+        os.write(2, text.encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _redacted_url(url: str) -> str:

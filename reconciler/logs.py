@@ -20,6 +20,8 @@ import os
 import sys
 from datetime import UTC, datetime
 
+from reconciler.spec import secrets
+
 FIELDS = ("supervisor", "batch", "action")
 
 
@@ -36,6 +38,26 @@ def priority(levelno: int) -> int:
     return 7
 
 
+class _ScrubSecrets(logging.Filter):
+    """Hides every known secret (and any long fragment of one) in the message and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: let the handler report it as logging does
+            return True
+        clean = secrets.scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = secrets.scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = secrets.scrub(record.stack_info)
+        return True
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         event = {
@@ -48,8 +70,8 @@ class _JsonFormatter(logging.Formatter):
         for key in FIELDS:
             if hasattr(record, key):
                 event[key] = getattr(record, key)
-        if record.exc_info:
-            event["exc"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:
+            event["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(event, default=str)
 
 
@@ -88,6 +110,7 @@ def setup(level: str = "INFO", fmt: str = "text") -> None:
     """Route every logger to one stderr handler (replacing earlier ones: SIGHUP calls this again)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(stderr_is_journal()))
+    handler.addFilter(_ScrubSecrets())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -41,6 +41,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
+from reconciler.spec import secrets
+
 MAX_LOOP_AGE = 120.0  # seconds without a loop iteration before /healthz says 503
 
 
@@ -92,7 +94,7 @@ class Metrics:
     def set_failing(self, supervisor: str, error: str | None) -> None:
         with self._lock:
             if error:
-                self.failing[supervisor] = error
+                self.failing[supervisor] = secrets.scrub(error)  # served on /healthz
             else:
                 self.failing.pop(supervisor, None)
 
@@ -112,7 +114,7 @@ class Metrics:
         if outcome != "deferred":
             self.tick_seconds.observe(seconds)
             self.last_tick = time.monotonic()
-            self.reconcile_error = error
+            self.reconcile_error = secrets.scrub(error)
 
     def set_states(self, states: Mapping[str, str], all_states: Iterable[str]) -> None:
         all_states = list(all_states)

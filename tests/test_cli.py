@@ -275,13 +275,25 @@ def test_history_lists_create_and_update(run: Cli):
 
 
 def test_status_of_unknown_supervisor(run: Cli):
+    assert run("apply").exit_code == 0  # the database exists
     result = run("status", "nope", "--no-lag")
     assert result.exit_code == 1
     assert "no supervisor 'nope'" in result.stderr
 
 
 def test_segments_of_an_empty_datasource(run: Cli):
+    assert run("apply").exit_code == 0
     assert run.json("segments", "clicks", "-o", "json") == []
+
+
+@pytest.mark.parametrize("command", [("status",), ("status", "clicks"), ("history", "clicks"),
+                                     ("segments", "clicks")])
+def test_read_only_commands_never_create_a_database(tmp_path, specs, command):
+    db = tmp_path / "absent" / "dir" / "x.db"
+    result = Cli(specs, tmp_path / "state", f"sqlite:///{db}")(*command)
+    assert result.exit_code == 1
+    assert f"no database at {db}" in result.stderr
+    assert not db.exists() and not db.parent.exists()
 
 
 def test_reset_dry_run_of_unknown_supervisor(run: Cli):

@@ -19,6 +19,10 @@ _FORWARD = re.compile(r"^\+?(?:[0-9]+(?:\.[0-9]+)?[smhdw])+$")
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 EXAMPLES = "ISO-8601 such as 2026-11-20T10:00:00Z, or relative such as -2h, -30m, -1d"
+# Stream positions are found by milliseconds since the epoch, and Kafka reads the negative
+# values as "latest" (-1) and "earliest" (-2): a time before the epoch must be refused,
+# never handed on.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TimestampError(ValueError):
@@ -33,21 +37,36 @@ def parse_timestamp(text: str, now: datetime, *, allow_future: bool = False) -> 
         raise TimestampError(f"not a timestamp: {text!r} (use {EXAMPLES})")
     if _RELATIVE.match(raw):
         seconds = sum(float(n) * _UNIT[u] for n, u in _PART.findall(raw))
-        return now - timedelta(seconds=seconds)
+        try:
+            return _after_epoch(now - timedelta(seconds=seconds), raw)
+        except (OverflowError, ValueError):
+            raise TimestampError(f"{raw} reaches before 1970-01-01T00:00:00Z (the earliest "
+                                 "time a stream position can name)") from None
     if _FORWARD.match(raw):
         raise TimestampError(
             f"relative times count back from now and start with '-' (e.g. -{raw.lstrip('+')})"
         )
     try:
-        when = _utc(datetime.fromisoformat(raw))
+        when = datetime.fromisoformat(raw)
     except ValueError:
         raise TimestampError(f"not a timestamp: {text!r} (use {EXAMPLES})") from None
+    try:
+        when = _after_epoch(_utc(when), raw)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 has no UTC equivalent
+        raise TimestampError(f"timestamp {raw} is out of range (its UTC time is not a valid date)") from None
     if not allow_future and when > now:
         # No "now" in the message: a file's error must read the same every tick, or the
         # supervisor would be re-marked invalid (and its audit log grow) on each one.
         raise TimestampError(
             f"timestamp {raw} is in the future (a start point must lie in the past)"
         )
+    return when
+
+
+def _after_epoch(when: datetime, raw: str) -> datetime:
+    if when < EPOCH:
+        raise TimestampError(f"timestamp {raw} lies before 1970-01-01T00:00:00Z (the earliest time "
+                             "a stream position can name)")
     return when
 
 

@@ -9,7 +9,15 @@ key and suggest the closest allowed one, wrong values point at the value, missin
 keys point at the mapping that lacks them, and ``oneOf`` failures are narrowed to
 the branch the user meant (``source`` by its ``type``, positions by their key).
 Timestamps are then checked with ``timeparse`` (they must parse and not lie in the
-future). Problems come back sorted by line.
+future), durations against their lower bound, and column names against the ones the
+output reserves. Problems come back sorted by line.
+
+Two keywords follow the JSON Schema specification more strictly than Python's
+``jsonschema`` does by default, because its lenient readings let bad values through:
+``pattern`` anchors ``$`` at the very end (ECMA-262, as the specification says; Python's
+``$`` also matches before a final newline, so ``id: "nl\n"`` passed), and ``integer``
+means a whole number written as one (``2.0`` and ``1.0e+300`` are numbers a person did
+not mean as counts).
 """
 
 from __future__ import annotations
@@ -23,10 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator, ValidationError
+from jsonschema import Draft202012Validator, ValidationError, validators
 from referencing import Registry, Resource
 
 from reconciler.errors import SpecProblem
+from reconciler.spec.model import RESERVED_COLUMNS, parse_duration
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
 
@@ -55,9 +64,50 @@ def schema_registry() -> Registry:
     return Registry().with_resources(resources)
 
 
+MIN_TASK_DURATION = 0.1  # seconds: below this a supervisor would spin on batch overhead alone
+_DURATION_PATHS: tuple[YamlPath, ...] = (("taskDuration",),)
+_COLUMN_PATHS: tuple[YamlPath, ...] = (("dataSchema", "dimensions"),)
+
+
+@functools.cache
+def _ecma_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` with ECMA-262's ``$`` (end of input only) in Python's syntax: every ``$``
+    that is neither escaped nor inside a character class becomes ``\\Z``."""
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if ch == "[":
+            in_class = True
+        elif ch == "]":
+            in_class = False
+        out.append("\\Z" if ch == "$" and not in_class else ch)
+        i += 1
+    return re.compile("".join(out))
+
+
+def _pattern(validator, pattern, instance, schema):
+    if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _is_integer(_checker, instance) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictValidator = validators.extend(
+    Draft202012Validator,
+    validators={"pattern": _pattern},
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 @functools.cache
 def validator(kind: SchemaKind) -> Draft202012Validator:
-    return Draft202012Validator(load_schema(kind), registry=schema_registry())
+    return _StrictValidator(load_schema(kind), registry=schema_registry())
 
 
 def validate_document(
@@ -76,7 +126,37 @@ def validate_document(
                 parse_timestamp(value, now)
             except TimestampError as exc:
                 problems.append(_problem(parsed, parsed.value_position(at), at, str(exc)))
+    if kind == "spec":
+        problems += _duration_problems(parsed, problems) + _column_problems(parsed, problems)
     return sort_problems(problems)
+
+
+def _duration_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecProblem]:
+    problems = []
+    for at in _DURATION_PATHS:
+        value = _get(parsed.data, at)
+        if not isinstance(value, str) or any(_within(p.field, at) for p in found):
+            continue
+        if parse_duration(value) < MIN_TASK_DURATION:
+            problems.append(_problem(parsed, parsed.value_position(at), at,
+                                     f"{value!r} is too short: at least {MIN_TASK_DURATION * 1000:.0f}ms"))
+    return problems
+
+
+def _column_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecProblem]:
+    """Names the output itself writes cannot also be dimensions (they would clash at run time)."""
+    problems = []
+    for at in _COLUMN_PATHS:
+        names = _get(parsed.data, at)
+        if not isinstance(names, list) or any(_within(p.field, at) for p in found):
+            continue
+        for i, name in enumerate(names):
+            if name in RESERVED_COLUMNS:
+                where = (*at, i)
+                problems.append(_problem(parsed, parsed.value_position(where), where,
+                                         f"{name!r} is a column the output writes itself "
+                                         f"(reserved: {', '.join(RESERVED_COLUMNS)}); use another name"))
+    return problems
 
 
 def validate_data(
@@ -177,11 +257,13 @@ class _Translator:
     def _on_pattern(self, error: ValidationError, at: YamlPath) -> None:
         value, pattern = error.instance, error.validator_value
         supervisor = load_schema("spec")
-        if pattern == supervisor["properties"]["id"]["pattern"]:
+        if isinstance(value, str) and any(c in value for c in "\r\n"):
+            self.add(at, f"{value!r} contains a line break (names are one line)")
+        elif pattern == supervisor["properties"]["id"]["pattern"]:
             lowered = value.lower()
             hint = (
                 f" (did you mean '{lowered}'?)"
-                if lowered != value and re.search(pattern, lowered)
+                if lowered != value and _ecma_regex(pattern).search(lowered)
                 else ""
             )
             self.add(
@@ -193,6 +275,10 @@ class _Translator:
             self.add(at, f"{value!r} is not a duration (use e.g. 500ms, 30s, 5m, 1h)")
         else:
             self.add(at, f"{value!r} does not match the pattern {pattern}")
+
+    def _on_not(self, error: ValidationError, at: YamlPath) -> None:
+        why = error.validator_value.get("description") if isinstance(error.validator_value, Mapping) else None
+        self.add(at, f"{describe_value(error.instance)} is not allowed: {why}" if why else error.message)
 
     def _on_minimum(self, error: ValidationError, at: YamlPath) -> None:
         self.add(at, f"must be at least {error.validator_value}, got {error.instance}")
