@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from reconciler.actual import DetailedState, Kind, State
 from reconciler.errors import PermanentError, ReconcilerError
 from reconciler.plan import Action, ActionKind
 from reconciler.resets import Positions, compute_reset
+from reconciler.streams.base import SourceMissing
 from reconciler.spec import secrets
 from reconciler.spec.markerfiles import retire
 from reconciler.spec.model import Position, SupervisorSpec
@@ -53,8 +55,13 @@ class Applier:
     state_dir: Path | None = None
     capture: Capture = positions_mod.capture
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # A missing topic or stream is asked again after these pauses before a request naming it
+    # is rejected: a broker may answer "unknown topic" for a moment (just created, leader moving).
+    missing_retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    sleep: Callable[[float], None] = time.sleep
 
     def apply(self, actions: Iterable[Action]) -> list[ActionResult]:
+        """Each action on its own: one supervisor's failure is reported on it and the pass goes on."""
         results = []
         for action in actions:
             try:
@@ -64,17 +71,27 @@ class Applier:
             except ReconcilerError as exc:
                 results.append(ActionResult(action, False, str(exc)))
                 log.error("%s %s failed: %s", action.kind, action.supervisor_id, exc)
+            except Exception as exc:  # noqa: BLE001 - a bug or an untranslated library error must not stop the pass
+                message = f"unexpected {type(exc).__name__}: {exc}"
+                results.append(ActionResult(action, False, message))
+                log.exception("%s %s failed: %s", action.kind, action.supervisor_id, message)
         return results
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def _create(self, a: Action):
-        self.store.create_supervisor(a.spec, a.path, actor=self.actor)
-        return ("created (suspended)" if a.spec.suspended else "created; PENDING until a runtime starts it"), {}
+        self.store.create_supervisor(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
+        message = "created (suspended)" if a.spec.suspended else "created; PENDING until a runtime starts it"
+        if a.fresh_start:
+            message += f"; fresh start on the new source ({a.fresh_start}): old checkpoints dropped"
+        return message, {}
 
     def _update(self, a: Action):
-        self.store.update_spec(a.spec, a.path, actor=self.actor)
-        return f"spec updated to {a.spec.spec_hash}", {}
+        self.store.update_spec(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
+        message = f"spec updated to {a.spec.spec_hash}"
+        if a.fresh_start:
+            message += f"; fresh start on the new source ({a.fresh_start}): old checkpoints dropped"
+        return message, {}
 
     def _suspend(self, a: Action):
         self.store.set_state(a.supervisor_id, State.SUSPENDED, actor=self.actor, reason=a.reason)
@@ -107,21 +124,42 @@ class Applier:
         spec = rec.spec
         now = self.clock()
         try:
-            pos, initial = self.capture(spec, req.position, now)
+            pos, initial = self._capture(spec, req.position, now)
             compute = lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill,  # noqa: E731
                                                allow_rewind=req.allow_rewind)
-            result = self.store.apply_reset(req, compute, initial=initial, actor=self.actor)
+            result = self.store.apply_reset(req, compute, initial=initial, earliest=pos.earliest, actor=self.actor)
         except PermanentError as exc:
             if req.trigger == "cli":
                 raise
             return self._reject(a, str(exc))
         faults.crash_point("after-reset", req.supervisor_id)
-        if result.backfill_id and self.state_dir is not None:
-            self._render_backfill(result.backfill_id)
         summary = _summary(result)
+        message = _message(result)
+        if result.backfill_id and self.state_dir is not None:
+            try:
+                self._render_backfill(result.backfill_id)
+            except OSError as exc:
+                # The reset committed; only the audit copy is missing. Said here, retried each pass.
+                problem = f"the audit copy of {result.backfill_id} cannot be written under {self.state_dir}: {exc}"
+                log.warning("%s: %s", req.supervisor_id, problem)
+                summary["renderError"] = problem
+                message += f"; {problem} (will retry)"
         if req.trigger == "marker" and a.path:
             retire(a.path, "applied", summary)
-        return _message(result), summary
+        return message, summary
+
+    def _capture(self, spec: SupervisorSpec, position: Position, now: datetime):
+        """``capture``, asking again while the broker says the topic or stream is missing."""
+        for delay in (*self.missing_retry_delays, None):
+            try:
+                return self.capture(spec, position, now)
+            except SourceMissing as exc:
+                if delay is None:
+                    raise SourceMissing(f"{exc} (asked {len(self.missing_retry_delays) + 1} times over "
+                                        f"{sum(self.missing_retry_delays):g}s)") from None
+                log.info("%s: %s; asking again in %gs", spec.id, exc, delay)
+                self.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _reject(self, a: Action, reason: str):
         req = a.request
@@ -147,11 +185,13 @@ class Applier:
         if self.state_dir is None:
             return
         for sid, rec in actual.supervisors.items():
-            if rec.kind == Kind.BACKFILL and not (self.state_dir / "backfills" / f"{sid}.yaml").exists():
-                try:
+            if rec.kind != Kind.BACKFILL:
+                continue
+            try:
+                if not (self.state_dir / "backfills" / f"{sid}.yaml").exists():
                     self._render_backfill(sid)
-                except OSError as exc:
-                    log.warning("cannot render the backfill spec of %s: %s", sid, exc)
+            except Exception as exc:  # noqa: BLE001 - an audit copy must never stop the pass
+                log.warning("cannot render the backfill spec of %s under %s: %s", sid, self.state_dir, exc)
 
     def _render_backfill(self, backfill_id: str) -> None:
         """The generated bounded spec, for audit; never in the watched directory."""
@@ -191,7 +231,11 @@ def _rejected_token(path: str) -> str:
 def _summary(result: ResetResult) -> dict[str, Any]:
     if result.applied_before:
         return {"supervisor": result.supervisor_id, "appliedBefore": True, "backfill": result.backfill_id}
-    return result.to_dict() | {"backfillRecords": result.outcome.backfill_records}
+    out = result.to_dict() | {"backfillRecords": result.outcome.backfill_records}
+    if result.outcome.lost_records:
+        out |= {"lostRecords": result.outcome.lost_records,
+                "lostRanges": {p: list(r) for p, r in result.outcome.lost_ranges.items()}}
+    return out
 
 
 def _message(result: ResetResult) -> str:
@@ -201,4 +245,8 @@ def _message(result: ResetResult) -> str:
     msg = f"checkpoint moved ({moved or 'no change'})"
     if result.backfill_id:
         msg += f"; backfill {result.backfill_id} covers {result.outcome.backfill_records} records"
+    if result.outcome.lost_records:
+        ranges = ", ".join(f"{p}: [{a}, {b})" for p, (a, b) in result.outcome.lost_ranges.items())
+        msg += (f"; {result.outcome.lost_records} records LOST: deleted by the broker's retention "
+                f"before they were ingested ({ranges})")
     return msg

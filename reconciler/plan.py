@@ -10,12 +10,17 @@ Safety rules live here, where they can be tested exhaustively:
 * an unreadable or empty spec directory plans no termination;
 * a tick that would terminate more than ``max_termination_share`` of the active
   supervisors (and more than one) plans none, and says how to confirm;
-* a reset request is planned once per token (stanza request id, marker hash, CLI op).
+* a reset request is planned once per token (stanza request id, marker hash, CLI op);
+* a changed source identity (topic, cluster, RabbitMQ host/vhost, streams removed) is
+  never combined with old checkpoints, on update or re-create, unless the spec says
+  ``freshStart: true``: then the action carries ``fresh_start`` and apply drops them;
+* two supervisors reading the same source into the same datasource get a warning note.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,8 +28,8 @@ from typing import Any
 
 from reconciler.actual import ActualState, State, SupervisorRecord
 from reconciler.requests import ResetRequest, from_marker, from_stanza
-from reconciler.resets import Positions, ResetOutcome, compute_reset
-from reconciler.spec.model import KafkaSource, SupervisorSpec
+from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
+from reconciler.spec.model import KafkaSource, RabbitSource, Source, SupervisorSpec
 
 
 class ActionKind(enum.StrEnum):
@@ -50,6 +55,7 @@ class Action:
     request: ResetRequest | None = None
     preview: ResetOutcome | None = None
     error: str | None = None
+    fresh_start: str | None = None  # create/update: the source identity changed this way; drop old checkpoints
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": str(self.kind), "supervisor": self.supervisor_id, "reason": self.reason}
@@ -71,8 +77,12 @@ class Action:
                 d["warnings"] = list(p.warnings)
             if p.errors:
                 d["errors"] = list(p.errors)
+            if p.lost_records:
+                d["lostRecords"] = p.lost_records
         if self.error:
             d["error"] = self.error
+        if self.fresh_start:
+            d["freshStart"] = self.fresh_start
         return d
 
 
@@ -166,6 +176,7 @@ def plan(
                 actions.append(Action(ActionKind.MARK_INVALID, sid, f"{path} is invalid; keeps its last valid spec",
                                       path=path, error=error))
 
+    notes += _shared_sources(desired)
     terminate, held, why = _terminations(desired, mains, settings, invalid)
     actions += terminate
     if why:
@@ -183,19 +194,24 @@ def plan(
 
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
     out: list[Action] = []
+    change = source_change(rec.spec.source, spec.source) if rec is not None else None
+    if change and not spec.fresh_start:
+        error = source_change_error(path, change, terminated=rec.state == State.TERMINATED)
+        if rec.spec_error != error:
+            out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
+        return out
+    fresh = change if change and spec.fresh_start else None
     if rec is None or rec.state == State.TERMINATED:
         why = "new spec file" if rec is None else "spec file is back; continues from the kept checkpoint"
-        out.append(Action(ActionKind.CREATE, spec.id, why, spec=spec, path=path))
+        if fresh:
+            why = f"spec file is back with another source ({fresh}); freshStart: old checkpoints dropped"
+        out.append(Action(ActionKind.CREATE, spec.id, why, spec=spec, path=path, fresh_start=fresh))
     else:
-        conflict = _source_conflict(rec.spec, spec)
-        if conflict:
-            error = f"{path}: source: {conflict}; keeps its last valid spec (use a new id, or revert)"
-            if rec.spec_error != error:
-                out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
-            return out
         if rec.spec_hash != spec.spec_hash or rec.spec_error:
             why = "spec changed" if rec.spec_hash != spec.spec_hash else "spec file is valid again"
-            out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path))
+            if fresh:
+                why = f"source changed ({fresh}); freshStart: old checkpoints dropped"
+            out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path, fresh_start=fresh))
         if spec.suspended and rec.state != State.SUSPENDED:
             out.append(Action(ActionKind.SUSPEND, spec.id, "suspended: true", spec=spec, path=path))
         elif not spec.suspended and rec.state == State.SUSPENDED:
@@ -206,13 +222,72 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
     return out
 
 
-def _source_conflict(old: SupervisorSpec, new: SupervisorSpec) -> str | None:
-    """Offsets belong to one stream: a different topic or system would misuse the checkpoints."""
-    if old.source.type != new.source.type:
-        return f"type changed from {old.source.type} to {new.source.type}"
-    if isinstance(old.source, KafkaSource) and isinstance(new.source, KafkaSource) and old.source.topic != new.source.topic:
-        return f"topic changed from '{old.source.topic}' to '{new.source.topic}'"
+def source_change_error(path: str, change: str, *, terminated: bool = False) -> str:
+    keeps = "is not re-created" if terminated else "keeps its last valid spec"
+    return (f"{path}: source: {change}; the kept checkpoints belong to the old source, so this id {keeps}. "
+            "To start this id over on the new source, add `freshStart: true` to the spec (the old checkpoints "
+            "are dropped and ingestion starts from startFrom); or use a new id; or revert the source")
+
+
+def source_change(old: Source, new: Source) -> str | None:
+    """How the source identity changed, or None. Offsets belong to one stream: another
+    topic, cluster, RabbitMQ host or vhost, or a stream removed from the set would make the
+    kept checkpoints skip or re-read records of the new source. Streams added to the set
+    are new partitions (read from earliest), not a change of identity; a Kafka cluster is
+    the same while the old and new bootstrap lists share a broker address."""
+    if old.type != new.type:
+        return f"type changed from {old.type} to {new.type}"
+    if isinstance(old, KafkaSource) and isinstance(new, KafkaSource):
+        if old.topic != new.topic:
+            return f"topic changed from '{old.topic}' to '{new.topic}'"
+        if not _brokers(old.bootstrap_servers) & _brokers(new.bootstrap_servers):
+            return f"cluster changed from {old.bootstrap_servers} to {new.bootstrap_servers}"
+        return None
+    if isinstance(old, RabbitSource) and isinstance(new, RabbitSource):
+        (h1, v1), (h2, v2) = _rabbit_identity(old.uri), _rabbit_identity(new.uri)
+        if h1 != h2:
+            return f"RabbitMQ host changed from {h1} to {h2}"
+        if v1 != v2:
+            return f"RabbitMQ vhost changed from '{v1}' to '{v2}'"
+        removed = sorted(set(old.streams) - set(new.streams))
+        if removed:
+            return f"stream(s) {', '.join(removed)} removed from the list (their checkpoints would be dropped silently)"
     return None
+
+
+def _brokers(bootstrap: str) -> set[str]:
+    return {b.strip().lower() for b in bootstrap.split(",") if b.strip()}
+
+
+_REFERENCE = re.compile(r"\$\{[^}]*\}")
+
+
+def _rabbit_identity(uri: str) -> tuple[str, str]:
+    """(host, vhost) of a stream URI, without resolving references (pure; secrets stay unread)."""
+    from urllib.parse import unquote, urlsplit
+
+    rest = _REFERENCE.sub("x", uri).split("://", 1)[-1]
+    parts = urlsplit("//" + rest)
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    return (parts.hostname or "").lower(), unquote(path) if path else "/"
+
+
+def _shared_sources(desired: Desired) -> list[str]:
+    """Two supervisors on the same source into the same datasource ingest every record twice."""
+    groups: dict[tuple, list[str]] = {}
+    notes = []
+    for sid, (path, spec) in sorted(desired.specs.items()):
+        src = spec.source
+        name = src.topic if isinstance(src, KafkaSource) else _rabbit_identity(src.uri)
+        group = groups.setdefault((src.type, name, spec.data_schema.datasource), [])
+        other = next((o for o in group if source_change(desired.specs[o][1].source, src) is None
+                      and source_change(src, desired.specs[o][1].source) is None), None)
+        if other is not None:
+            notes.append(f"warning: {other} and {sid} read the same source into datasource "
+                         f"'{spec.data_schema.datasource}': every record would be ingested twice "
+                         f"({desired.specs[other][0]}, {path}); remove one, or give one another datasource")
+        group.append(sid)
+    return notes
 
 
 def _invalid_by_id(desired: Desired, mains: Mapping[str, SupervisorRecord]) -> dict[str, tuple[str, str]]:
@@ -281,9 +356,10 @@ def _with_preview(action: Action, actual: ActualState, positions: Mapping[str, P
     if pos is None:
         return action
     rec = actual.supervisors.get(req.supervisor_id)
-    start_from = rec.spec.start_from.kind if rec else "earliest"
-    current = dict(actual.checkpoints.get(req.supervisor_id, {}))
-    for p in pos.latest:
-        current.setdefault(p, pos.latest[p] if start_from == "latest" else pos.earliest[p])
+    if pos.start_from is None and rec is not None and rec.spec.start_from.kind in ("earliest", "latest"):
+        # positions handed in without startFrom offsets: earliest/latest need no lookup
+        start = pos.latest if rec.spec.start_from.kind == "latest" else pos.earliest
+        pos = Positions(pos.earliest, pos.latest, pos.for_time, start_from=start)
+    current = fill_from(actual.checkpoints.get(req.supervisor_id, {}), pos)
     preview = compute_reset(req.position, current, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)
     return Action(action.kind, action.supervisor_id, action.reason, action.spec, action.path, req, preview, action.error)

@@ -51,4 +51,4 @@ def capture(spec: SupervisorSpec, position: Position, now: datetime) -> tuple[Po
         initial = start_offsets(adapter, spec, now, latest=latest, earliest=earliest)
     finally:
         adapter.close()
-    return Positions(earliest=earliest, latest=latest, for_time=for_time), initial
+    return Positions(earliest=earliest, latest=latest, for_time=for_time, start_from=initial), initial

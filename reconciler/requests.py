@@ -7,6 +7,7 @@ request is applied once even when the daemon crashes half way and runs again.
 from __future__ import annotations
 
 import getpass
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,14 +54,47 @@ def from_stanza(spec: SupervisorSpec) -> ResetRequest | None:
     )
 
 
+TOKEN_MAX = 160  # characters of the requests.token column
+
+
+def fit_token(token: str) -> str:
+    """The token as stored: itself when it fits the column, else a readable head and the hash
+    of the whole, so two long request ids that share their first 160 characters stay two
+    requests (cutting them made the second one "already handled")."""
+    if len(token) <= TOKEN_MAX:
+        return token
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f"{token[:TOKEN_MAX - 72]}~sha256:{digest}"
+
+
 def stanza_token(supervisor_id: str, request: str) -> str:
-    return f"stanza:{supervisor_id}:{request}"[:160]
+    return fit_token(f"stanza:{supervisor_id}:{request}")
+
+
+def marker_token(marker: Marker) -> str:
+    """One request per appearance of a marker file: its name and bytes, and the file's identity
+    on disk (device, inode, ctime).
+
+    * The same file seen again (the rename to ``.applied`` failed, or the process died before
+      it) has the same identity: the token is handled, the request is not applied again.
+    * The same text dropped again for a new incident is a new file: a new inode, or a reused
+      inode number with a later ctime (the kernel sets ctime when the file is created and it
+      cannot be set back by hand), so a new token and a new reset.
+    * Changing the file's metadata while it sits un-renamed (chmod, touch, a hard link) changes
+      ctime and makes it a new request too; delete such a marker instead. A repeated
+      ``resetTo: latest`` is harmless anyway (the checkpoint never moves back, the backfill
+      covers the new gap), and rewinds need ``allowRewind``.
+    * Markers are for incidents, not for a git checkout: a checkout that restores a renamed
+      marker restores a new file. Keep repeatable requests as a ``backfill:`` stanza in git.
+    """
+    base = f"marker:{marker.token}"
+    return fit_token(f"{base}:{marker.appearance}" if marker.appearance else base)
 
 
 def from_marker(marker: Marker) -> ResetRequest:
     return ResetRequest(
         supervisor_id=marker.supervisor_id,
-        token=f"marker:{marker.token}",
+        token=marker_token(marker),
         trigger="marker",
         source=marker.path,
         position=marker.reset_to,
@@ -84,7 +118,7 @@ def from_cli(
     user = _user()
     return ResetRequest(
         supervisor_id=supervisor_id,
-        token=f"cli:{operation_id}",
+        token=fit_token(f"cli:{operation_id}"),
         trigger="cli",
         source=f"{user} (operation {operation_id})",
         position=position,

@@ -11,6 +11,13 @@ read under lock (the only one that counts). Rules:
 * a forward jump with backfill yields the range ``[C, new)`` for the backfill
   supervisor; without backfill the same range is reported as skipped.
 * explicit offsets outside ``[earliest, latest]`` are refused with the valid range.
+* retention: what the broker deleted cannot be ingested. A backfill starts at
+  max(C, earliest); ``[C, earliest)`` is reported as lost (never a backfill that
+  retries a deleted range, never a silent skip).
+* a partition without a checkpoint is filled by ``fill_missing``: from ``startFrom``
+  for a supervisor that never had a checkpoint, from earliest for a partition that
+  appeared after it started (its records belong to the backfill, none skipped).
+* a checkpointed partition the source no longer has is an error, not a silent drop.
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ class PartitionReset:
     backfill: int = 0  # records the backfill supervisor will ingest: [checkpoint, new)
     skipped: int = 0  # records a no-backfill forward jump skips
     reread: int = 0  # records an allowed rewind reads again
+    lost: int = 0  # records [checkpoint, earliest) the broker deleted before they were ingested
+
+    @property
+    def backfill_start(self) -> int:
+        """Where the backfill of this partition starts: past what retention deleted."""
+        return self.checkpoint + self.lost
 
     def to_dict(self) -> dict:
         return {
@@ -42,6 +55,7 @@ class PartitionReset:
             "backfill": self.backfill,
             "skipped": self.skipped,
             "reread": self.reread,
+            "lost": self.lost,
         }
 
 
@@ -62,11 +76,20 @@ class ResetOutcome:
     @property
     def backfill_ranges(self) -> dict[str, tuple[int, int]]:
         """Non-empty ``[start, end)`` per partition for the backfill supervisor."""
-        return {p.partition: (p.checkpoint, p.new) for p in self.partitions if p.backfill > 0}
+        return {p.partition: (p.backfill_start, p.new) for p in self.partitions if p.backfill > 0}
 
     @property
     def backfill_records(self) -> int:
         return sum(p.backfill for p in self.partitions)
+
+    @property
+    def lost_records(self) -> int:
+        return sum(p.lost for p in self.partitions)
+
+    @property
+    def lost_ranges(self) -> dict[str, tuple[int, int]]:
+        """``[checkpoint, earliest)`` per partition that retention deleted before it was ingested."""
+        return {p.partition: (p.checkpoint, p.backfill_start) for p in self.partitions if p.lost > 0}
 
     @property
     def changed(self) -> bool:
@@ -80,6 +103,35 @@ class Positions:
     earliest: Mapping[str, int]
     latest: Mapping[str, int]
     for_time: Mapping[str, int] | None = None  # offsets_for_time of a timestamp position
+    start_from: Mapping[str, int] | None = None  # what the spec's startFrom gives (never-started supervisor)
+
+
+def fill_missing(checkpoint: Mapping[str, int], earliest: Mapping[str, int],
+                 start_from: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The checkpoint completed for every partition the source has: the one rule, shared by
+    the plan preview, ``reset --dry-run`` and the reset transaction.
+
+    A supervisor that never had a checkpoint starts where ``startFrom`` says. Once it has
+    one, a partition without one appeared after it started (partitions added to a topic,
+    a stream added to the list): it is read from its earliest offset, because taking
+    ``latest`` there would skip records nobody asked to skip.
+    """
+    out = {p: int(o) for p, o in checkpoint.items()}
+    started = bool(out)
+    start_from = start_from or {}
+    for p in sorted(set(earliest) | set(start_from), key=_partition_order):
+        if p in out:
+            continue
+        if (not started and p in start_from) or p not in earliest:
+            out[p] = int(start_from[p])
+        else:
+            out[p] = int(earliest[p])
+    return out
+
+
+def fill_from(checkpoint: Mapping[str, int], positions: Positions) -> dict[str, int]:
+    """``fill_missing`` with what a capture found."""
+    return fill_missing(checkpoint, positions.earliest, positions.start_from)
 
 
 def _target(position: Position, partition: str, c: int, pos: Positions) -> int:
@@ -113,6 +165,13 @@ def compute_reset(
             errors.append(
                 f"unknown partition(s) {', '.join(unknown)}; the source has {', '.join(sorted(positions.latest))}"
             )
+    gone = sorted(set(checkpoint) - set(positions.latest), key=_partition_order)
+    if gone:
+        errors.append(
+            f"partition(s) {', '.join(gone)} have a checkpoint but the source no longer has them "
+            "(a stream removed from the list or deleted on the broker, or a topic re-created); "
+            "restore them, or declare the new source with freshStart: true"
+        )
     out: list[PartitionReset] = []
     for p in sorted(positions.latest, key=_partition_order):
         c = checkpoint[p]
@@ -126,10 +185,10 @@ def compute_reset(
             warnings.append(f"partition {p}: shift to {target} clamped to {clamped} (valid range [{lo}, {hi}])")
             target = clamped
         if target >= c:
-            gap = target - c
-            out.append(
-                PartitionReset(p, c, lo, hi, target, backfill=gap if backfill else 0, skipped=0 if backfill else gap)
-            )
+            start = min(max(c, lo), target)  # retention deleted [c, lo): it is lost, not backfilled
+            gap = target - start
+            out.append(PartitionReset(p, c, lo, hi, target, backfill=gap if backfill else 0,
+                                      skipped=0 if backfill else gap, lost=start - c))
         elif position.kind == "latest":
             out.append(PartitionReset(p, c, lo, hi, c))  # the broker under-reported its end
         elif allow_rewind:
@@ -143,6 +202,11 @@ def compute_reset(
     result = ResetOutcome(tuple(out), tuple(errors), tuple(warnings))
     skipped = sum(p.skipped for p in out)
     reread = sum(p.reread for p in out)
+    lost = [p for p in out if p.lost]
+    if lost:
+        ranges = ", ".join(f"{p.partition}: [{p.checkpoint}, {p.backfill_start})" for p in lost)
+        warnings.append(f"retention: {sum(p.lost for p in lost)} records were deleted by the broker before "
+                        f"they were ingested and are lost ({ranges})")
     if skipped:
         warnings.append(f"no backfill: {skipped} records will be skipped")
     if reread:

@@ -23,6 +23,7 @@ from reconciler.plan import (
     PlanSettings,
     desired_from_directory,
     plan,
+    source_change_error,
 )
 from reconciler.requests import ResetRequest, from_cli, from_marker, from_stanza, stanza_token
 from reconciler.resets import Positions
@@ -154,8 +155,8 @@ CASES = [
     pytest.param(desired(spec("a", topic="other")), actual(record(A)), [("mark-invalid", "a")], None,
                  id="topic-change"),
     pytest.param(desired(spec("a", topic="other")),
-                 actual(record(A, last_error="specs/a.yaml: source: topic changed from 'a' to 'other'; keeps "
-                                             "its last valid spec (use a new id, or revert)")),
+                 actual(record(A, last_error=source_change_error("specs/a.yaml",
+                                                                 "topic changed from 'a' to 'other'"))),
                  [], None, id="topic-change-again-is-idempotent"),
     pytest.param(desired(rabbit_spec("a")), actual(record(A)), [("mark-invalid", "a")], None,
                  id="source-type-change"),
@@ -257,8 +258,10 @@ def test_mark_invalid_carries_error_and_path():
 
 def test_topic_change_error_names_both_topics():
     [a] = plan(desired(spec("a", topic="other")), actual(record(A)), (), NOW).actions
-    assert a.error == ("specs/a.yaml: source: topic changed from 'a' to 'other'; keeps its last valid spec "
-                       "(use a new id, or revert)")
+    assert a.error == ("specs/a.yaml: source: topic changed from 'a' to 'other'; the kept checkpoints belong "
+                       "to the old source, so this id keeps its last valid spec. To start this id over on the new "
+                       "source, add `freshStart: true` to the spec (the old checkpoints are dropped and ingestion "
+                       "starts from startFrom); or use a new id; or revert the source")
 
 
 def test_terminate_uses_the_recorded_path():
@@ -574,3 +577,124 @@ def test_every_case_converges_in_one_pass(want: Desired, have: ActualState):
     second = plan(retire_markers(want, first), after, (), NOW)
     assert second.actions == ()
     assert effects(after, first) == after
+
+
+# --------------------------------------------------------------------------- issue 10 item 3: changed source
+
+
+def rabbit(sid: str, uri: str = "rabbitmq-stream://guest:${env:RMQ_PASSWORD}@127.0.0.1:5552/%2f",
+           streams=("s-0", "s-1"), **over: Any) -> SupervisorSpec:
+    doc = document(sid, **over)
+    doc["source"] = {"type": "rabbitmq", "uri": uri, "streams": list(streams)}
+    return SupervisorSpec.from_document(doc)
+
+
+def kafka(sid: str, bootstrap: str = "127.0.0.1:9092", topic: str = "t", **over: Any) -> SupervisorSpec:
+    doc = document(sid, **over)
+    doc["source"] = {"type": "kafka", "bootstrapServers": bootstrap, "topic": topic}
+    return SupervisorSpec.from_document(doc)
+
+
+SOURCE_CHANGES = [
+    pytest.param(kafka("a"), kafka("a", topic="u"), "topic changed from 't' to 'u'", id="kafka-topic"),
+    pytest.param(kafka("a"), kafka("a", bootstrap="10.0.0.1:9092"), "cluster changed from 127.0.0.1:9092 to "
+                 "10.0.0.1:9092", id="kafka-cluster"),
+    pytest.param(rabbit("a"), rabbit("a", uri="rabbitmq-stream://guest:guest@10.0.0.2:5552/%2f"),
+                 "RabbitMQ host changed from 127.0.0.1 to 10.0.0.2", id="rabbit-host"),
+    pytest.param(rabbit("a"), rabbit("a", uri="rabbitmq-stream://guest:guest@127.0.0.1:5552/prod"),
+                 "RabbitMQ vhost changed from '/' to 'prod'", id="rabbit-vhost"),
+    pytest.param(rabbit("a"), rabbit("a", streams=("s-0",)),
+                 "stream(s) s-1 removed from the list (their checkpoints would be dropped silently)",
+                 id="rabbit-stream-removed"),
+    pytest.param(kafka("a"), rabbit("a"), "type changed from kafka to rabbitmq", id="type"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "change"), SOURCE_CHANGES)
+@pytest.mark.parametrize("state", [State.RUNNING, State.SUSPENDED, State.TERMINATED])
+def test_changed_source_is_refused_on_update_and_recreate(old, new, change, state):
+    [a] = plan(desired(new), actual(record(old, state)), (), NOW).actions
+    assert (a.kind, a.fresh_start) == (ActionKind.MARK_INVALID, None)
+    assert a.error == source_change_error("specs/a.yaml", change, terminated=state == State.TERMINATED)
+    assert "freshStart: true" in a.error
+    # recorded once: planning again with the error stored plans nothing
+    again = plan(desired(new), actual(record(old, state, last_error=a.error)), (), NOW)
+    assert again.actions == ()
+
+
+@pytest.mark.parametrize(("old", "new", "change"), SOURCE_CHANGES)
+@pytest.mark.parametrize("state", [State.RUNNING, State.TERMINATED])
+def test_changed_source_with_fresh_start(old, new, change, state):
+    fresh = SupervisorSpec.from_document({**new.document, "freshStart": True})
+    [a] = plan(desired(fresh), actual(record(old, state)), (), NOW).actions
+    assert a.kind == (ActionKind.CREATE if state == State.TERMINATED else ActionKind.UPDATE)
+    assert a.fresh_start == change
+    assert a.to_dict()["freshStart"] == change
+    # once the new source is recorded, freshStart changes nothing more
+    assert plan(desired(fresh), actual(record(fresh, state=State.RUNNING)), (), NOW).actions == ()
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    pytest.param(kafka("a"), kafka("a", bootstrap="127.0.0.1:9092,127.0.0.2:9092"), id="kafka-broker-added"),
+    pytest.param(rabbit("a"), rabbit("a", streams=("s-0", "s-1", "s-2")), id="rabbit-stream-added"),
+    pytest.param(rabbit("a"), rabbit("a", uri="rabbitmq-stream://ops:${file:/run/pw}@127.0.0.1:5552/%2f"),
+                 id="rabbit-other-credentials"),
+])
+def test_same_source_identity_is_an_ordinary_update(old, new):
+    [a] = plan(desired(new), actual(record(old)), (), NOW).actions
+    assert (a.kind, a.fresh_start) == (ActionKind.UPDATE, None)
+
+
+def test_terminated_id_back_with_the_same_source_keeps_its_checkpoints():
+    [a] = plan(desired(kafka("a")), actual(record(kafka("a"), State.TERMINATED)), (), NOW).actions
+    assert (a.kind, a.fresh_start) == (ActionKind.CREATE, None)
+
+
+# --------------------------------------------------------------------------- issue 17 item 7: same source twice
+
+
+def test_two_supervisors_on_the_same_source_into_one_datasource_are_warned():
+    one = kafka("one", dataSchema={"datasource": "clicks", "timestamp": {"column": "ts"}})
+    two = kafka("two", dataSchema={"datasource": "clicks", "timestamp": {"column": "ts"}})
+    other_ds = kafka("three", dataSchema={"datasource": "other", "timestamp": {"column": "ts"}})
+    p = plan(desired(one, two, other_ds), actual(), (), NOW)
+    [note] = [n for n in p.notes if n.startswith("warning:")]
+    assert note == ("warning: one and two read the same source into datasource 'clicks': every record would be "
+                    "ingested twice (specs/one.yaml, specs/two.yaml); remove one, or give one another datasource")
+
+
+def test_other_topic_into_the_same_datasource_is_not_warned():
+    one = kafka("one", dataSchema={"datasource": "clicks", "timestamp": {"column": "ts"}})
+    two = kafka("two", topic="u", dataSchema={"datasource": "clicks", "timestamp": {"column": "ts"}})
+    assert not [n for n in plan(desired(one, two), actual(), (), NOW).notes if n.startswith("warning:")]
+
+
+# --------------------------------------------------------------------------- issue 10 item 2: added partitions
+
+
+def test_preview_reads_a_partition_added_after_start_from_earliest():
+    """startFrom: latest, partition 2 appeared while suspended: its records are backfilled."""
+    s = spec("a", startFrom="latest", suspended=True)
+    pos = {"a": Positions(earliest={"0": 0, "1": 0, "2": 0}, latest={"0": 100, "1": 50, "2": 30})}
+    [a] = plan(desired(s), actual(record(s, State.SUSPENDED), checkpoints={"a": {"0": 40, "1": 50}}),
+               [marker("a")[1]], NOW, positions=pos).actions
+    rows = [(p.partition, p.checkpoint, p.new, p.backfill, p.skipped) for p in a.preview.partitions]
+    assert rows == [("0", 40, 100, 60, 0), ("1", 50, 50, 0, 0), ("2", 0, 30, 30, 0)]
+    assert a.to_dict()["skippedRecords"] == 0
+
+
+def test_preview_honours_start_from_timestamp():
+    """The preview fills a never-started supervisor from the captured startFrom offsets (a
+    timestamp here), like the reset transaction does (issue 16)."""
+    s = spec("a", startFrom={"timestamp": "2026-11-20T10:00:00Z"})
+    pos = {"a": Positions(earliest={"0": 0, "1": 0}, latest={"0": 100, "1": 50}, start_from={"0": 70, "1": 20})}
+    [a] = plan(desired(s), actual(record(s)), [marker("a")[1]], NOW, positions=pos).actions
+    assert [(p.checkpoint, p.backfill) for p in a.preview.partitions] == [(70, 30), (20, 30)]
+
+
+def test_preview_of_a_partition_gone_is_an_error():
+    pos = {"a": Positions(earliest={"0": 0}, latest={"0": 100})}
+    [a] = plan(desired(A), actual(record(A), checkpoints={"a": {"0": 40, "1": 50}}), [marker("a")[1]], NOW,
+               positions=pos).actions
+    [error] = a.to_dict()["errors"]
+    assert error.startswith("partition(s) 1 have a checkpoint but the source no longer has them")

@@ -89,7 +89,12 @@ def test_earliest_when_checkpoint_is_before_earliest_moves_forward():
     out = compute_reset(Position("earliest"), {"0": 0, "1": 0}, POS, backfill=True)
     assert out.ok
     assert out.new_offsets == {"0": 0, "1": 10}
-    assert out.backfill_ranges == {"1": (0, 10)}
+    # [0, 10) of partition 1 no longer exists: lost (reported), never a backfill of a deleted range
+    assert out.backfill_ranges == {}
+    assert out.lost_ranges == {"1": (0, 10)}
+    assert out.lost_records == 10
+    assert out.warnings == ("retention: 10 records were deleted by the broker before they were ingested "
+                            "and are lost (1: [0, 10))",)
 
 
 @pytest.mark.parametrize(
@@ -182,5 +187,5 @@ def test_to_dict_fields():
     out = compute_reset(Position("latest"), {"0": 40, "1": 60}, POS, backfill=True)
     assert out.partitions[0].to_dict() == {
         "partition": "0", "checkpoint": 40, "earliest": 0, "latest": 100, "new": 100,
-        "backfill": 60, "skipped": 0, "reread": 0,
+        "backfill": 60, "skipped": 0, "reread": 0, "lost": 0,
     }

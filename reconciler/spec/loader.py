@@ -187,10 +187,16 @@ def load_marker_file(
         raise SpecInvalid(sort_problems(problems))
     doc = parsed.data
     name = os.path.basename(display)
+    try:  # this appearance of the file (see Marker.appearance): the same bytes dropped again are a new request
+        st = os.lstat(display)
+        appearance = f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
+    except OSError:
+        appearance = ""
     return Marker(
         supervisor_id=sid,
         path=display,
         token=hashlib.sha256(name.encode() + b"\0" + data).hexdigest(),
+        appearance=appearance,
         reset_to=Position.from_document(doc.get("resetTo", "latest")),
         backfill=bool(doc.get("backfill", True)),
         backfill_task_count=doc.get("backfillTaskCount"),

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 VIRTUAL_COLUMNS = ("__key", "__partition", "__offset", "__stream_time")
+RESERVED_COLUMNS = ("__time", "time_chunk")  # written by the output itself: never a dimension
+
+# Generated backfill supervisors are named <main-id>-backfill-<n>; a spec id of that form
+# could collide with one (the schema refuses it, see ``properties.id.not``).
+BACKFILL_ID = re.compile(r"^(?P<parent>.+)-backfill-(?P<n>[0-9]+)$")
 
 _DURATION = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -128,6 +133,12 @@ class SupervisorSpec:
     task_duration: float = 30.0  # seconds
     max_batch_records: int = 1_000_000
     backfill: BackfillStanza | None = None
+    # A changed source identity (topic, cluster, vhost, removed streams) drops the old
+    # checkpoints and starts from startFrom only when this says so; refused otherwise.
+    fresh_start: bool = False
+    # A checkpoint behind the broker's retention: "unhealthy" (stop, report the count) or
+    # "continue" (go on from earliest, record the loss).
+    on_retention_loss: Literal["unhealthy", "continue"] = "unhealthy"
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -182,6 +193,8 @@ class SupervisorSpec:
             task_duration=parse_duration(str(doc.get("taskDuration", "30s"))),
             max_batch_records=int(doc.get("maxBatchRecords", 1_000_000)),
             backfill=backfill,
+            fresh_start=bool(doc.get("freshStart", False)),
+            on_retention_loss=doc.get("onRetentionLoss", "unhealthy"),
             document=json.loads(json.dumps(doc)),
         )
 
@@ -192,7 +205,10 @@ class Marker:
 
     supervisor_id: str
     path: str
-    token: str  # content hash + path: the idempotency token
+    token: str  # hash of the file's name and bytes
+    # The file's identity on disk (device, inode, ctime): the same bytes dropped again
+    # for a new incident are a new request; the same file seen again is not.
+    appearance: str = ""
     reset_to: Position = Position("latest")
     backfill: bool = True
     backfill_task_count: int | None = None

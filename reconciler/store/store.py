@@ -26,9 +26,9 @@ from reconciler import faults
 from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord, dumps
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.requests import ResetRequest
-from reconciler.resets import ResetOutcome
+from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
-from reconciler.spec.model import SupervisorSpec, document_hash
+from reconciler.spec.model import BACKFILL_ID, SupervisorSpec, document_hash
 from reconciler.store.engine import create_engine
 from reconciler.store.tables import (
     audit_log,
@@ -162,8 +162,10 @@ class Store:
 
     # -- lifecycle writes (apply) -------------------------------------------------------
 
-    def create_supervisor(self, spec: SupervisorSpec, path: str | None, *, actor: str, now=None) -> None:
-        """Insert a main supervisor, or bring a TERMINATED one back (checkpoints kept)."""
+    def create_supervisor(self, spec: SupervisorSpec, path: str | None, *, actor: str, fresh_start: str | None = None,
+                          now=None) -> None:
+        """Insert a main supervisor, or bring a TERMINATED one back (checkpoints kept, unless
+        ``fresh_start`` says how the source changed: then they are dropped, see ``_fresh_start``)."""
         now = now or utcnow()
         doc = dumps(spec.document)
         state = State.SUSPENDED if spec.suspended else State.PENDING
@@ -186,21 +188,27 @@ class Store:
                 raise PermanentError(f"id '{spec.id}' is taken by a generated backfill supervisor; choose another id")
             else:
                 c.execute(sa.update(supervisors).where(supervisors.c.id == spec.id).values(epoch=existing.epoch + 1, **values))
+                if fresh_start:
+                    self._fresh_start(c, spec.id, fresh_start, actor, path, now)
             self._version(c, spec, now)
             self._audit(c, spec.id, "create" if existing is None else "recreate", actor, path, None,
                         {"specHash": spec.spec_hash, "state": state}, now)
 
-    def update_spec(self, spec: SupervisorSpec, path: str | None, *, actor: str, now=None) -> None:
+    def update_spec(self, spec: SupervisorSpec, path: str | None, *, actor: str, fresh_start: str | None = None,
+                    now=None) -> None:
         """A changed file: the new spec continues from the checkpoint; the epoch is kept,
-        so an in-flight batch of the old spec may still publish its (correct) range."""
+        so an in-flight batch of the old spec may still publish its (correct) range.
+        With ``fresh_start`` (the source identity changed and the spec allows it) the old
+        checkpoints are dropped and the epoch bumped: a batch of the old source is fenced."""
         now = now or utcnow()
         with self._write() as c:
-            c.execute(
-                sa.update(supervisors).where(supervisors.c.id == spec.id).values(
-                    spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path, spec_error=None,
-                    last_attempted_hash=spec.spec_hash, updated_at=now,
-                )
-            )
+            values: dict[str, Any] = dict(spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path,
+                                          spec_error=None, last_attempted_hash=spec.spec_hash, updated_at=now)
+            if fresh_start:
+                values["epoch"] = supervisors.c.epoch + 1
+            c.execute(sa.update(supervisors).where(supervisors.c.id == spec.id).values(**values))
+            if fresh_start:
+                self._fresh_start(c, spec.id, fresh_start, actor, path, now)
             self._version(c, spec, now)
             self._audit(c, spec.id, "update", actor, path, None, {"specHash": spec.spec_hash}, now)
 
@@ -212,7 +220,7 @@ class Store:
         if bump_epoch:
             values["epoch"] = supervisors.c.epoch + 1
         if error is not None or clear_error:
-            values["runtime_error"] = error
+            values["runtime_error"] = secrets.scrub(error)  # a client library may echo a secret
         with self._write() as c:
             c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(**values))
             if actor:
@@ -221,7 +229,8 @@ class Store:
     def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
         """Runtime status updates; written only when something changed (callers track that).
         Only ``runtime_error`` is the runtime's: the spec file's error is ``mark_invalid``'s."""
-        values: dict[str, Any] = dict(state=state, detailed_state=detailed, runtime_error=error, updated_at=utcnow())
+        values: dict[str, Any] = dict(state=state, detailed_state=detailed, runtime_error=secrets.scrub(error),
+                                      updated_at=utcnow())
         with self._write() as c:
             c.execute(
                 sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
@@ -237,6 +246,13 @@ class Store:
         with self._write() as c:
             c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).values(**values))
             self._audit(c, supervisor_id, "mark-invalid", actor, path, error, None, now)
+
+    def _fresh_start(self, c, supervisor_id: str, change: str, actor: str, path: str | None, now) -> None:
+        """Drop the checkpoints of the old source (recorded in the audit log, so nothing is lost
+        silently); the runtime then starts from startFrom, as for a new supervisor."""
+        old = self._checkpoints(c, supervisor_id)
+        c.execute(sa.delete(checkpoints).where(checkpoints.c.supervisor_id == supervisor_id))
+        self._audit(c, supervisor_id, "fresh-start", actor, path, change, {"droppedCheckpoints": old}, now)
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -342,58 +358,93 @@ class Store:
     # -- reset and backfill -----------------------------------------------------------------
 
     def apply_reset(self, request: ResetRequest, compute: Callable[[Mapping[str, int]], ResetOutcome], *,
-                    initial: Mapping[str, int], actor: str, now=None) -> ResetResult:
+                    initial: Mapping[str, int], actor: str, earliest: Mapping[str, int] | None = None,
+                    now=None) -> ResetResult:
         """The exactly-once reset: ONE transaction from the locked checkpoint to the token.
 
-        ``initial`` fills checkpoints that do not exist yet (what startFrom would give);
-        ``compute`` is ``resets.compute_reset`` bound to the captured positions, run on
-        the checkpoint read here, under lock, so a publish that landed after the
-        positions were captured is accounted for, never overwritten.
+        Checkpoints that do not exist yet are filled by ``resets.fill_missing``: from
+        ``initial`` (what startFrom gives) for a supervisor that never had one, from
+        ``earliest`` for a partition that appeared later. ``compute`` is
+        ``resets.compute_reset`` bound to the captured positions, run on the checkpoint
+        read here, under lock, so a publish that landed after the positions were captured
+        is accounted for, never overwritten.
+
+        Two processes applying the same request at once: the token is checked after the
+        supervisor row is locked, so the second waits for the first and then sees its
+        token (READ COMMITTED reads what committed meanwhile) and reports "already applied".
         """
         now = now or utcnow()
-        with self._write() as c:
-            prior = c.execute(sa.select(requests).where(requests.c.token == request.token)).first()
-            if prior is not None:
-                res = json.loads(prior.result or "{}")
+        try:
+            with self._write() as c:
+                return self._apply_reset(c, request, compute, initial, earliest, actor, now)
+        except sa_exc.IntegrityError as exc:
+            # The token's row is the last insert: a unique violation there means another
+            # process applied the same request between our checks (belt and braces).
+            done = self.request(request.token)
+            if done is not None:
+                res = json.loads(done.get("result") or "{}")
                 return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
-            row = c.execute(sa.select(supervisors).where(supervisors.c.id == request.supervisor_id).with_for_update()).first()
-            if row is None or row.kind != Kind.MAIN:
-                raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
-            current = self._checkpoints(c, request.supervisor_id)
-            missing = {p: o for p, o in initial.items() if p not in current}
-            if missing:
-                c.execute(sa.insert(checkpoints), [
-                    {"supervisor_id": row.id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
-                ])
-                current.update(missing)
-            outcome = compute(current)
-            if not outcome.ok:
-                raise PermanentError("; ".join(outcome.errors))
-            backfill_id = None
-            if request.backfill and outcome.backfill_ranges:
-                backfill_id = self._insert_backfill(c, row, request, outcome, now)
-            for p, new in outcome.new_offsets.items():
-                if new != current[p]:
-                    c.execute(sa.update(checkpoints).where(
-                        checkpoints.c.supervisor_id == row.id, checkpoints.c.partition == p
-                    ).values(next_offset=new))
-            values: dict[str, Any] = dict(epoch=row.epoch + 1, updated_at=now)
-            if request.trigger == "stanza":
-                values["last_request"] = request.source
-            c.execute(sa.update(supervisors).where(supervisors.c.id == row.id).values(**values))
-            result = ResetResult(row.id, request.token, outcome, backfill_id)
-            details = result.to_dict() | {"position": str(request.position), "backfillRecords": outcome.backfill_records}
-            self._audit(c, row.id, request.action_kind, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
-            c.execute(sa.insert(requests).values(
-                token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
-                result=dumps(details), handled_at=now,
-            ))
-            faults.crash_point("inside-reset", row.id)
-            return result
+            raise RetryableError(f"reset of {request.supervisor_id} collided with a concurrent write: {_short(exc)}") from exc
+
+    def _apply_reset(self, c, request: ResetRequest, compute, initial, earliest, actor: str, now) -> ResetResult:
+        row = c.execute(sa.select(supervisors).where(supervisors.c.id == request.supervisor_id).with_for_update()).first()
+        prior = c.execute(sa.select(requests).where(requests.c.token == request.token)).first()
+        if prior is not None:
+            res = json.loads(prior.result or "{}")
+            return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
+        if row is None or row.kind != Kind.MAIN:
+            raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
+        current = self._checkpoints(c, request.supervisor_id)
+        filled = fill_missing(current, earliest if earliest is not None else initial, initial)
+        missing = {p: o for p, o in filled.items() if p not in current}
+        if missing:
+            c.execute(sa.insert(checkpoints), [
+                {"supervisor_id": row.id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
+            ])
+            current.update(missing)
+        outcome = compute(current)
+        if not outcome.ok:
+            raise PermanentError("; ".join(outcome.errors))
+        backfill_id = None
+        if request.backfill and outcome.backfill_ranges:
+            backfill_id = self._insert_backfill(c, row, request, outcome, now)
+        for p, new in outcome.new_offsets.items():
+            if new != current[p]:
+                c.execute(sa.update(checkpoints).where(
+                    checkpoints.c.supervisor_id == row.id, checkpoints.c.partition == p
+                ).values(next_offset=new))
+        values: dict[str, Any] = dict(epoch=row.epoch + 1, updated_at=now)
+        if request.trigger == "stanza":
+            values["last_request"] = request.source
+        c.execute(sa.update(supervisors).where(supervisors.c.id == row.id).values(**values))
+        result = ResetResult(row.id, request.token, outcome, backfill_id)
+        details = result.to_dict() | {"position": str(request.position), "backfillRecords": outcome.backfill_records}
+        if outcome.lost_records:
+            details |= {"lostRecords": outcome.lost_records,
+                        "lostRanges": {p: list(r) for p, r in outcome.lost_ranges.items()}}
+        self._audit(c, row.id, request.action_kind, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
+        c.execute(sa.insert(requests).values(
+            token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
+            result=dumps(details), handled_at=now,
+        ))
+        faults.crash_point("inside-reset", row.id)
+        return result
+
+    @staticmethod
+    def _next_backfill_id(c, main_id: str) -> str:
+        """One past the highest ``<main>-backfill-<n>`` of any kind, skipping taken ids: counting
+        children would collide with a spec that took such an id, and again after it is deleted."""
+        prefix = f"{main_id}-backfill-"
+        taken = set(c.execute(sa.select(supervisors.c.id).where(
+            sa.func.substr(supervisors.c.id, 1, len(prefix)) == prefix)).scalars())
+        numbers = [int(m["n"]) for t in taken if (m := BACKFILL_ID.match(t)) and m["parent"] == main_id]
+        n = max(numbers, default=0) + 1
+        while f"{prefix}{n}" in taken:
+            n += 1
+        return f"{prefix}{n}"
 
     def _insert_backfill(self, c, main, request: ResetRequest, outcome: ResetOutcome, now) -> str:
-        n = 1 + c.execute(sa.select(sa.func.count()).where(supervisors.c.parent_id == main.id)).scalar_one()
-        bf_id = f"{main.id}-backfill-{n}"
+        bf_id = self._next_backfill_id(c, main.id)
         doc = json.loads(main.spec)
         doc.pop("backfill", None)
         doc.pop("suspended", None)
@@ -440,7 +491,8 @@ class Store:
     @staticmethod
     def _audit(c, supervisor_id, action, actor, trigger, reason, details, now) -> None:
         c.execute(sa.insert(audit_log).values(
-            supervisor_id=supervisor_id, at=now, action=action, actor=actor, trigger=trigger, reason=reason,
+            supervisor_id=supervisor_id, at=now, action=action, actor=actor, trigger=trigger,
+            reason=secrets.scrub(reason),
             details=dumps(secrets.redact(details)) if details is not None else None,
         ))
 

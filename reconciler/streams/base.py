@@ -16,6 +16,8 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from reconciler.errors import PermanentError
+
 RECORD_SCHEMA = pa.schema(
     [
         ("partition", pa.string()),
@@ -25,6 +27,12 @@ RECORD_SCHEMA = pa.schema(
         ("stream_time", pa.timestamp("ms", tz="UTC")),
     ]
 )
+
+
+class SourceMissing(PermanentError):
+    """The topic or stream is not there. Permanent once it lasts, but a broker may answer
+    so for a moment (a topic just created, metadata not yet propagated, a leader moving):
+    callers that act once, like a reset, ask again a few times before they give up."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from reconciler.errors import PermanentError, RetryableError
 from reconciler.spec import secrets
 from reconciler.spec.model import KafkaSource
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_SCHEMA, PartitionRange, SourceMissing
 
 log = logging.getLogger(__name__)
 _rdkafka_log = logging.getLogger("reconciler.streams.kafka.librdkafka")
@@ -127,7 +127,7 @@ class _Config:
     def scrub(self, text: str) -> str:
         for value in self.secret_values:
             text = text.replace(value, secrets.REDACTED)
-        return text
+        return secrets.scrub(text)  # also the truncated or escaped copies librdkafka echoes
 
     def consumer(self, **extra: Any) -> Consumer:
         return self.consumer_with_errors(**extra)[0]
@@ -161,7 +161,7 @@ class _Config:
                 "consumerProperties and the ACLs for this topic"
             )
         if err is not None and err.code() in _MISSING:
-            return PermanentError(
+            return SourceMissing(
                 f"{doing}: topic {self.source.topic!r} does not exist on {self.source.bootstrap_servers}"
             )
         if err is not None and err.code() in _UNREACHABLE:
@@ -225,7 +225,7 @@ class KafkaAdapter:
             and tmd.error.code() in _MISSING
             or not tmd.partitions
         ):
-            raise PermanentError(
+            raise SourceMissing(
                 f"topic {topic!r} does not exist on {self.source.bootstrap_servers}"
             )
         if tmd.error is not None:

@@ -61,7 +61,7 @@ from rstream.constants import OffsetType
 from reconciler.errors import PermanentError, ReconcilerError, RetryableError
 from reconciler.spec import secrets
 from reconciler.spec.model import RabbitSource
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_SCHEMA, PartitionRange, SourceMissing
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _translate(exc: BaseException, doing: str, where: str, timeout: float) -> Re
             f"{doing}: RabbitMQ at {where} refused access; check the user's permissions"
         )
     if isinstance(exc, rexc.StreamDoesNotExist):
-        return PermanentError(f"{doing}: the stream does not exist on {where}")
+        return SourceMissing(f"{doing}: the stream does not exist on {where}")
     if isinstance(
         exc, rexc.SASLMechanismNotSupported | rexc.SASLError | ssl.SSLCertVerificationError
     ):
@@ -794,13 +794,13 @@ class RabbitStreamAdapter:
         except rexc.StreamDoesNotExist:
             raise self._missing(stream) from None
 
-    def _missing(self, stream: str) -> PermanentError:
+    def _missing(self, stream: str) -> SourceMissing:
         vhost = "?"
         try:
             vhost = parse_stream_uri(self.source.uri).vhost
         except ReconcilerError:
             pass
-        return PermanentError(
+        return SourceMissing(
             f"stream {stream!r} does not exist in vhost {vhost!r} on {self.where}"
         )
 

@@ -236,3 +236,25 @@ def test_stanza_is_applied_once_per_request_id(spark, kafka_broker, ingested):
         by_sup[seg["supervisor_id"]] = by_sup.get(seg["supervisor_id"], 0) + seg["rows"]
     assert by_sup["clicks-backfill-1"] == 1000 and by_sup["clicks-backfill-2"] == 700
     json.dumps(status)  # status is plain JSON
+
+
+def test_same_marker_text_dropped_again_is_a_new_request(spark, kafka_broker, ingested):
+    """Issue 10 item 8: the same bytes dropped again for a new incident are a new request
+    (one request per appearance of the file), and each reset is backfilled exactly once."""
+    s, store, name, _ = ingested
+    specs = Path(s.specs)
+    body = "resetTo: latest\nreason: lag alarm\n"
+    produce(kafka_broker, name, 1000, 1000)
+    (specs / "clicks.reset.yaml").write_text(body)
+    daemon(s)
+    assert (specs / "clicks.reset.yaml.applied").exists() and not (specs / "clicks.reset.yaml").exists()
+
+    produce(kafka_broker, name, 2000, 1000)
+    (specs / "clicks.reset.yaml").write_text(body)  # the same text, the next incident
+    daemon(s)
+    assert not (specs / "clicks.reset.yaml").exists()
+    assert len(resets(store, "clicks")) == 2
+    assert backfills(store, "clicks") == ["clicks-backfill-1", "clicks-backfill-2"]
+    assert [r["status"] for r in requests_rows(s.db_url)] == ["applied", "applied"]
+    assert all(store.get(b).state == "COMPLETED" for b in backfills(store, "clicks"))
+    h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 3000))

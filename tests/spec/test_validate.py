@@ -107,8 +107,8 @@ def test_valid_specs(text):
         pytest.param(
             KAFKA + "colour: blue\n",
             [
-                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, id, "
-                "maxBatchRecords, source, startFrom, suspended, taskCount, taskDuration)"
+                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, "
+                "maxBatchRecords, onRetentionLoss, source, startFrom, suspended, taskCount, taskDuration)"
             ],
             id="unknown-key-lists-allowed",
         ),

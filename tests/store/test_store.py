@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -453,3 +454,136 @@ def test_secrets_in_audit_details_are_redacted(store: Store, clicks):
     with store.engine.connect() as c:
         raw = " ".join(c.execute(sa.text("SELECT details FROM audit_log WHERE details IS NOT NULL")).scalars())
     assert "hunter2" not in raw and "s3cret" not in raw and "abc123" not in raw
+
+
+# --------------------------------------------------------------------------- issue 10 / 17: reports, not crashes
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_same_request_from_two_processes_at_once(db_url: str, store: Store, clicks, round_):
+    """Two processes (two engines) apply the same request together: one applies it, the other
+    sees "already applied" (on PostgreSQL this used to be an IntegrityError out of the pass)."""
+    stores = [Store(db_url), Store(db_url)]
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, str] = {}
+    req = cli_request(f"race-{round_}")
+
+    def slow(checkpoint):
+        time.sleep(0.3)  # both are past their first look before either commits
+        return latest_compute({"0": 100, "1": 20})(checkpoint)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            res = stores[i].apply_reset(req, slow, initial={}, actor=f"p{i}")
+            outcomes[i] = "already" if res.applied_before else f"applied {res.backfill_id}"
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcomes[i] = f"error: {exc!r}"
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for s in stores:
+            s.close()
+    assert sorted(outcomes.values()) == ["already", "applied clicks-backfill-1"], outcomes
+    assert store.get("clicks").epoch == 2
+    assert store.get("clicks-backfill-2") is None
+    assert store.checkpoints("clicks") == {"0": 100, "1": 20}
+
+
+def test_backfill_ids_never_collide_with_a_taken_id(store: Store, clicks):
+    """A main supervisor that took the name 'clicks-backfill-1' (the schema refuses that now,
+    but an older database may hold one) does not make the reset of 'clicks' fail, then or
+    after it is terminated: the next number is one past the highest, skipping taken ids."""
+    store.create_supervisor(make_spec("clicks-backfill-1"), "specs/clicks-backfill-1.yaml", actor="test")
+    first = store.apply_reset(cli_request("op1"), latest_compute({"0": 100, "1": 20}), initial={}, actor="test")
+    assert first.backfill_id == "clicks-backfill-2"
+    store.set_state("clicks-backfill-1", State.TERMINATED, actor="test")
+    second = store.apply_reset(cli_request("op2"), latest_compute({"0": 150, "1": 20}), initial={}, actor="test")
+    assert second.backfill_id == "clicks-backfill-3"
+    assert store.get("clicks-backfill-3").start_offsets == {"0": 100}
+
+
+def test_backfill_numbers_do_not_count_other_prefixes(store: Store, clicks):
+    store.create_supervisor(make_spec("clicks-backfill-x"), None, actor="test")
+    store.create_supervisor(make_spec("clicks2"), None, actor="test")
+    res = store.apply_reset(cli_request("op1"), latest_compute({"0": 100, "1": 20}), initial={}, actor="test")
+    assert res.backfill_id == "clicks-backfill-1"
+
+
+def test_partition_added_after_start_is_filled_from_earliest(store: Store, clicks):
+    """startFrom: latest fills only a supervisor that never had a checkpoint; partition 2,
+    added later, starts at its earliest offset, so its records are in the backfill."""
+    pos = Positions(earliest={"0": 0, "1": 0, "2": 5}, latest={"0": 100, "1": 20, "2": 50})
+    compute = partial(compute_reset, Position("latest"), positions=pos, backfill=True)
+    res = store.apply_reset(cli_request(), compute, initial=dict(pos.latest), earliest=pos.earliest, actor="test")
+    assert res.outcome.backfill_ranges == {"0": (10, 100), "2": (5, 50)}
+    assert res.outcome.backfill_records == 90 + 45
+    assert sum(p.skipped for p in res.outcome.partitions) == 0
+    assert store.checkpoints("clicks") == {"0": 100, "1": 20, "2": 50}
+
+
+def test_never_started_supervisor_is_filled_from_start_from(store: Store):
+    store.create_supervisor(make_spec(), None, actor="test")
+    pos = Positions(earliest={"0": 0, "1": 0}, latest={"0": 100, "1": 20})
+    compute = partial(compute_reset, Position("latest"), positions=pos, backfill=True)
+    res = store.apply_reset(cli_request(), compute, initial=dict(pos.latest), earliest=pos.earliest, actor="test")
+    assert res.backfill_id is None and res.outcome.backfill_records == 0
+
+
+def test_reset_behind_retention_records_the_loss(store: Store, clicks):
+    """Retention deleted [10, 40) of partition 0: the backfill starts at 40 and the loss is in
+    the audit log (range and count) and the request's result."""
+    pos = Positions(earliest={"0": 40, "1": 0}, latest={"0": 100, "1": 20})
+    compute = partial(compute_reset, Position("latest"), positions=pos, backfill=True)
+    req = cli_request()
+    res = store.apply_reset(req, compute, initial={}, earliest=pos.earliest, actor="test")
+    assert res.outcome.backfill_ranges == {"0": (40, 100)}
+    assert (res.outcome.lost_records, res.outcome.lost_ranges) == (30, {"0": (10, 40)})
+    assert store.get(res.backfill_id).start_offsets == {"0": 40}
+    [entry] = [e for e in store.history("clicks") if e["action"] == "reset-and-backfill"]
+    assert (entry["details"]["lostRecords"], entry["details"]["lostRanges"]) == (30, {"0": [10, 40]})
+    assert json.loads(store.request(req.token)["result"])["lostRecords"] == 30
+
+
+def test_long_request_ids_are_compared_in_full(store: Store):
+    """Two stanza request ids that share their first 160 characters are two requests."""
+    head = "inc-" + "x" * 190
+    tokens = []
+    for tail in ("a", "b"):
+        spec = make_spec("clicks", backfill={"request": head + tail})
+        if store.get("clicks") is None:
+            store.create_supervisor(spec, None, actor="test")
+            store.init_checkpoints("clicks", {"0": 10, "1": 20})
+        req = from_stanza(spec)
+        tokens.append(req.token)
+        res = store.apply_reset(req, latest_compute({"0": 100 if tail == "a" else 200, "1": 20}), initial={},
+                                actor="test")
+        assert not res.applied_before
+    assert len(set(tokens)) == 2 and all(len(t) <= 160 for t in tokens)
+    assert store.checkpoints("clicks")["0"] == 200
+
+
+def test_fresh_start_drops_the_old_checkpoints_and_fences(store: Store, clicks):
+    moved = make_spec(source={"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": "clicks-v2"},
+                      freshStart=True)
+    store.update_spec(moved, "specs/clicks.yaml", actor="test", fresh_start="topic changed from 'clicks' to 'clicks-v2'")
+    assert store.checkpoints("clicks") == {}
+    assert store.get("clicks").epoch == 2  # a batch of the old topic in flight cannot publish
+    [entry] = [e for e in store.history("clicks") if e["action"] == "fresh-start"]
+    assert entry["details"] == {"droppedCheckpoints": {"0": 10, "1": 20}}
+    with pytest.raises(PublishConflict):
+        publish(store, "old-topic", [("0", 10, 15)], epoch=1)
+
+
+def test_recreate_with_fresh_start_drops_the_old_checkpoints(store: Store, clicks):
+    store.set_state("clicks", State.TERMINATED, actor="test", bump_epoch=True)
+    moved = make_spec(source={"type": "kafka", "bootstrapServers": "10.0.0.9:9092", "topic": "clicks"},
+                      freshStart=True)
+    store.create_supervisor(moved, "specs/clicks.yaml", actor="test", fresh_start="cluster changed")
+    assert store.checkpoints("clicks") == {}
+    assert store.get("clicks").state == State.PENDING
