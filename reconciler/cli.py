@@ -18,7 +18,7 @@ import click
 from reconciler import logs, render
 from reconciler import settings as settings_mod
 from reconciler.errors import ReconcilerError
-from reconciler.plan import ActionKind, Desired, Plan, PlanSettings, desired_from_directory, plan
+from reconciler.plan import ActionKind, Plan, PlanSettings, desired_from_directory, plan
 from reconciler.spec import secrets
 from reconciler.spec.model import Position
 
@@ -188,18 +188,17 @@ def validate(c: Context, paths):
 
 # -- plan / apply ----------------------------------------------------------------------
 
-def _desired(c: Context) -> Desired:
+def _directory(c: Context):
     from reconciler.spec.loader import load_directory
 
-    return desired_from_directory(
-        load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs))
+    return load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs)
 
 
-def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True) -> Plan:
+def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None) -> Plan:
     """Plan, then capture stream positions for the resets it contains and plan again to preview them."""
     from reconciler.positions import capture
 
-    desired = _desired(c)
+    desired = desired_from_directory(directory or _directory(c))
     actual = c.store.read_actual()
     ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
     first = plan(desired, actual, settings=ps)
@@ -226,16 +225,33 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
 def plan_cmd(c: Context, output, no_positions):
     """Show what `apply` would do: actions with offset ranges and record counts.
 
-    Changes nothing. Exit 0 when there is nothing to do, 2 when there are changes,
-    1 on error.
+    Also lists what apply would NOT do and why: every invalid spec or marker file (as
+    FILE:LINE:COLUMN: FIELD: MESSAGE, whether or not the daemon already recorded it) and
+    every termination the mass-deletion guard holds. Changes nothing.
+    Exit 0 when there is nothing to do (held terminations wait for a confirmation), 2 when
+    there are changes, 1 when the spec directory cannot be read or a file is invalid.
     """
     try:
-        p = compute_plan(c, with_positions=not no_positions)
+        directory = _directory(c)
+        p = compute_plan(c, with_positions=not no_positions, directory=directory)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
-    doc = p.to_dict()
-    click.echo(json.dumps(doc, indent=2) if output == "json" else render.plan_text(doc))
-    sys.exit(2 if p.changes else 0)
+    errors = ([f"{c.settings.specs}: {directory.error}"] if not directory.ok else []) + \
+        [str(problem) for problem in directory.problems]
+    doc = {**p.to_dict(), "errors": errors}
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        text = render.plan_text(doc)
+        if errors and not p.actions:
+            text = text.replace("No changes: the database matches the spec directory.",
+                                "No changes to apply, but the spec directory has errors:")
+        click.echo(text)
+        for held in p.held_terminations:
+            click.echo(f"held: terminate {held} (confirm with `reconciler apply --confirm-terminations`)")
+        for error in errors:
+            click.echo(f"error: {error}")
+    sys.exit(1 if errors else 2 if p.changes else 0)
 
 
 @cli.command(epilog="Example: reconciler apply && reconciler status")
@@ -421,7 +437,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     from reconciler.plan import Action
     from reconciler.positions import capture
     from reconciler.requests import from_cli
-    from reconciler.resets import compute_reset
+    from reconciler.resets import compute_reset, fill_from
 
     position = parse_position(to)
     rec = c.store.get(supervisor_id)
@@ -431,10 +447,8 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
                    backfill_task_count=backfill_task_count, allow_rewind=allow_rewind, reason=reason)
     try:
         if dry_run:
-            pos, initial = capture(rec.spec, position, datetime.now(UTC))
-            current = c.store.checkpoints(supervisor_id)
-            for p, o in initial.items():
-                current.setdefault(p, o)
+            pos, _ = capture(rec.spec, position, datetime.now(UTC))
+            current = fill_from(c.store.checkpoints(supervisor_id), pos)  # the reset transaction's rule
             outcome = compute_reset(position, current, pos, backfill=backfill, allow_rewind=allow_rewind)
             doc = {"dryRun": True, "supervisor": supervisor_id, "position": position.to_document(),
                    "partitions": [p.to_dict() for p in outcome.partitions], "backfillRecords": outcome.backfill_records,

@@ -10,6 +10,16 @@ and inode, as systemd sets it for ``StandardError=journal``), every line starts 
 a ``<N>`` syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
 debug), so journald files each line at its level (``journalctl -p warning``). The
 JSON format carries the same number as ``priority``.
+
+Every record, the client libraries' own included (librdkafka's logger is routed here),
+passes ``secrets.scrub`` before it is written: a library that echoes a secret it was
+given must not put it in the journal.
+
+The client libraries (librdkafka, rstream, py4j) repeat themselves while a broker is
+down: every consumer, every reconnect, a line. Their records are collapsed: a message
+(numbers ignored) is written once per ``REPEAT_WINDOW`` seconds, and the next time it is
+written it says how many copies were held back; a new message (the broker's state
+changed) is written at once.
 """
 
 from __future__ import annotations
@@ -17,12 +27,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
+import threading
+import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 
 from reconciler.spec import secrets
 
 FIELDS = ("supervisor", "batch", "action")
+LIBRARY_LOGGERS = ("reconciler.streams.kafka.librdkafka", "rstream", "py4j", "pika")
+REPEAT_WINDOW = 60.0  # seconds a repeated library message stays quiet
+_NUMBERS = re.compile(r"\d+")
 
 
 def priority(levelno: int) -> int:
@@ -36,6 +53,41 @@ def priority(levelno: int) -> int:
     if levelno >= logging.INFO:
         return 6
     return 7
+
+
+class _CollapseRepeats(logging.Filter):
+    """Writes each distinct library message once per window, then once more with a count."""
+
+    MAX_KEYS = 512
+
+    def __init__(self, window: float = REPEAT_WINDOW) -> None:
+        super().__init__()
+        self.window = window
+        self._seen: OrderedDict[tuple[str, int, str], list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(LIBRARY_LOGGERS):
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: let the handler report it as logging does
+            return True
+        key = (record.name, record.levelno, _NUMBERS.sub("#", message))
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.window:
+                seen[1] += 1
+                return False
+            held = int(seen[1]) if seen is not None else 0
+            self._seen[key] = [now, 0]
+            self._seen.move_to_end(key)
+            while len(self._seen) > self.MAX_KEYS:
+                self._seen.popitem(last=False)
+        if held:
+            record.msg, record.args = f"{message} (and {held} more like it in the last {self.window:.0f}s)", None
+        return True
 
 
 class _ScrubSecrets(logging.Filter):
@@ -110,6 +162,7 @@ def setup(level: str = "INFO", fmt: str = "text") -> None:
     """Route every logger to one stderr handler (replacing earlier ones: SIGHUP calls this again)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(stderr_is_journal()))
+    handler.addFilter(_CollapseRepeats())
     handler.addFilter(_ScrubSecrets())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -11,11 +11,27 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, wrap_last: int | None = None) -> str:
+    """Columns padded to their widest cell; with ``wrap_last``, the last column is wrapped at
+    word boundaries to that many characters (continuation lines indented under it), so a
+    long error is read whole instead of cut mid-word."""
     rows = [["" if v is None else str(v) for v in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    cells = [[*r[:-1], _wrap(r[-1], wrap_last)] for r in rows] if wrap_last else [[*r[:-1], [r[-1]]] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
+    widths.append(max([len(headers[-1])] + [len(x) for r in cells for x in r[-1]]))
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    for r in cells:
+        first, *more = r[-1] or [""]
+        out.append(line([*r[:-1], first]))
+        out.extend(line([""] * (len(widths) - 1) + [x]) for x in more)
+    return "\n".join(out)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
 
 
 def plan_text(plan: dict[str, Any]) -> str:
@@ -65,8 +81,9 @@ def status_text(items: list[dict[str, Any]], detail: bool) -> str:
             elif b["etaSeconds"] is not None:
                 progress += f" eta {b['etaSeconds']:.0f}s"
         rows.append([s["id"], s["state"], s["detailedState"], lag, s["records"], s["unparseable"], progress,
-                     (s["lastError"] or s["streamError"] or "")[:80]])
-    out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows)]
+                     s["lastError"] or s["streamError"] or ""])
+    out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows,
+                 wrap_last=80)]
     if detail:
         for s in items:
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "

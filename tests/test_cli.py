@@ -171,7 +171,7 @@ def test_plan_json_then_apply_then_plan_exits_0(run: Cli):
     assert applied.exit_code == 0, applied.output
     assert "create" in applied.stdout and "clicks-rollup" in applied.stdout
 
-    assert run.json("plan", "-o", "json") == {"actions": [], "notes": [], "heldTerminations": []}
+    assert run.json("plan", "-o", "json") == {"actions": [], "notes": [], "heldTerminations": [], "errors": []}
     text = run("plan")
     assert (text.exit_code, text.stdout.strip()) == (0, "No changes: the database matches the spec directory.")
     again = run("apply")
@@ -207,9 +207,10 @@ def test_corrupting_a_spec_keeps_its_last_valid_spec(run: Cli):
     line = misspell(run.specs / "clicks.yaml")
     error = f"{run.specs / 'clicks.yaml'}:{line}:3: {TYPO}"
 
-    doc = run.json("plan", "-o", "json", code=2)
+    doc = run.json("plan", "-o", "json", code=1)  # an invalid file is an error of the plan
     assert kinds(doc) == [("mark-invalid", "clicks")]
     assert doc["actions"][0]["error"] == error
+    assert doc["errors"] == [error]
     assert run("apply").exit_code == 0
 
     after = status_of(run, "clicks")
@@ -217,7 +218,9 @@ def test_corrupting_a_spec_keeps_its_last_valid_spec(run: Cli):
     assert after["lastError"] == error
     assert (after["state"], after["epoch"]) == (before["state"], before["epoch"])
     assert after["source"]["topic"] == "clicks"
-    assert run.json("plan", "-o", "json", code=0)["actions"] == []  # marked once
+    # marked once; the plan still names the invalid file (the daemon's record is no "no changes")
+    assert run.json("plan", "-o", "json", code=1) == {"actions": [], "notes": [], "heldTerminations": [],
+                                                      "errors": [error]}
 
     misspell_fixed = (run.specs / "clicks.yaml").read_text().replace("topc:", "topic:")
     (run.specs / "clicks.yaml").write_text(misspell_fixed)

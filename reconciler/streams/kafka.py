@@ -112,7 +112,7 @@ class _Config:
             "bootstrap.servers": self.source.bootstrap_servers,
             "group.id": f"reconciler-{uuid.uuid4().hex}",  # never joined, never committed
             "client.id": "stream-reconciler",
-            "socket.timeout.ms": ms,
+            "socket.timeout.ms": max(ms, 1100),  # librdkafka wants fetch.wait.max.ms + 1000 at least
             "socket.connection.setup.timeout.ms": ms,
             "session.timeout.ms": max(6000, ms),
             "fetch.queue.backoff.ms": 10,
