@@ -288,8 +288,9 @@ def apply(c: Context, confirm_terminations, output):
 
 @cli.command(epilog="Example: reconciler --specs examples run --until-caught-up")
 @click.option("--until-caught-up", is_flag=True,
-              help="Exit once every running supervisor has ingested up to the latest offsets seen at start "
-                   "and every backfill supervisor has completed.")
+              help="Exit 0 once every running supervisor has ingested up to the latest offsets seen at start "
+                   "and every backfill supervisor has completed; exit 1, naming what is not caught up, when "
+                   "a supervisor stays UNHEALTHY for 60s, on --timeout, or when stopped by a signal first.")
 @click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="With --until-caught-up: give up (exit 1) after this long.")
 @pass_ctx

@@ -14,7 +14,10 @@ The loop, in order, each time round (at least once a second):
    never waits on Spark;
 4. tell systemd WATCHDOG=1 and a one-line STATUS, from this loop itself, so a hung
    loop is caught by ``WatchdogSec``;
-5. with ``--until-caught-up``, exit once everything reached its target.
+5. with ``--until-caught-up``, exit 0 once everything reached its target. It exits 1,
+   naming what is not caught up and why, when a supervisor stays UNHEALTHY for
+   ``UNHEALTHY_GRACE`` seconds (a permanent failure would otherwise keep a cron job
+   waiting forever), when ``--timeout`` runs out, or when a signal stops it first.
 
 SIGTERM (or SIGINT) stops scheduling, lets in-flight batches publish (or be fenced),
 tells systemd STOPPING=1, releases the lease and exits 0; a second one exits at once
@@ -73,6 +76,7 @@ log = logging.getLogger(__name__)
 MAX_HOLD = 30.0  # seconds a busy directory (endless events, a stale .git/index.lock) may hold passes back
 SUMMARY_EVERY = 2.0  # seconds between refreshes of the STATUS line and the state gauges
 RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master")  # not swapped by SIGHUP
+UNHEALTHY_GRACE = 60.0  # seconds --until-caught-up waits for an UNHEALTHY supervisor to recover
 
 
 class _SpecWatcher:
@@ -171,6 +175,8 @@ class Daemon:
         self._spark_lock = threading.Lock()
         self._notes: tuple[str, ...] = ()
         self._targets: dict[str, dict[str, int]] | None = None
+        self._unhealthy_since: dict[str, float] = {}
+        self._stuck: list[str] = []
         self._http = None
         self._ping_every = 1.0
         self._last_ping = 0.0
@@ -219,13 +225,20 @@ class Daemon:
                 if until_caught_up and leader and self._caught_up():
                     log.info("caught up: every supervisor reached its target")
                     return 0
+                if until_caught_up and self._stuck:
+                    log.error("--until-caught-up: giving up, not caught up: %s", "; ".join(self._stuck))
+                    return 1
                 if deadline and time.monotonic() > deadline:
-                    log.error("--until-caught-up: not caught up within %.0fs", timeout)
+                    log.error("--until-caught-up: not caught up within %.0fs: %s", timeout, self._pending_text())
                     return 1
                 self.wake.wait(self._sleep_for(leader, next_tick, watcher, until_caught_up))
             if self._signal_name:
                 log.info("%s: stopping after in-flight batches (send it again to exit at once)",
                          self._signal_name)
+            if until_caught_up:
+                log.error("--until-caught-up: stopped by %s before catching up: %s", self._signal_name or "a signal",
+                          self._pending_text())
+                return 1
             return 0
         finally:
             self._shutdown(watcher)
@@ -524,6 +537,7 @@ class Daemon:
         except ReconcilerError as exc:  # e.g. the database connection dropped: ask again next loop
             log.warning("cannot read the state to check catch-up yet: %s", exc)
             return False
+        self._note_stuck(actual)  # first: a supervisor whose stream cannot even be asked is stuck too
         if self._targets is None:
             targets = {}
             for sid, rec in actual.supervisors.items():
@@ -539,15 +553,37 @@ class Daemon:
                         return False
             self._targets = targets
             log.info("--until-caught-up targets: %s", targets)
-        for sid, target in self._targets.items():
+        return not self._pending(actual) and (self.manager is None or self.manager.idle())
+
+    def _pending(self, actual) -> list[str]:
+        """What keeps ``--until-caught-up`` waiting, one phrase per supervisor."""
+        out = []
+        for sid, target in (self._targets or {}).items():
             rec = actual.supervisors.get(sid)
             if rec is None or rec.state not in RUNNABLE:
                 continue
-            if not caught_up(actual.checkpoints.get(sid, {}), target):
-                return False
-        pending_backfills = [sid for sid, r in actual.supervisors.items()
-                             if r.kind == Kind.BACKFILL and r.state not in (State.COMPLETED, State.TERMINATED)]
-        return not pending_backfills and (self.manager is None or self.manager.idle())
+            checkpoint = actual.checkpoints.get(sid, {})
+            if not caught_up(checkpoint, target):
+                lag = sum(max(0, end - checkpoint.get(p, 0)) for p, end in target.items())
+                out.append(f"{sid} ({rec.state}, {lag} records behind)")
+        out += [f"{sid} ({r.state}, backfill not completed)" for sid, r in sorted(actual.supervisors.items())
+                if r.kind == Kind.BACKFILL and r.state not in (State.COMPLETED, State.TERMINATED)]
+        return out
+
+    def _pending_text(self) -> str:
+        try:
+            return ", ".join(self._pending(self.store.read_actual())) or "in-flight batches"
+        except ReconcilerError as exc:
+            return f"unknown (the database cannot be read: {exc})"
+
+    def _note_stuck(self, actual) -> None:
+        """Supervisors UNHEALTHY for longer than the grace period: --until-caught-up gives up on them."""
+        now = time.monotonic()
+        unhealthy = {sid: r for sid, r in actual.supervisors.items()
+                     if r.state in (State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)}
+        self._unhealthy_since = {sid: self._unhealthy_since.get(sid, now) for sid in unhealthy}
+        self._stuck = [f"{sid} has been {r.state} for {now - self._unhealthy_since[sid]:.0f}s: {r.last_error}"
+                       for sid, r in sorted(unhealthy.items()) if now - self._unhealthy_since[sid] >= UNHEALTHY_GRACE]
 
     def _start_http(self) -> None:
         if not self.settings.http:

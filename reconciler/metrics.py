@@ -19,6 +19,7 @@ name                                       labels                 what
 ``reconciler_publish_conflicts``           supervisor             publishes that lost the CAS (fenced)
 ``reconciler_resets``                      supervisor, trigger    resets applied by this daemon
 ``reconciler_leader``                      (none)                 1 while this daemon holds the lease
+``reconciler_records_lost``                supervisor             records the broker deleted before ingestion
 =========================================  =====================  =====================================
 
 ``/healthz`` answers 200 while the daemon is healthy and 503 otherwise, as Druid's
@@ -64,6 +65,8 @@ class Metrics:
         self.conflicts = Counter("reconciler_publish_conflicts", "publishes that lost their compare-and-swap", ["supervisor"], registry=r)
         self.resets = Counter("reconciler_resets", "reset requests applied by this daemon", ["supervisor", "trigger"], registry=r)
         self.leader = Gauge("reconciler_leader", "1 while this daemon holds the leader lease", registry=r)
+        self.lost = Counter("reconciler_records_lost", "records deleted by the broker's retention before they "
+                            "were ingested (recorded in the audit log)", ["supervisor"], registry=r)
         self.role = "starting"
         self.failing: dict[str, str] = {}
         self.database_error: str | None = None
@@ -87,6 +90,9 @@ class Metrics:
         self.records.labels(supervisor).inc(records)
         self.unparseable.labels(supervisor).inc(unparseable)
         self.batch_seconds.labels(supervisor).observe(seconds)
+
+    def records_lost(self, supervisor: str, count: int) -> None:
+        self.lost.labels(supervisor).inc(count)
 
     def publish_conflict(self, supervisor: str) -> None:
         self.conflicts.labels(supervisor).inc()
