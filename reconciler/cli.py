@@ -7,11 +7,15 @@ database); 2 for ``plan``: changes pending (like ``terraform plan -detailed-exit
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -26,7 +30,14 @@ EPILOG = "Settings: each global option is also an environment variable and a con
 
 
 def _echo_json(doc) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
+    click.echo(json.dumps(doc, indent=2, default=_json_value))
+
+
+def _json_value(value):
+    """Times as ISO-8601 with their zone (SQLite hands back naive UTC datetimes)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    return str(value)
 
 
 class Context:
@@ -146,26 +157,34 @@ def main() -> None:
 
 # -- validate ---------------------------------------------------------------------------
 
-@cli.command(epilog="Example: reconciler validate specs/ examples/kafka-clicks.yaml")
+@cli.command(epilog="""\b
+Examples:
+  reconciler validate specs/ examples/kafka-clicks.yaml
+  reconciler validate -o json specs/ | jq '.problems[] | "\\(.path):\\(.line): \\(.message)"'
+  (a pre-commit hook and a CI job that run it: see "Validating a config repo" in the README)""")
 @click.argument("paths", nargs=-1, type=click.Path())
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: {ok, specs, markers, problems: [{path, line, column, field, message}]} on stdout.")
 @pass_ctx
-def validate(c: Context, paths):
+def validate(c: Context, paths, output):
     """Validate spec and marker files (directories or single files).
 
     Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE and exits 1 if any file is
-    invalid. With no PATH, validates the spec directory.
+    invalid. With no PATH, validates the spec directory. Needs no database and no broker,
+    so it fits a pre-commit hook or a pull request's CI job.
     """
-    from reconciler.errors import SpecInvalid
+    from reconciler.errors import SpecInvalid, SpecProblem
     from reconciler.spec import loader
 
-    problems, specs, markers = [], 0, 0
+    problems: list[SpecProblem] = []
+    specs = markers = 0
     for path in paths or (c.settings.specs,):
         if Path(path).is_dir():
             state = loader.load_directory(path, check_permissions=not c.settings.allow_insecure_specs)
             if not state.ok:
-                problems.append(f"{path}: {state.error}")
+                problems.append(SpecProblem(str(path), None, None, "", str(state.error)))
                 continue
-            problems += [str(p) for p in state.problems]
+            problems += state.problems
             specs += len(state.specs)
             markers += len(state.markers)
             continue
@@ -177,9 +196,13 @@ def validate(c: Context, paths):
                 loader.load_spec_file(path)
                 specs += 1
         except SpecInvalid as exc:
-            problems += [str(p) for p in exc.problems]
+            problems += exc.problems
+    if output == "json":
+        _echo_json({"ok": not problems, "specs": specs, "markers": markers,
+                    "problems": [dataclasses.asdict(p) for p in problems]})
+        sys.exit(1 if problems else 0)
     for p in problems:
-        click.echo(p, err=True)
+        click.echo(str(p), err=True)
     if problems:
         click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
         sys.exit(1)
@@ -367,11 +390,27 @@ def segments(c: Context, datasource, output):
     """Committed segments of a datasource: interval, rows, size, offsets, path."""
     rows = c.read_store.segments(datasource)
     if output == "json":
-        _echo_json(rows)
-    else:
-        click.echo(render.segments_text(rows))
-        if rows:
-            click.echo(f"\n{len(rows)} file(s), {sum(r['rows'] for r in rows)} rows")
+        _echo_json([{**r, "ranges": [{"partition": p, "start": s, "end": e} for p, s, e in json.loads(r["ranges"])]}
+                    for r in rows])
+        return
+    if not rows:
+        click.echo(_no_segments(c, datasource))
+        return
+    click.echo(render.segments_text(rows))
+    click.echo(f"\n{len(rows)} file(s), {sum(r['rows'] for r in rows)} rows")
+
+
+def _no_segments(c: Context, datasource: str) -> str:
+    """Say which datasources there are: the argument is often a supervisor id by mistake."""
+    actual = c.read_store.read_actual()
+    sources = {sid: r.spec_document.get("dataSchema", {}).get("datasource") for sid, r in actual.supervisors.items()}
+    known = sorted({d for d in sources.values() if d})
+    text = f"No committed segments in datasource '{datasource}'."
+    if datasource in sources and sources[datasource] and sources[datasource] != datasource:
+        text += f" Supervisor '{datasource}' writes datasource '{sources[datasource]}'."
+    if known:
+        text += f" Datasources: {', '.join(known)}."
+    return text
 
 
 # -- reset ------------------------------------------------------------------------------
@@ -443,7 +482,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     position = parse_position(to)
     rec = c.store.get(supervisor_id)
     if rec is None or rec.kind != "main":
-        raise click.ClickException(f"no main supervisor '{supervisor_id}' (see `reconciler status`)")
+        _refuse(f"no main supervisor '{supervisor_id}' (see `reconciler status`)", output)
     req = from_cli(supervisor_id, position, operation_id=uuid.uuid4().hex[:12], backfill=backfill,
                    backfill_task_count=backfill_task_count, allow_rewind=allow_rewind, reason=reason)
     try:
@@ -457,13 +496,36 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
             _print_reset(doc, output)
             sys.exit(1 if outcome.errors else 0)
         kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
-        [result] = Applier(c.store, actor=f"cli:{req.source}", state_dir=c.settings.state_path).apply(
-            [Action(kind, supervisor_id, req.describe(), request=req)])
+        with _quiet("reconciler.apply"):  # its outcome is printed below, once
+            [result] = Applier(c.store, actor=f"cli:{req.source}", state_dir=c.settings.state_path).apply(
+                [Action(kind, supervisor_id, req.describe(), request=req)])
     except ReconcilerError as exc:
-        raise click.ClickException(str(exc)) from None
+        _refuse(str(exc), output)
     if not result.ok:
-        raise click.ClickException(result.message)
+        _refuse(result.message, output, supervisor=supervisor_id)
     _print_reset({"dryRun": False, "message": result.message, **result.details}, output)
+
+
+def _refuse(message: str, output: str, **fields) -> NoReturn:
+    """A refusal, printed once: as ``Error: ...`` on stderr, or with ``-o json`` as
+    ``{"ok": false, "error": ...}`` on stdout (a script reading JSON gets JSON); exit 1."""
+    message = secrets.scrub(message)
+    if output == "json":
+        _echo_json({"ok": False, "error": message, **fields})
+        sys.exit(1)
+    raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    """Hold back a logger's lines while the command itself reports the same outcome."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _print_reset(doc, output) -> None:

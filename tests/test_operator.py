@@ -126,3 +126,45 @@ def test_a_long_error_wraps_at_words_instead_of_being_cut():
     assert all(len(ln) <= len("supervisor") + 2 + 40 for ln in lines)
     body = " ".join(ln[len("supervisor") + 2:].strip() for ln in lines[2:])
     assert body == error
+
+
+# -- validate for CI, refusals printed once, segments that name the datasources ---------------------
+
+def test_validate_json_for_ci(tmp_path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "ok.yaml").write_text(yaml.safe_dump(_spec("ok", "127.0.0.1:9092")))
+    (tmp_path / "specs" / "typo.yaml").write_text(yaml.safe_dump(_spec("typo", "127.0.0.1:9092")).replace("topic:", "topc:"))
+    result = _run(tmp_path, "validate", "-o", "json", str(tmp_path / "specs"))
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert (doc["ok"], doc["specs"], doc["markers"]) == (False, 1, 0)
+    [problem] = doc["problems"]
+    assert problem["path"].endswith("typo.yaml") and problem["field"] == "source.topc"
+    assert isinstance(problem["line"], int) and "did you mean 'topic'" in problem["message"]
+    assert not (tmp_path / "state").exists()  # no database, no state: fit for a pre-commit hook
+
+
+def test_the_shipped_pre_commit_hook_runs_validate():
+    hooks = yaml.safe_load((Path(__file__).resolve().parents[1] / ".pre-commit-hooks.yaml").read_text())
+    assert hooks[0]["id"] == "reconciler-validate" and hooks[0]["entry"] == "reconciler validate"
+
+
+def test_a_refusal_is_printed_once_and_as_json_with_o_json(tmp_path, dead_broker_specs):
+    assert _run(tmp_path, "apply").returncode == 0
+    text = _run(tmp_path, "reset", "down0", "--to", '{"0": 5}')
+    assert text.returncode == 1
+    assert text.stderr.count("cannot reach Kafka") == 1, text.stderr
+    as_json = _run(tmp_path, "reset", "down0", "--to", '{"0": 5}', "-o", "json")
+    assert as_json.returncode == 1
+    doc = json.loads(as_json.stdout)
+    assert doc["ok"] is False and "cannot reach Kafka" in doc["error"]
+    unknown = json.loads(_run(tmp_path, "reset", "nope", "--to", "latest", "-o", "json").stdout)
+    assert unknown == {"ok": False, "error": "no main supervisor 'nope' (see `reconciler status`)"}
+
+
+def test_segments_of_a_supervisor_id_names_the_datasources(tmp_path, dead_broker_specs):
+    (tmp_path / "specs" / "down0.yaml").write_text(
+        yaml.safe_dump(_spec("down0", "127.0.0.1:1") | {"dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}))
+    assert _run(tmp_path, "apply").returncode == 0
+    out = _run(tmp_path, "segments", "down0").stdout
+    assert "Supervisor 'down0' writes datasource 'clicks'." in out and "Datasources: clicks, down1" in out
