@@ -355,10 +355,13 @@ def status(c: Context, supervisor_id, output, no_lag):
         raise click.ClickException(f"no supervisor '{supervisor_id}'")
     if lease:
         lease["live"] = lease["expires_at"] > datetime.now(UTC)
+    live = bool(lease and lease["live"])
+    for item in items:  # without a leader nothing updates states: they are what was last seen, and when
+        item["stale"] = not live
     if output == "json":
         _echo_json({"supervisors": items, "leader": lease, "daemons": daemons})
     else:
-        click.echo(render.status_text(items, detail=bool(supervisor_id)))
+        click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
         if lease and lease["live"]:
             click.echo(f"\nleader: {lease['holder']} (token {lease['token']}, lease until {lease['expires_at']:%H:%M:%S}Z)")
         elif lease:

@@ -64,7 +64,8 @@ def reset_table(partitions: list[dict[str, Any]]) -> str:
     )
 
 
-def status_text(items: list[dict[str, Any]], detail: bool) -> str:
+def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) -> str:
+    """``live``: a daemon leads now; otherwise each state is shown as last seen, with when."""
     if not items:
         return "No supervisors. Add a spec to the spec directory and run `reconciler apply`."
     rows = []
@@ -80,7 +81,8 @@ def status_text(items: list[dict[str, Any]], detail: bool) -> str:
                 progress += " COMPLETED"
             elif b["etaSeconds"] is not None:
                 progress += f" eta {b['etaSeconds']:.0f}s"
-        rows.append([s["id"], s["state"], s["detailedState"], lag, s["records"], s["unparseable"], progress,
+        state = s["state"] if live or not s.get("updatedAt") else f"{s['state']} (as of {_hhmmss(s['updatedAt'])})"
+        rows.append([s["id"], state, s["detailedState"], lag, s["records"], s["unparseable"], progress,
                      s["lastError"] or s["streamError"] or ""])
     out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows,
                  wrap_last=80)]
@@ -120,6 +122,15 @@ def segments_text(rows: list[dict[str, Any]]) -> str:
         ranges = ", ".join(f"{p}:[{s},{e})" for p, s, e in json.loads(r["ranges"]))
         out.append([f"{r['interval_start']}/{r['interval_end']}", r["rows"], r["bytes"], r["batch_id"][:12], ranges, r["path"]])
     return table(["interval", "rows", "bytes", "batch", "offsets", "path"], out)
+
+
+def _hhmmss(iso: str) -> str:
+    """``2026-11-23T13:22:01.5+00:00`` -> ``13:22:01Z`` (the day too when it is not today)."""
+    from datetime import UTC, datetime
+
+    when = datetime.fromisoformat(iso)
+    when = (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC)
+    return f"{when:%H:%M:%S}Z" if when.date() == datetime.now(UTC).date() else f"{when:%Y-%m-%d %H:%M:%S}Z"
 
 
 def _indent(text: str, n: int) -> str:

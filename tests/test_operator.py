@@ -168,3 +168,11 @@ def test_segments_of_a_supervisor_id_names_the_datasources(tmp_path, dead_broker
     assert _run(tmp_path, "apply").returncode == 0
     out = _run(tmp_path, "segments", "down0").stdout
     assert "Supervisor 'down0' writes datasource 'clicks'." in out and "Datasources: clicks, down1" in out
+
+
+def test_without_a_leader_states_are_shown_as_last_seen_and_when(tmp_path, dead_broker_specs):
+    assert _run(tmp_path, "apply").returncode == 0
+    text = _run(tmp_path, "status", "--no-lag").stdout
+    assert "PENDING (as of " in text
+    doc = json.loads(_run(tmp_path, "status", "--no-lag", "-o", "json").stdout)
+    assert all(s["stale"] is True for s in doc["supervisors"])
