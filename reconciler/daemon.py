@@ -589,12 +589,22 @@ class Daemon:
         if not self.settings.http:
             return
         try:
-            self._http = serve(self.metrics, self.settings.http)
+            self._http = serve(self.metrics, self.settings.http, page=self._status_page)
             host, port = self._http.server_address[:2]
-            log.info("metrics on http://%s:%d/metrics, health on /healthz", host, port)
+            log.info("status page on http://%s:%d/, metrics on /metrics, health on /healthz", host, port)
         except (OSError, ValueError) as exc:
             log.warning("cannot serve metrics on %s: %s (continuing without)", self.settings.http,
                         getattr(exc, "strerror", None) or exc)
+
+
+    def _status_page(self) -> str:
+        """The HTML of ``/`` (served from the HTTP thread: reads only, no broker calls)."""
+        from reconciler import statuspage
+        from reconciler.status import all_status
+
+        return statuspage.render(all_status(self.store, with_latest=False),
+                                 self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),
+                                 self.metrics.health(), self.metrics.lag_by_supervisor())
 
 
 def _write_stderr(text: str) -> None:

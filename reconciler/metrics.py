@@ -32,10 +32,11 @@ healthy: standing by is its job. The JSON body says which check failed.
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -146,6 +147,14 @@ class Metrics:
         with self._lock:
             self.failing.clear()
 
+    def lag_by_supervisor(self) -> dict[str, dict[str, float]]:
+        """supervisor -> partition -> records behind, as the runtimes last observed them."""
+        out: dict[str, dict[str, float]] = {}
+        for metric in self.lag.collect():
+            for sample in metric.samples:
+                out.setdefault(sample.labels["supervisor"], {})[sample.labels["partition"]] = sample.value
+        return out
+
     def passes_count(self, outcome: str) -> int:
         value = self.registry.get_sample_value("reconciler_reconcile_passes_total", {"outcome": outcome})
         return int(value or 0)
@@ -175,13 +184,30 @@ class Metrics:
         }
 
 
-def serve(metrics: Metrics, address: str) -> ThreadingHTTPServer:
-    """Start ``/metrics`` and ``/healthz`` on ``host:port`` in a daemon thread (port 0: any free port)."""
+def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None) -> ThreadingHTTPServer:
+    """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` on ``host:port``
+    in a daemon thread (port 0: any free port)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
 
     class Handler(MetricsHandler):
+        def _send(self, code: int, content_type: str, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self):  # noqa: N802 (http.server's naming)
+            if page is not None and self.path.split("?")[0] in ("/", "/index.html"):
+                try:
+                    self._send(200, "text/html; charset=utf-8", page().encode())
+                except Exception as exc:  # noqa: BLE001 (the page must say why, not drop the connection)
+                    text = html.escape(secrets.scrub(f"{type(exc).__name__}: {exc}"))
+                    self._send(500, "text/html; charset=utf-8",
+                               f"<!doctype html><p>status page unavailable: {text}</p>".encode())
+                return
             if self.path.startswith("/healthz"):
                 ok, body = metrics.health()
                 data = json.dumps(body, default=str).encode()

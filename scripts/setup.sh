@@ -3,7 +3,8 @@
 #   - the virtualenv .venv with the package and its test extras (pyproject.toml);
 #   - Java 17+ for PySpark;
 #   - with --with-test-services: RabbitMQ (stream plugin) and PostgreSQL 15 server
-#     binaries, used by the tests' private throwaway instances (reconciler/devservices.py).
+#     binaries, used by the tests' private throwaway instances (reconciler/devservices.py),
+#     and chromium for the status page's browser test.
 # apt-get update runs once, and only when something must be installed.
 set -euo pipefail
 
@@ -128,6 +129,10 @@ if [ "$WITH_SERVICES" -eq 1 ]; then
     fi
     if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
         pkgs+=(postgresql-15)
+    fi
+    # the status page's test loads it in a real headless browser
+    if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+        pkgs+=(chromium)
     fi
     if [ ${#pkgs[@]} -gt 0 ]; then
         apt_install "${pkgs[@]}"

@@ -275,6 +275,35 @@ class Store:
         )
         return {p: int(o) for p, o in rows}
 
+    def skip_lost(self, supervisor_id: str, epoch: int, lost: Mapping[str, tuple[int, int]], *, actor: str,
+                  now=None) -> None:
+        """Move checkpoints past ranges the broker deleted before they were ingested, recording
+        the loss (ranges and count) in the audit log: never a silent skip. Compare-and-swap like
+        a publish (epoch and start offsets), so it cannot overwrite a reset or a publish."""
+        now = now or utcnow()
+        with self._write() as c:
+            hit = c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id, supervisors.c.epoch == epoch)
+                            .values(updated_at=now)).rowcount
+            if hit != 1:
+                raise PublishConflict(f"{supervisor_id}: epoch is no longer {epoch}; retention skip not applied")
+            for p, (start, end) in lost.items():
+                moved = c.execute(sa.update(checkpoints).where(
+                    checkpoints.c.supervisor_id == supervisor_id, checkpoints.c.partition == p,
+                    checkpoints.c.next_offset == start).values(next_offset=end)).rowcount
+                if moved != 1:
+                    raise PublishConflict(f"{supervisor_id}: partition {p} checkpoint is no longer {start}")
+            total = sum(end - start for start, end in lost.values())
+            self._audit(c, supervisor_id, "retention-loss", actor, "broker retention",
+                        f"{total} records deleted by the broker before they were ingested",
+                        {"lostRecords": total, "lostRanges": {p: list(r) for p, r in lost.items()}}, now)
+
+    def lost_records(self, supervisor_id: str) -> int:
+        """Records this supervisor lost to retention (skips and resets), from the audit log."""
+        total = 0
+        for e in self.history(supervisor_id):
+            total += int((e.get("details") or {}).get("lostRecords") or 0)
+        return total
+
     # -- publish (compare-and-swap) ----------------------------------------------------------
 
     def publish(self, *, supervisor_id: str, epoch: int, batch_id: str, datasource: str,
@@ -508,6 +537,16 @@ class Store:
             d["details"] = json.loads(d["details"]) if d["details"] else None
             out.append(d)
         return out
+
+    def recent_audit(self, actions: Sequence[str], limit: int = 20) -> list[dict[str, Any]]:
+        """The newest audit entries of these actions, newest first (the status page's resets)."""
+        with self._read() as c:
+            rows = c.execute(
+                sa.select(audit_log).where(audit_log.c.action.in_(list(actions)))
+                .order_by(audit_log.c.id.desc()).limit(limit)
+            ).mappings().all()
+        return [{**r, "at": _aware(r["at"]), "details": json.loads(r["details"]) if r["details"] else None}
+                for r in rows]
 
     @staticmethod
     def _version(c, spec: SupervisorSpec, now) -> None:
