@@ -63,6 +63,8 @@ def _hostile_files(specs: Path, bootstrap: str, secret_file: Path) -> dict[str, 
         "float.yaml": (helpers.spec_doc("float", src, task_count=2.0), "expected integer, got number 2.0"),
         "big.yaml": (helpers.spec_doc("big", src, max_batch_records=1.0e300), "expected integer"),
         "zero.yaml": (helpers.spec_doc("zero", src, task_duration="0ms"), "too short"),
+        # a spec taking the name the next backfill of "good" would get
+        "good-backfill-1.yaml": (helpers.spec_doc("good-backfill-1", src), "-backfill-<n> is reserved"),
     }
     for name, (doc, _) in files.items():
         (specs / name).write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -121,6 +123,11 @@ def test_hostile_input_and_a_signal_storm_on_a_live_daemon(tmp_path, kafka_broke
         _wait("a spec added after the storm reconciled", lambda: store.get("late") is not None, 60, proc, log)
         want = {str(p): e for p, e in ends.items()}
         _wait("the second wave ingested", lambda: store.checkpoints("good") == want, 240, proc, log)
+
+        # a reset of "good" beside the refused good-backfill-1 spec: no collision, no traceback
+        reset = subprocess.run([str(helpers.RECONCILER_BIN), "reset", "good", "--to", "latest"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert reset.returncode == 0 and "Traceback" not in reset.stderr, reset.stderr
 
         code, health = _healthz(port)
         assert health["secondsSinceLoop"] is not None and health["secondsSinceLoop"] < 5, health
