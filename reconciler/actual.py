@@ -94,12 +94,27 @@ class SupervisorRecord:
 
 
 @dataclass(frozen=True)
+class Override:
+    """An operator's suspension of a supervisor, kept until lifted (drift from the file)."""
+
+    supervisor_id: str
+    kind: str  # suspend
+    reason: str
+    actor: str
+    at: datetime
+
+    def describe(self) -> str:
+        return f"suspended by operator {self.actor} at {self.at:%Y-%m-%d %H:%M}Z: {self.reason}"
+
+
+@dataclass(frozen=True)
 class ActualState:
     """Everything the planner needs from the database, read in one transaction."""
 
     supervisors: Mapping[str, SupervisorRecord] = field(default_factory=dict)
     handled_tokens: frozenset[str] = frozenset()
     checkpoints: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    overrides: Mapping[str, Override] = field(default_factory=dict)
 
     def mains(self) -> dict[str, SupervisorRecord]:
         return {k: v for k, v in self.supervisors.items() if v.kind == Kind.MAIN}

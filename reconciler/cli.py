@@ -546,6 +546,119 @@ def _print_reset(doc, output) -> None:
 
 # -- db ---------------------------------------------------------------------------------
 
+# -- operator control ---------------------------------------------------------------------
+
+@cli.command("suspend", epilog='Example: reconciler suspend clicks --reason "INC-42: broker overloaded"')
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--reason", required=True, help="Why; recorded in the audit log and shown in status and plan.")
+@pass_ctx
+def suspend_cmd(c: Context, supervisor_id, reason):
+    """Suspend a supervisor now, whatever its file says, until `reconciler resume ID`.
+
+    For a main supervisor this is an operator override kept in the database: `status`
+    and `plan` show it as drift from the file ("suspended by operator: REASON") and no
+    pass resumes it. The checkpoint is kept; an in-flight batch still publishes. For a
+    backfill supervisor it is `reconciler backfill suspend`.
+    """
+    rec = _supervisor(c, supervisor_id)
+    try:
+        if rec.kind == "backfill":
+            c.store.control_backfill(supervisor_id, "suspend", reason, actor=f"cli:{_user()}")
+        else:
+            c.store.suspend_by_operator(supervisor_id, reason, actor=f"cli:{_user()}")
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{supervisor_id}: suspended by operator: {reason}"
+               + ("" if rec.kind == "backfill" else f" (drift from the file until `reconciler resume {supervisor_id}`)"))
+
+
+@cli.command("resume", epilog='Example: reconciler resume clicks --reason "INC-42 resolved"')
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--reason", help="Why; recorded in the audit log.")
+@pass_ctx
+def resume_cmd(c: Context, supervisor_id, reason):
+    """Lift `reconciler suspend`: the spec file is the desired state again.
+
+    The supervisor resumes unless its file says `suspended: true`.
+    """
+    rec = _supervisor(c, supervisor_id)
+    try:
+        if rec.kind == "backfill":
+            c.store.control_backfill(supervisor_id, "resume", reason, actor=f"cli:{_user()}")
+            click.echo(f"{supervisor_id}: resumed")
+            return
+        lifted = c.store.resume_by_operator(supervisor_id, reason, actor=f"cli:{_user()}",
+                                            file_suspended=rec.spec.suspended)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not lifted:
+        raise click.ClickException(f"'{supervisor_id}' has no operator override: its file decides "
+                                   f"(suspended: {str(rec.spec.suspended).lower()})")
+    click.echo(f"{supervisor_id}: override lifted; "
+               + ("its file says suspended: true, so it stays SUSPENDED" if rec.spec.suspended else "resuming"))
+
+
+def _supervisor(c: Context, supervisor_id: str):
+    rec = c.store.get(supervisor_id)
+    if rec is None:
+        raise click.ClickException(f"no supervisor '{supervisor_id}' (see `reconciler status`)")
+    return rec
+
+
+@cli.group("backfill", epilog="Example: reconciler backfill list")
+def backfill_group():
+    """Operator control of backfill supervisors (bounded, created by resets)."""
+
+
+@backfill_group.command("list", epilog="Example: reconciler backfill list -o json")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def backfill_list(c: Context, output):
+    """Every backfill supervisor: its main, state, progress and ETA."""
+    from reconciler.status import all_status
+
+    items = [s for s in all_status(c.read_store, with_latest=False) if s["kind"] == "backfill"]
+    if output == "json":
+        _echo_json(items)
+        return
+    if not items:
+        click.echo("No backfill supervisors.")
+        return
+    rows = []
+    for s in items:
+        b = s["backfill"]
+        eta = "" if b["etaSeconds"] is None or b["complete"] else f"{b['etaSeconds']:.0f}s"
+        rows.append([s["id"], s["parent"], s["state"], f"{b['done']}/{b['total']}", eta, s["lastError"] or ""])
+    click.echo(render.table(["backfill", "of", "state", "done", "eta", "error"], rows, wrap_last=60))
+
+
+def _backfill_verb(verb: str, help_text: str, example: str):
+    @backfill_group.command(verb, help=help_text, epilog=f"Example: {example}")
+    @click.argument("backfill_id", metavar="ID")
+    @click.option("--reason", required=verb != "resume", help="Why; recorded in the audit log.")
+    @pass_ctx
+    def command(c: Context, backfill_id, reason):
+        try:
+            details = c.store.control_backfill(backfill_id, verb, reason, actor=f"cli:{_user()}")
+        except ReconcilerError as exc:
+            raise click.ClickException(str(exc)) from None
+        text = {"suspend": "suspended", "resume": "resumed", "cancel": "cancelled"}[verb]
+        click.echo(f"{backfill_id}: {text}")
+        if details.get("unreadRanges"):
+            ranges = ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(details["unreadRanges"].items()))
+            click.echo(f"left unread ({details['unreadRecords']} records, recorded in the audit log): {ranges}")
+    return command
+
+
+_backfill_verb("suspend", "Pause a backfill: no batches until resumed; its progress is kept.",
+               'reconciler backfill suspend clicks-backfill-1 --reason "broker overloaded"')
+_backfill_verb("resume", "Resume a suspended backfill from where it stopped.",
+               "reconciler backfill resume clicks-backfill-1")
+_backfill_verb("cancel", "Stop a backfill for good; the range it left unread is recorded in the audit log "
+               "(and shown by history) so the gap is explained, never silent.",
+               'reconciler backfill cancel clicks-backfill-1 --reason "data not needed"')
+
+
 @cli.group(epilog="Example: reconciler --db postgresql://reconciler@db/reconciler db upgrade")
 def db():
     """Metadata database maintenance."""

@@ -177,6 +177,8 @@ def plan(
                                       path=path, error=error))
 
     notes += _shared_sources(desired)
+    notes += [f"{sid}: {ov.describe()}; drift from the file until `reconciler resume {sid}`"
+              for sid, ov in sorted(actual.overrides.items()) if sid in mains]
     terminate, held, why = _terminations(desired, mains, settings, invalid)
     actions += terminate
     if why:
@@ -212,9 +214,12 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
             if fresh:
                 why = f"source changed ({fresh}); freshStart: old checkpoints dropped"
             out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path, fresh_start=fresh))
-        if spec.suspended and rec.state != State.SUSPENDED:
-            out.append(Action(ActionKind.SUSPEND, spec.id, "suspended: true", spec=spec, path=path))
-        elif not spec.suspended and rec.state == State.SUSPENDED:
+        override = actual.overrides.get(spec.id)  # an operator's suspension outranks the file
+        suspended = spec.suspended or override is not None
+        if suspended and rec.state != State.SUSPENDED:
+            why = "suspended: true" if spec.suspended else override.describe()
+            out.append(Action(ActionKind.SUSPEND, spec.id, why, spec=spec, path=path))
+        elif not suspended and rec.state == State.SUSPENDED:
             out.append(Action(ActionKind.RESUME, spec.id, "suspended: false", spec=spec, path=path))
     req = from_stanza(spec)
     if req is not None and req.token not in actual.handled_tokens:

@@ -82,6 +82,8 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
             elif b["etaSeconds"] is not None:
                 progress += f" eta {b['etaSeconds']:.0f}s"
         state = s["state"] if live or not s.get("updatedAt") else f"{s['state']} (as of {_hhmmss(s['updatedAt'])})"
+        if s.get("override"):
+            state += " (by operator)"
         rows.append([s["id"], state, s["detailedState"], lag, s["records"], s["unparseable"], progress,
                      s["lastError"] or s["streamError"] or ""])
     out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows,
@@ -95,6 +97,9 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
             for key in ("lastError", "streamError"):
                 if s[key]:
                     out.append(f"{key}: {s[key]}")
+            if s.get("override"):
+                out.append(f"override: {s['override']['description']} (drift from the file until "
+                           f"`reconciler resume {s['id']}`)")
     return "\n".join(out)
 
 

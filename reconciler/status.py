@@ -96,8 +96,14 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
     if asked:
         with ThreadPoolExecutor(max_workers=min(_LAG_THREADS, len(asked)), thread_name_prefix="lag") as pool:
             positions = dict(zip((r.id for r in asked), pool.map(_latest, asked), strict=True))
-    return [supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest,
-                              positions=positions.get(r.id, ({}, None))) for r in recs]
+    items = [supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest,
+                               positions=positions.get(r.id, ({}, None))) for r in recs]
+    for item in items:
+        override = actual.overrides.get(item["id"])
+        item["override"] = None if override is None else {
+            "kind": override.kind, "reason": override.reason, "actor": override.actor, "at": override.at.isoformat(),
+            "description": override.describe()}
+    return items
 
 
 def _total_lag(parts: list[dict[str, Any]], known: bool) -> int | None:

@@ -314,8 +314,8 @@ def test_reset_rejects_a_bad_position(run_sqlite: Cli):
 
 def test_db_upgrade_prints_the_revision(run: Cli):
     first, second = run("db", "upgrade"), run("db", "upgrade")
-    assert (first.exit_code, first.stdout.strip()) == (0, "database at revision 0001")
-    assert (second.exit_code, second.stdout.strip()) == (0, "database at revision 0001")
+    assert (first.exit_code, first.stdout.strip()) == (0, "database at revision 0002")
+    assert (second.exit_code, second.stdout.strip()) == (0, "database at revision 0002")
 
 
 def test_default_database_is_sqlite_in_the_state_dir(tmp_path, specs):
@@ -395,8 +395,13 @@ ALL_COMMANDS = list(_commands(cli))
 
 def test_every_command_is_listed():
     expected = {("apply",), ("db",), ("db", "upgrade"), ("history",), ("plan",), ("reset",), ("run",),
-                ("segments",), ("status",), ("validate",)}
+                ("segments",), ("status",), ("validate",), ("suspend",), ("resume",), ("backfill",),
+                ("backfill", "list"), ("backfill", "suspend"), ("backfill", "resume"), ("backfill", "cancel")}
     assert set(ALL_COMMANDS) == expected
+    readme = (ROOT / "README.md").read_text()
+    for path in ALL_COMMANDS:
+        if path not in (("db",), ("backfill",)):
+            assert f"reconciler {' '.join(path)}" in readme, f"README does not show `reconciler {' '.join(path)}`"
 
 
 @pytest.mark.parametrize("path", ALL_COMMANDS, ids=[" ".join(p) for p in ALL_COMMANDS])
@@ -452,7 +457,7 @@ def test_script_plan_apply_plan(tmp_path, specs, db_url):
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["actions"] == []
     upgrade = script(*common, "db", "upgrade", cwd=tmp_path)
-    assert (upgrade.returncode, upgrade.stdout.strip()) == (0, "database at revision 0001")
+    assert (upgrade.returncode, upgrade.stdout.strip()) == (0, "database at revision 0002")
 
 
 def test_bad_log_level_from_the_environment_is_a_clear_error(tmp_path, specs):

@@ -23,7 +23,15 @@ from alembic.config import Config
 from sqlalchemy import exc as sa_exc
 
 from reconciler import faults
-from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord, dumps
+from reconciler.actual import (
+    ActualState,
+    DetailedState,
+    Kind,
+    Override,
+    State,
+    SupervisorRecord,
+    dumps,
+)
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.requests import ResetRequest
 from reconciler.resets import ResetOutcome, fill_missing
@@ -35,6 +43,7 @@ from reconciler.store.tables import (
     batches,
     checkpoints,
     leases,
+    overrides,
     requests,
     segments,
     spec_versions,
@@ -144,7 +153,72 @@ class Store:
             cps: dict[str, dict[str, int]] = {}
             for sid, p, o in c.execute(sa.select(checkpoints)):
                 cps.setdefault(sid, {})[p] = int(o)
-        return ActualState(supervisors=sups, handled_tokens=tokens, checkpoints=cps)
+            held = {r.supervisor_id: Override(r.supervisor_id, r.kind, r.reason, r.actor, _aware(r.at))
+                    for r in c.execute(sa.select(overrides))}
+        return ActualState(supervisors=sups, handled_tokens=tokens, checkpoints=cps, overrides=held)
+
+    # -- operator control (overrides of the file, bounded supervisors) -----------------------
+
+    def suspend_by_operator(self, supervisor_id: str, reason: str, *, actor: str, now=None) -> None:
+        """Suspend a main supervisor until ``resume_by_operator``, whatever its file says."""
+        now = now or utcnow()
+        with self._write() as c:
+            c.execute(sa.delete(overrides).where(overrides.c.supervisor_id == supervisor_id))
+            c.execute(sa.insert(overrides).values(supervisor_id=supervisor_id, kind="suspend", reason=reason,
+                                                  actor=actor, at=now))
+            c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
+                supervisors.c.state != State.TERMINATED).values(
+                state=State.SUSPENDED, detailed_state=DetailedState.SUSPENDED, updated_at=now))
+            self._audit(c, supervisor_id, "operator-suspend", actor, "cli", reason, None, now)
+
+    def resume_by_operator(self, supervisor_id: str, reason: str | None, *, actor: str, file_suspended: bool,
+                           now=None) -> bool:
+        """Lift the override; the file is the desired state again (PENDING unless it says
+        ``suspended: true``). False when there was no override."""
+        now = now or utcnow()
+        with self._write() as c:
+            gone = c.execute(sa.delete(overrides).where(overrides.c.supervisor_id == supervisor_id)).rowcount
+            if not gone:
+                return False
+            if not file_suspended:
+                c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
+                    supervisors.c.state == State.SUSPENDED).values(
+                    state=State.PENDING, detailed_state=DetailedState.PENDING, updated_at=now))
+            self._audit(c, supervisor_id, "operator-resume", actor, "cli", reason, None, now)
+        return True
+
+    def control_backfill(self, backfill_id: str, verb: str, reason: str | None, *, actor: str,
+                         now=None) -> dict[str, Any]:
+        """suspend | resume | cancel a bounded supervisor, in one transaction with its audit entry.
+
+        Cancel bumps the epoch (an in-flight batch fails its publish) and records the range
+        left unread, per partition, read under that lock: the gap ``verify`` must explain."""
+        now = now or utcnow()
+        with self._write() as c:
+            row = c.execute(sa.select(supervisors).where(supervisors.c.id == backfill_id)).first()
+            if row is None or row.kind != Kind.BACKFILL:
+                raise PermanentError(f"no backfill supervisor '{backfill_id}' (see `reconciler backfill list`)")
+            state = State(row.state)
+            if state in (State.COMPLETED, State.TERMINATED):
+                raise PermanentError(f"backfill '{backfill_id}' is {state}: nothing to {verb}")
+            details: dict[str, Any] = {}
+            if verb == "suspend":
+                values = dict(state=State.SUSPENDED, detailed_state=DetailedState.SUSPENDED)
+            elif verb == "resume":
+                if state != State.SUSPENDED:
+                    raise PermanentError(f"backfill '{backfill_id}' is {state}, not SUSPENDED: nothing to resume")
+                values = dict(state=State.PENDING, detailed_state=DetailedState.PENDING)
+            else:
+                ends = json.loads(row.end_offsets or "{}")
+                at = {p: int(o) for p, o in c.execute(sa.select(checkpoints.c.partition, checkpoints.c.next_offset)
+                                                      .where(checkpoints.c.supervisor_id == backfill_id))}
+                unread = {p: [at.get(p, end), end] for p, end in ends.items() if at.get(p, end) < end}
+                details = {"unreadRanges": unread, "unreadRecords": sum(e - s for s, e in unread.values())}
+                values = dict(state=State.TERMINATED, detailed_state=DetailedState.TERMINATED,
+                              epoch=supervisors.c.epoch + 1)
+            c.execute(sa.update(supervisors).where(supervisors.c.id == backfill_id).values(**values, updated_at=now))
+            self._audit(c, backfill_id, f"{verb}-backfill", actor, "cli", reason, details or None, now)
+        return details
 
     def get(self, supervisor_id: str) -> SupervisorRecord | None:
         with self._read() as c:

@@ -110,6 +110,18 @@ requests = sa.Table(
     sa.Column("handled_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# An operator's override of the spec file (``reconciler suspend ID --reason``): the supervisor
+# stays suspended, shown as drift from the file, until ``reconciler resume ID`` lifts it.
+overrides = sa.Table(
+    "overrides",
+    metadata,
+    sa.Column("supervisor_id", sa.String(128), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # suspend
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
 leases = sa.Table(
     "leases",
     metadata,
