@@ -352,7 +352,7 @@ def status(c: Context, supervisor_id, output, no_lag):
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
-        raise click.ClickException(f"no supervisor '{supervisor_id}'")
+        _refuse(f"no supervisor '{supervisor_id}'", output)
     if lease:
         lease["live"] = lease["expires_at"] > datetime.now(UTC)
     live = bool(lease and lease["live"])
@@ -378,7 +378,7 @@ def history(c: Context, supervisor_id, output):
     """The audit log of one supervisor: creates, updates, resets with offsets, terminations."""
     entries = c.read_store.history(supervisor_id)
     if not entries and c.read_store.get(supervisor_id) is None:
-        raise click.ClickException(f"no supervisor '{supervisor_id}'")
+        _refuse(f"no supervisor '{supervisor_id}'", output)
     if output == "json":
         _echo_json(entries)
     else:

@@ -176,3 +176,11 @@ def test_without_a_leader_states_are_shown_as_last_seen_and_when(tmp_path, dead_
     assert "PENDING (as of " in text
     doc = json.loads(_run(tmp_path, "status", "--no-lag", "-o", "json").stdout)
     assert all(s["stale"] is True for s in doc["supervisors"])
+
+
+@pytest.mark.parametrize("command", [("status", "nope", "--no-lag"), ("history", "nope")])
+def test_unknown_supervisor_with_o_json_answers_json(tmp_path, dead_broker_specs, command):
+    assert _run(tmp_path, "apply").returncode == 0
+    result = _run(tmp_path, *command, "-o", "json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout) == {"ok": False, "error": "no supervisor 'nope'"}
