@@ -116,6 +116,10 @@ def history_text(entries: list[dict[str, Any]]) -> str:
             out.append(_indent(reset_table(d["partitions"]), 4))
         if d.get("backfill"):
             out.append(f"    backfill supervisor: {d['backfill']} ({d.get('backfillRecords', 0)} records)")
+        if d.get("lostRecords"):
+            ranges = ", ".join(f"{p}: [{a}, {b})" for p, (a, b) in (d.get("lostRanges") or {}).items())
+            out.append(f"    LOST {d['lostRecords']} records deleted by the broker's retention before they were "
+                       f"ingested ({ranges})")
     return "\n".join(out)
 
 

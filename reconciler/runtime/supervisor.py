@@ -8,6 +8,7 @@ what makes every reset and every concurrent publisher exactly-once.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 UNHEALTHY_AFTER = 3  # consecutive failures before a supervisor is reported UNHEALTHY_*
 MAX_BACKOFF = 60.0
+RETENTION_CHECK_EVERY = 60.0  # seconds between asking for earliest offsets while all is well
 RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)
 
 
@@ -58,6 +60,7 @@ class SupervisorRuntime:
     _adapter: Any = None
     _adapter_hash: str | None = None
     _reported: tuple | None = None
+    _retention_checked: float = 0.0
 
     def step(self) -> StepOutcome:
         rec = self.ctx.store.get(self.supervisor_id)
@@ -98,6 +101,9 @@ class SupervisorRuntime:
             self._report(rec, State.IDLE, DetailedState.IDLE, None)
             self.failures = 0
             return StepOutcome(spec.task_duration)
+        checkpoint, blocked = self._past_retention(rec, spec, adapter, checkpoint, target)
+        if blocked:
+            return blocked
         ranges = cut_ranges(checkpoint, target, spec.max_batch_records)
         self._report(rec, State.RUNNING, DetailedState.RUNNING, None)
         records = self._run_batch(rec, spec, ranges)
@@ -116,6 +122,40 @@ class SupervisorRuntime:
         # First start: startFrom. Partitions added later start at earliest: none of their records is lost.
         offsets = start_offsets(adapter, spec, now, latest=latest) if not checkpoint else adapter.earliest()
         return self.ctx.store.init_checkpoints(rec.id, {p: offsets[p] for p in missing if p in offsets})
+
+    def _past_retention(self, rec, spec, adapter, checkpoint, target):
+        """A checkpoint behind the broker's retention can never be read: say so, never retry it.
+
+        Asked after a failure (a read past retention fails) and once a minute otherwise. A
+        backfill, or a main supervisor with ``onRetentionLoss: continue``, moves past the
+        deleted range and records the loss; a main supervisor by default turns UNHEALTHY with
+        the count and the way out."""
+        due = self.failures > 0 or time.monotonic() - self._retention_checked >= RETENTION_CHECK_EVERY
+        if not due:
+            return checkpoint, None
+        earliest = adapter.earliest()
+        self._retention_checked = time.monotonic()
+        lost = {p: (c, min(earliest[p], target.get(p, earliest[p]))) for p, c in checkpoint.items()
+                if p in earliest and c < earliest[p] and c < target.get(p, c)}
+        if not lost:
+            return checkpoint, None
+        count = sum(e - s for s, e in lost.values())
+        ranges = ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(lost.items()))
+        if rec.bounded or spec.on_retention_loss == "continue":
+            self.ctx.store.skip_lost(rec.id, rec.epoch, lost, actor="reconciler")
+            if self.ctx.metrics:
+                self.ctx.metrics.records_lost(rec.id, count)
+            log.warning("%d records deleted by retention before they were ingested, lost (%s); continuing "
+                        "from the earliest offset", count, ranges, extra={"supervisor": rec.id})
+            return checkpoint | {p: e for p, (_, e) in lost.items()}, None
+        to = json.dumps({p: e for p, (_, e) in sorted(lost.items())})
+        message = (f"checkpoint behind the broker's retention: {count} records were deleted before they were "
+                   f"ingested ({ranges}). Nothing is read until you choose: `reconciler reset {rec.id} --to "
+                   f"'{to}'` (the loss is recorded), or set `onRetentionLoss: continue` in the spec")
+        self.failures = max(self.failures, UNHEALTHY_AFTER)
+        self._report(rec, State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR, message)
+        log.error("%s", message, extra={"supervisor": rec.id})
+        return checkpoint, StepOutcome(MAX_BACKOFF)
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges) -> int:
         from reconciler.pipeline import segments
@@ -158,7 +198,10 @@ class SupervisorRuntime:
 
     def _failed(self, rec, detailed: DetailedState, unhealthy: State, exc: Exception) -> StepOutcome:
         self.failures += 1
-        message = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        from reconciler.pipeline.worker_errors import product_message
+
+        worker = product_message(exc)  # status shows what the reader said; the log keeps Spark's wrapper
+        message = worker.message if worker else f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         self.recent_errors.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "error": message[:500]})
         state = unhealthy if self.failures >= UNHEALTHY_AFTER else rec.state if rec.state != State.PENDING else State.PENDING
         self._report(rec, state, detailed, message[:2000])

@@ -109,19 +109,20 @@ def test_marker_is_applied_once_and_retired_with_its_result(spark, kafka_broker,
         str(p): (cp[str(p)], e) for p, e in ends.items()}
     assert yaml.safe_load(text) == yaml.safe_load(body)  # still valid YAML: the comments are comments
 
-    # The same marker dropped again (same name, same bytes): the same token, so no second reset.
+    # The same bytes dropped again are a new incident (issue 10 item 8): a second reset, once.
     (specs / "clicks.reset.yaml").write_text(body)
     produce(kafka_broker, name, 3000, 500)
     daemon(s)
     assert not (specs / "clicks.reset.yaml").exists()
     again = [p for p in specs.iterdir() if p.name.startswith("clicks.reset.yaml.") and p != applied]
     assert len(again) == 1 and again[0].name.endswith(".applied")
-    assert comments(again[0]) == {"note": "already handled", "status": "applied"}
+    assert comments(again[0])["backfill"] == "clicks-backfill-2"
     code, out = h.run_cli(s, "apply")
     assert code == 0 and "No changes." in out
-    assert len(resets(store, "clicks")) == 1 and backfills(store, "clicks") == ["clicks-backfill-1"]
+    assert len(resets(store, "clicks")) == 2
+    assert backfills(store, "clicks") == ["clicks-backfill-1", "clicks-backfill-2"]
     rows = [r for r in requests_rows(s.db_url) if r["kind"] == "marker"]
-    assert len(rows) == 1 and rows[0]["status"] == "applied"
+    assert [r["status"] for r in rows] == ["applied", "applied"]
     h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 3500))
     assert store.get("clicks-backfill-1").spec.task_count == 2
 
