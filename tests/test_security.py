@@ -237,7 +237,9 @@ def test_allow_insecure_specs_setting(specs, monkeypatch, tmp_path):
     assert ok.exit_code == 0, ok.output
     plan = runner.invoke(cli, ["--specs", "specs", "--state-dir", "state", "plan", "-o", "json",
                                "--no-positions"], env=CLEAN_ENV)
-    assert plan.exit_code == 0 and json.loads(plan.stdout)["actions"] == []
+    doc = json.loads(plan.stdout)  # nothing planned; the refusal is an error of the plan, not "no changes"
+    assert plan.exit_code == 1 and doc["actions"] == []
+    assert any("writable by others" in e for e in doc["errors"])
 
 
 def test_literal_secrets_are_flagged_references_are_not(specs):
