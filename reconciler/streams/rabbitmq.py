@@ -19,13 +19,21 @@ Positions:
   it, and rstream has no call for it), so the end is read from the chunk header of
   the first chunk delivered to a subscription at ``last``: that is the last chunk,
   and a chunk is delivered only once committed, so ``first offset + number of
-  records`` is a committed end. When nothing is delivered within ``empty_wait`` the
-  stream is empty (0). On a server that answers StreamStats, ``committed_offset + 1``
-  is used when present (``committed_chunk_id`` alone does not give the end, so the
-  chunk header is still read then).
+  records`` is a committed end. Nothing delivered means no record (0), and that is
+  known for certain, never concluded from a quiet second: see
+  ``_Subscription.next_known``; a broker too slow to answer is a ``RetryableError``. On
+  a server that answers StreamStats, ``committed_offset + 1`` is used when present
+  (``committed_chunk_id`` alone does not give the end, so the chunk header is still
+  read then).
 * ``offsets_for_time``: a subscription at ``timestamp``; the first delivered chunk
   whose timestamp is >= the time gives the offset (all records of a chunk share the
   chunk's timestamp, which is also their ``stream_time``); none: the end.
+
+Offsets are positions, not record counts: a stream also holds entries no consumer is
+ever sent (each ``store_offset`` of an application writes a tracking entry that takes
+an offset), so offsets may skip, a range may hold fewer records than its size and a
+checkpoint or range boundary may sit on such an entry (the reader then starts at the
+next record). ``latest`` is the end of the last record, not of the last entry.
 
 Records: ``value`` is the message body (the AMQP 1.0 data sections, or an
 amqp-value holding binary or a string; a message that is not AMQP 1.0 encoded is
@@ -68,7 +76,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 10.0  # seconds: connecting, each request, waiting for a range
-DEFAULT_EMPTY_WAIT = 1.0  # seconds without a delivery before a stream counts as empty
 READ_CREDIT = 128  # chunks in flight per read subscription (the measured knee)
 MAX_SUBSCRIPTIONS = 200  # per connection (the protocol allows 256 ids)
 
@@ -396,6 +403,32 @@ class _Subscription:
             return None
         return frame
 
+    def _received(self) -> bool:
+        # A Deliver the connection has read sits in rstream's per-subscription queue until
+        # its delivery task hands it to ``_on_frame``: it has been received either way.
+        waiting = getattr(self.client, "_frames", {}).get(self.sub_id)
+        return not self.queue.empty() or bool(waiting is not None and not waiting.empty())
+
+    async def next_known(self, timeout: float) -> schema.Deliver | None:
+        """The next chunk the server has for this subscription now, or None when it has none.
+
+        Certain, not a guess from silence: the server sends the chunks it has for a
+        subscription (after Subscribe, after Credit) while it handles that request, before
+        it reads the next one from the connection. So once the answer to a later request on
+        the same connection (a Metadata request, the fence) is in, a chunk not received
+        before it does not exist. A fence that is not answered within ``timeout`` raises
+        (retryable): a slow broker is never taken for an empty stream.
+        """
+        if not self._received():
+            if not await asyncio.wait_for(self.client.stream_exists(self.stream), timeout):
+                raise rexc.StreamDoesNotExist(self.stream)
+            if not self._received():
+                return None
+        frame = await self.next(timeout)
+        if frame is None:
+            raise TimeoutError(f"a chunk of stream {self.stream!r} was received but not handed over")
+        return frame
+
     def drain(self) -> list[schema.Deliver]:
         out = []
         while not self.queue.empty():
@@ -430,6 +463,17 @@ async def _subscribe(
         await sub.stop()
         raise
     return sub
+
+
+async def _first_chunk(
+    conns: _Connections, stream: str, spec: schema.OffsetSpec, timeout: float
+) -> schema.Deliver | None:
+    """The first chunk of user records at ``spec``; None when the stream has none there."""
+    sub = await _subscribe(conns, stream, spec, 1, leader=True)
+    try:
+        return await sub.next_known(timeout)
+    finally:
+        await sub.stop()
 
 
 def _spec(kind: OffsetType, value: int | None = None) -> schema.OffsetSpec:
@@ -746,11 +790,13 @@ class RabbitStreamAdapter:
         source: RabbitSource,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        empty_wait: float = DEFAULT_EMPTY_WAIT,
+        empty_wait: float | None = None,
     ):
+        # ``empty_wait`` is accepted for old callers and unused: emptiness is no longer
+        # concluded from waiting (see ``_Subscription.next_known``).
+        del empty_wait
         self.source = source
         self.timeout = timeout
-        self.empty_wait = empty_wait
         self.where = secrets.redact_uri(source.uri)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -807,11 +853,7 @@ class RabbitStreamAdapter:
     async def _first_chunk(
         self, conns: _Connections, stream: str, spec: schema.OffsetSpec
     ) -> schema.Deliver | None:
-        sub = await _subscribe(conns, stream, spec, 1, leader=True)
-        try:
-            return await sub.next(self.empty_wait)
-        finally:
-            await sub.stop()
+        return await _first_chunk(conns, stream, spec, self.timeout)
 
     async def _stats(self, conns: _Connections, stream: str) -> dict[str, int] | None:
         """StreamStats where the server has it; None (use subscriptions) on any trouble.
@@ -849,10 +891,10 @@ class RabbitStreamAdapter:
     async def _for_time(self, conns: _Connections, stream: str, ts: int) -> int:
         # The end, looked up alongside: it says when the chunks before ``ts`` ran out.
         latest = asyncio.ensure_future(self._latest(conns, stream))
-        sub = await _subscribe(conns, stream, _spec(OffsetType.TIMESTAMP, ts), 4, leader=True)
+        sub = await _subscribe(conns, stream, _spec(OffsetType.TIMESTAMP, ts), 1, leader=True)
         try:
             while True:
-                frame = await sub.next(self.empty_wait)
+                frame = await sub.next_known(self.timeout)
                 if frame is None:
                     break
                 if frame.timestamp >= ts:
@@ -1115,6 +1157,28 @@ class RabbitRangeReader:
     def close(self) -> None:
         """Nothing to release: every ``read`` opens and closes its own connections."""
 
+    async def _check_gap(
+        self, conns: _Connections, stream: str, start: int, delivered: int, doing: str
+    ) -> None:
+        """Offsets ``[start, delivered)`` hold no record that can be read: bookkeeping entries
+        (offsets stored by consumers, never sent to anyone), or records retention deleted.
+
+        Retention deletes whole segments from the head of the stream, so when the stream's
+        first record is at or before ``start`` nothing after it was deleted and the gap is
+        bookkeeping only: normal. Otherwise the broker cannot tell the two apart; the
+        supervisor's retention check (run after any failed batch) records the loss or
+        stops, so this batch fails retryably rather than guess."""
+        first = await _first_chunk(conns, stream, _spec(OffsetType.FIRST), self.timeout)
+        if first is not None and first.chunk_first_offset <= start:
+            return
+        retained = first.chunk_first_offset if first is not None else delivered
+        raise RetryableError(
+            f"{doing}: offsets [{start}, {delivered}) of stream {stream!r} cannot be read: the "
+            f"stream's first record is now at offset {retained}, so they were deleted by "
+            "retention (or are offsets stored by consumers, which hold no record); the "
+            "supervisor checks retention before its next batch"
+        )
+
     def read(self, rng: PartitionRange, max_batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         if rng.end <= rng.start:
             return
@@ -1173,12 +1237,7 @@ class RabbitRangeReader:
                     if first:
                         first = False
                         if frame.chunk_first_offset > start:
-                            raise PermanentError(
-                                f"{doing}: offsets [{start}, {frame.chunk_first_offset}) of stream "
-                                f"{stream!r} are no longer available: the first available offset is "
-                                f"{frame.chunk_first_offset} (removed by retention); reset this "
-                                "supervisor to a position at or after it"
-                            )
+                            run(self._check_gap(conns, stream, start, frame.chunk_first_offset, doing))
                     chunk_end = frame.chunk_first_offset + frame.num_records
                     if chunk_end <= position:
                         continue  # a chunk before the position (the chunk holding start comes first)
