@@ -88,6 +88,11 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
                      s["lastError"] or s["streamError"] or ""])
     out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows,
                  wrap_last=80)]
+    # Loss is never silent: it stays in view for as long as the supervisor exists.
+    for s in items:
+        if s.get("lostRecords"):
+            out.append(f"{s['id']}: LOST {s['lostRecords']} records deleted by the broker's retention before "
+                       f"they were ingested (`reconciler history {s['id']}` has the ranges)")
     if detail:
         for s in items:
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "
