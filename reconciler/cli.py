@@ -103,6 +103,7 @@ def _setting_options(func):
     for name, env, key, help_text in reversed(settings_mod.describe()):
         flag = "--" + name.replace("_", "-")
         func = click.option(flag, name, type=choices.get(name), metavar=None if name in choices else "VALUE",
+                            multiple=name in settings_mod.MULTIPLE,
                             help=f"{help_text[0].upper()}{help_text[1:]} [{env}; config key {key}].")(func)
     return func
 
@@ -358,8 +359,9 @@ def status(c: Context, supervisor_id, output, no_lag):
     live = bool(lease and lease["live"])
     for item in items:  # without a leader nothing updates states: they are what was last seen, and when
         item["stale"] = not live
+    spark = _spark_status(c.settings)
     if output == "json":
-        _echo_json({"supervisors": items, "leader": lease, "daemons": daemons})
+        _echo_json({"supervisors": items, "leader": lease, "daemons": daemons, "spark": spark})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
         if lease and lease["live"]:
@@ -368,6 +370,17 @@ def status(c: Context, supervisor_id, output, no_lag):
             click.echo(f"\nleader: none (lease of {lease['holder']} expired at {lease['expires_at']:%H:%M:%S}Z)")
         for d in daemons:
             click.echo(f"daemon: {d['daemon']} {d['role']}")
+        if spark.get("pid"):  # recorded by a daemon
+            click.echo(f"spark: {spark['master']} application {spark['appId'] or '-'} {spark['state']}"
+                       + (f" ({spark['reason']})" if spark.get("reason") else ""))
+
+
+def _spark_status(settings) -> dict | None:
+    """What the daemon last recorded of its Spark session (state dir), else the configured master."""
+    from reconciler.pipeline.spark import read_status_file
+
+    seen = read_status_file(settings.state_path / "spark.json")
+    return seen or {"master": settings.spark_master, "appId": None, "state": "not started", "reason": None}
 
 
 @cli.command(epilog="Example: reconciler history clicks")

@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 MAX_HOLD = 30.0  # seconds a busy directory (endless events, a stale .git/index.lock) may hold passes back
 SUMMARY_EVERY = 2.0  # seconds between refreshes of the STATUS line and the state gauges
-RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master")  # not swapped by SIGHUP
+RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf")  # not swapped by SIGHUP
 UNHEALTHY_GRACE = 60.0  # seconds --until-caught-up waits for an UNHEALTHY supervisor to recover
 
 
@@ -193,6 +193,9 @@ class Daemon:
         s.state_path.mkdir(parents=True, exist_ok=True)
         s.segments_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from reconciler.pipeline.spark import set_status_file
+
+        set_status_file(s.state_path / "spark.json")  # for `reconciler status`: which master, which application
         self.store = Store(s.db_url)
         self.store.migrate()
         self._install_signals()
@@ -415,7 +418,8 @@ class Daemon:
         from reconciler.pipeline.spark import get_session
 
         with self._spark_lock:
-            return get_session(self.settings.spark_master)
+            return get_session(self.settings.spark_master, conf=self.settings.spark_conf,
+                               shared_dir=self.settings.segments_dir)
 
     # -- reconcile passes ---------------------------------------------------------------
 

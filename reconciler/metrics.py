@@ -181,7 +181,15 @@ class Metrics:
             "healthy": ok, "role": self.role, "problems": problems, "failing": failing,
             "secondsSinceLoop": loop_age,
             "secondsSinceReconcile": now - self.last_tick if self.last_tick else None,
+            "spark": _spark_info(),
         }
+
+
+def _spark_info() -> dict[str, Any]:
+    """Which Spark master and application this daemon uses (imported late: it is only a report)."""
+    from reconciler.pipeline.spark import session_info
+
+    return session_info()
 
 
 def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None) -> ThreadingHTTPServer:

@@ -9,6 +9,7 @@ daemon swaps the whole ``Settings`` object, never single fields.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ class Settings:
     segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "segments directory (default: <state dir>/segments)")
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
                              "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
+    spark_conf: dict[str, str] = field(default_factory=dict, metadata={
+        "env": "RECONCILER_SPARK_CONF", "key": "spark",
+        "help": "a Spark setting as key=value, repeatable (environment: entries separated by ';' or "
+                "newlines; config file: a map); merged over file < environment < command line"})
     tick_interval: float = _opt(30.0, "RECONCILER_TICK_INTERVAL", "tickInterval", "seconds between safety-net ticks")
     debounce: float = _opt(0.3, "RECONCILER_DEBOUNCE", "debounce", "seconds of quiet after file events before a reconcile")
     max_termination_share: float = _opt(0.5, "RECONCILER_MAX_TERMINATION_SHARE", "maxTerminationShare",
@@ -60,6 +65,7 @@ class Settings:
 
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl"}
+MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
 
 
@@ -70,10 +76,12 @@ def describe() -> list[tuple[str, str, str, str]]:
 
 def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
-    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    cli = {k: v for k, v in (cli or {}).items() if v is not None and v != ()}
     file_values = _read_config(config or env.get("RECONCILER_CONFIG"))
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"spark_conf": _spark_conf(cli, env, file_values)}
     for f in fields(Settings):
+        if f.name in MULTIPLE:
+            continue
         if f.name in cli:
             values[f.name] = cli[f.name]
         elif f.metadata["env"] in env:
@@ -96,7 +104,55 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         raise PermanentError(f"logFormat must be text or json, not {settings.log_format!r}")
     if str(settings.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise PermanentError(f"logLevel must be DEBUG, INFO, WARNING or ERROR, not {settings.log_level!r}")
+    _check_spark(settings)
     return settings
+
+
+def _check_spark(settings: Settings) -> None:
+    """A malformed master URL or Spark key is refused here, once, not by every batch."""
+    from reconciler.pipeline.spark import check_conf, check_master
+
+    check_master(settings.spark_master)
+    check_conf(settings.spark_conf)
+
+
+def _spark_conf(cli: dict[str, Any], env: dict[str, str], file_values: dict[str, Any]) -> dict[str, str]:
+    """The ``spark:`` map of the config file, then the environment's entries, then the
+    command line's: a key given later wins, the others are kept."""
+    conf = {str(k): _spark_value(v) for k, v in _file_spark_map(file_values.get("spark")).items()}
+    if env.get("RECONCILER_SPARK_CONF"):
+        items = [x for x in re.split(r"[;\n]", env["RECONCILER_SPARK_CONF"]) if x.strip()]
+        conf.update(_pairs("RECONCILER_SPARK_CONF", items))
+    raw = cli.get("spark_conf") or ()
+    conf.update(_pairs("--spark-conf", [raw] if isinstance(raw, str) else raw))
+    return conf
+
+
+def _file_spark_map(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PermanentError("config file: spark must be a map of Spark settings, e.g. "
+                             "spark: {spark.executor.memory: 2g}")
+    return value
+
+
+def _spark_value(value: Any) -> str:
+    if isinstance(value, bool):  # YAML's true is Spark's "true", not Python's "True"
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)) or value is None:
+        raise PermanentError(f"config file: a spark setting must be a single value, not {value!r}")
+    return str(value)
+
+
+def _pairs(where: str, items: Any) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = str(item).strip().partition("=")
+        if not sep or not key.strip():
+            raise PermanentError(f"{where}: {item!r} is not key=value, e.g. spark.executor.memory=2g")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _seconds_or_float(name: str, value: Any) -> float:

@@ -189,3 +189,54 @@ def test_log_level_is_checked(env, ok):
     else:
         with pytest.raises(PermanentError, match="logLevel must be DEBUG, INFO, WARNING or ERROR, not 'verbose'"):
             load({}, None, env=env)
+
+
+def test_spark_conf_merges_file_environment_and_command_line(tmp_path):
+    """The config file's `spark:` map, then RECONCILER_SPARK_CONF, then --spark-conf: a key given
+    later wins, the others are kept; YAML booleans become Spark's true/false."""
+    path = write_config(tmp_path, "spark:\n  spark.executor.memory: 4g\n  spark.executor.cores: 2\n"
+                                  "  spark.dynamicAllocation.enabled: false\n")
+    env = {"RECONCILER_SPARK_CONF": "spark.executor.cores=3; spark.driver.memory=3g\nspark.a.b=x=y"}
+    s = load({"spark_conf": ("spark.driver.memory=5g",)}, path, env=env)
+    assert s.spark_conf == {"spark.executor.memory": "4g", "spark.executor.cores": "3",
+                            "spark.dynamicAllocation.enabled": "false", "spark.driver.memory": "5g",
+                            "spark.a.b": "x=y"}
+    assert load({"spark_conf": ()}, None, env={}).spark_conf == {}
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "file", "message"),
+    [
+        pytest.param({"spark_conf": ("spark.executor.memory",)}, {}, None, "--spark-conf: 'spark.executor.memory' is not key=value", id="no-equals"),
+        pytest.param({}, {"RECONCILER_SPARK_CONF": "=2g"}, None, "RECONCILER_SPARK_CONF: '=2g' is not key=value", id="no-key"),
+        pytest.param({"spark_conf": ("executor.memory=2g",)}, {}, None, "does not start with 'spark.'", id="not-spark"),
+        pytest.param({}, {}, "spark: [a, b]\n", "spark must be a map", id="file-list"),
+        pytest.param({}, {}, "spark:\n  spark.x: {a: 1}\n", "single value", id="file-nested"),
+        pytest.param({"spark_master": "spark//host:7077"}, {}, None, "is not a valid URL", id="master-typo"),
+        pytest.param({"spark_master": "spark://host"}, {}, None, "is not a valid URL", id="master-no-port"),
+        pytest.param({"spark_master": "local[two]"}, {}, None, "is not a valid URL", id="local-typo"),
+    ],
+)
+def test_bad_spark_settings_are_refused_with_the_fix(tmp_path, cli, env, file, message):
+    path = write_config(tmp_path, file) if file else None
+    with pytest.raises(PermanentError, match=message.replace("[", r"\[")):
+        load(cli, path, env=env)
+
+
+@pytest.mark.parametrize("master", ["local", "local[*]", "local[4]", "local[2,3]", "spark://h:7077",
+                                    "spark://h1:7077,h2:7077", "sc://h", "sc://h:15002/;token=x", "yarn",
+                                    "k8s://https://api:6443"])
+def test_spark_masters_accepted(master):
+    assert load({"spark_master": master}, None, env={}).spark_master == master
+
+
+def test_spark_conf_option_is_repeatable(tmp_path):
+    from click.testing import CliRunner
+
+    from reconciler.cli import cli
+
+    args = ["--config", str(write_config(tmp_path, "{}")), "--spark-conf", "spark.a=1", "--spark-conf"]
+    ok = CliRunner().invoke(cli, [*args, "spark.b=2", "validate", str(tmp_path / "none.yaml")], env={})
+    assert "Spark setting" not in ok.output and "cannot read" in ok.output
+    bad = CliRunner().invoke(cli, [*args, "b=2", "validate", str(tmp_path / "none.yaml")], env={})
+    assert bad.exit_code == 1 and "Spark setting 'b' does not start with 'spark.'" in bad.output

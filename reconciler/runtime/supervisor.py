@@ -22,6 +22,7 @@ from typing import Any
 from reconciler import faults
 from reconciler.actual import DetailedState, State, SupervisorRecord
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
+from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
 from reconciler.positions import start_offsets
 from reconciler.runtime.batching import caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store
@@ -73,6 +74,8 @@ class SupervisorRuntime:
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
+        except (SparkUnavailable, SparkMisconfigured) as exc:  # the cluster, not the stream: no traceback
+            return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
         except RetryableError as exc:
             return self._failed(rec, DetailedState.LOST_CONTACT_WITH_STREAM, State.UNHEALTHY_SUPERVISOR, exc)
         except PermanentError as exc:
@@ -167,11 +170,14 @@ class SupervisorRuntime:
         try:
             staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
                                task_count=spec.task_count)
-        except Exception:  # a failed job's partial output must not linger in staging
+        except Exception as exc:  # a failed job's partial output must not linger in staging
             try:
                 segments.discard(str(self.ctx.segments_dir), batch_id)
             except OSError:
                 log.debug("could not discard failed batch %s", batch_id, exc_info=True)
+            translated = translate_failure(exc)
+            if translated is not exc:
+                raise translated from exc
             raise
         faults.crash_point("after-write", rec.id)
         files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
