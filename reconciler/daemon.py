@@ -67,6 +67,7 @@ from reconciler.runtime.manager import RuntimeManager
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RUNNABLE, RuntimeContext
 from reconciler.settings import Settings
+from reconciler.spec.loader import SpecCache
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
 from reconciler.waker import Waker
@@ -185,6 +186,7 @@ class Daemon:
         self._leader_seen: str | None = None
         self._beat: tuple[str, float] = ("", 0.0)
         self._summary, self._summary_at = "starting", 0.0
+        self._spec_cache = SpecCache()  # files unchanged since the last pass are not parsed again
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -442,7 +444,8 @@ class Daemon:
         ps = PlanSettings(max_termination_share=self.settings.max_termination_share)
         try:
             result = reconcile_once(self.settings.specs, applier, ps,
-                                    check_permissions=not self.settings.allow_insecure_specs, stable=stable)
+                                    check_permissions=not self.settings.allow_insecure_specs, stable=stable,
+                                    cache=self._spec_cache)
         except ReconcilerError as exc:
             log.error("reconcile aborted (nothing concluded): %s", exc)
             self.metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))

@@ -196,7 +196,8 @@ def plan(
 
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
     out: list[Action] = []
-    change = source_change(rec.spec.source, spec.source) if rec is not None else None
+    digest = spec.spec_hash  # an unchanged document has an unchanged source: the stored spec is not rebuilt
+    change = source_change(rec.spec.source, spec.source) if rec is not None and rec.spec_hash != digest else None
     if change and not spec.fresh_start:
         error = source_change_error(path, change, terminated=rec.state == State.TERMINATED)
         if rec.spec_error != error:
@@ -209,8 +210,8 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
             why = f"spec file is back with another source ({fresh}); freshStart: old checkpoints dropped"
         out.append(Action(ActionKind.CREATE, spec.id, why, spec=spec, path=path, fresh_start=fresh))
     else:
-        if rec.spec_hash != spec.spec_hash or rec.spec_error:
-            why = "spec changed" if rec.spec_hash != spec.spec_hash else "spec file is valid again"
+        if rec.spec_hash != digest or rec.spec_error:
+            why = "spec changed" if rec.spec_hash != digest else "spec file is valid again"
             if fresh:
                 why = f"source changed ({fresh}); freshStart: old checkpoints dropped"
             out.append(Action(ActionKind.UPDATE, spec.id, why, spec=spec, path=path, fresh_start=fresh))

@@ -1,6 +1,8 @@
 """One reconcile pass: load the spec directory, read the database, plan, apply.
 
-Shared by the daemon's tick and ``reconciler apply``, so both do exactly the same.
+Shared by the daemon's tick and ``reconciler apply``, so both do exactly the same. The
+daemon hands in its ``SpecCache`` so that files unchanged since the last pass are not
+parsed and validated again: a pass over a thousand unchanged specs stays in milliseconds.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 from reconciler.apply import ActionResult, Applier
 from reconciler.plan import Plan, PlanSettings, desired_from_directory, plan
-from reconciler.spec.loader import load_directory
+from reconciler.spec.loader import SpecCache, load_directory
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +25,12 @@ class PassResult:
 
 
 def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | None = None, *,
-                   check_permissions: bool = True, stable: Callable[[], bool] | None = None) -> PassResult | None:
+                   check_permissions: bool = True, stable: Callable[[], bool] | None = None,
+                   cache: SpecCache | None = None) -> PassResult | None:
     """One pass. With ``stable`` (the daemon's watcher), a directory that changed while it was
     being read (an editor's save, a ``git checkout`` under way) is not acted on: None is
     returned and the daemon reads it again once it is quiet, so no pass sees half of a change."""
-    state = load_directory(specs_dir, check_permissions=check_permissions)
+    state = load_directory(specs_dir, check_permissions=check_permissions, cache=cache)
     if stable is not None and not stable():
         return None
     _report(specs_dir, state)

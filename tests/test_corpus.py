@@ -111,6 +111,10 @@ def _writable_marker(specs: Path, outside: Path) -> None:
     path.chmod(0o666)
 
 
+def _directory_marker(specs: Path, outside: Path) -> None:
+    (specs / "directory.reset.yaml").mkdir()
+
+
 GENERATORS: dict[str, Callable[[Path, Path], None]] = {
     "huge.yaml": _huge,
     "escape.yaml": _escape,
@@ -120,6 +124,7 @@ GENERATORS: dict[str, Callable[[Path, Path], None]] = {
     "world-writable.yaml": _world_writable,
     "group-writable.yaml": _group_writable,
     "writable.reset.yaml": _writable_marker,
+    "directory.reset.yaml": _directory_marker,
 }
 
 
@@ -240,6 +245,28 @@ def test_validate_command_reports_every_file(tmp_path, monkeypatch):
             f"{name} not reported as {where} ... {case['error']}"
         )
     assert lines[-1].endswith("1 valid spec(s), 1 valid marker(s)")
+
+
+def test_a_pass_over_the_whole_corpus_carries_on(tmp_path):
+    """Every bad file at once (the deep nesting and the directory marker included) is one
+    pass that reports them and creates the valid supervisor; the broker-only case is left out."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "target.yaml").write_text(spec_text("target"))
+    add_corpus(specs, tmp_path / "outside", [n for n in CASES if CASES[n]["stage"] == "load"])
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    store.migrate()
+    try:
+        result = reconcile_once(str(specs), Applier(store, actor="test"))
+        kinds = {(r.action.kind, os.path.basename(r.action.path or "")) for r in result.results}
+        assert ("create", "target.yaml") in kinds
+        assert ("reject-marker", "directory.reset.yaml") in kinds
+        assert ("reject-marker", "deep.reset.yaml") in kinds
+        assert set(store.read_actual().mains()) == {"target"}
+        assert not (specs / "directory.reset.yaml").exists(), "the directory marker is retired"
+        assert (specs / "directory.reset.yaml.rejected").is_dir()
+    finally:
+        store.close()
 
 
 # --------------------------------------------------------------------------- against Tansu

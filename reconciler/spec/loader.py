@@ -20,14 +20,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 from typing import Literal
 
 from reconciler.errors import SpecInvalid, SpecProblem
 from reconciler.spec import permissions, secrets
+from reconciler.spec.filecache import FileCache, FileKey
 from reconciler.spec.model import Marker, Position, SupervisorSpec
 from reconciler.spec.validate import load_schema, sort_problems, validate_document
 from reconciler.spec.yamlsafe import ParsedYaml, format_field, parse_yaml, read_limited
@@ -210,16 +212,19 @@ def load_directory(
     *,
     now: datetime | None = None,
     check_permissions: bool = True,
+    cache: SpecCache | None = None,
 ) -> DirectoryState:
     """The whole top level of the spec directory, never raising for a bad file.
 
     With ``check_permissions`` (the default; off with the ``allowInsecureSpecs``
     setting) a directory writable by others is ``ok=False`` and such files are
-    invalid or rejected (see ``permissions``).
+    invalid or rejected (see ``permissions``). With ``cache`` (the daemon's, kept
+    across passes) a spec file that did not change since it was last loaded is not
+    read, parsed or validated again (see ``filecache``); markers always are.
     """
     shown = os.fspath(directory)
     try:
-        names = sorted(entry.name for entry in os.scandir(shown))
+        entries = sorted(os.scandir(shown), key=lambda e: e.name)
     except FileNotFoundError:
         return DirectoryState(path=shown, ok=False, error=f"spec directory {shown} does not exist")
     except NotADirectoryError:
@@ -236,42 +241,42 @@ def load_directory(
         refused = permissions.insecure_reason(shown)
         if refused:
             return DirectoryState(path=shown, ok=False, error=refused)
+    if cache is not None:
+        cache.begin()
     results: list[_SpecResult] = []
-    marker_paths: list[str] = []
-    for name in names:
-        kind = classify(name)
-        full = os.path.join(shown, name)
-        if kind == "ignored" or os.path.isdir(full):
-            continue
-        if kind == "spec":
-            result = _load_spec(full, shown, now)
-            if check_permissions:
-                _refuse_insecure(result)
-            results.append(result)
-        else:
-            marker_paths.append(full)
+    marker_entries: list[os.DirEntry[str]] = []
+    for entry in entries:
+        kind = classify(entry.name)
+        if kind == "spec" and not _is_dir(entry):
+            results.append(_spec_result(entry, shown, now, check_permissions, cache))
+        elif kind == "marker":
+            marker_entries.append(entry)
+    if cache is not None:
+        cache.retain(r.path for r in results)
     _flag_duplicate_ids(results)
     id_pattern = re.compile(load_schema("spec")["properties"]["id"]["pattern"])
     known = {r.id for r in results if r.id and id_pattern.search(r.id)}  # '../x' names no marker
-    markers: list[Marker] = []
-    rejected: dict[str, SpecInvalid] = {}
-    for full in marker_paths:
-        refused = permissions.insecure_reason(full) if check_permissions else None
-        try:
-            if refused:
-                raise SpecInvalid([SpecProblem(full, None, None, "", refused)])
-            markers.append(load_marker_file(full, known, root=shown, now=now))
-        except SpecInvalid as exc:
-            rejected[full] = exc
+    markers, rejected = _load_markers(marker_entries, shown, known, now, check_permissions)
+    return _directory_state(shown, results, markers, rejected)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False  # reading it reports why
+
+
+def _directory_state(
+    shown: str, results: list[_SpecResult], markers: list[Marker], rejected: dict[str, SpecInvalid]
+) -> DirectoryState:
     specs = {r.path: r.spec for r in results if r.spec is not None and not r.problems}
     invalid = {r.path: SpecInvalid(r.problems) for r in results if r.problems}
     invalid_ids: dict[str, str] = {}
     for r in results:
         if r.problems:
             invalid_ids.setdefault(r.id or _stem(r.path), r.path)
-    warnings = tuple(
-        w for r in results if not r.problems and r.spec for w in spec_warnings(r.path, r.spec)
-    )
+    warnings = tuple(w for r in results if not r.problems and r.spec for w in r.warnings)
     return DirectoryState(
         path=shown,
         ok=True,
@@ -284,46 +289,162 @@ def load_directory(
     )
 
 
+def _load_markers(
+    entries: list[os.DirEntry[str]],
+    shown: str,
+    known: set[str],
+    now: datetime | None,
+    check_permissions: bool,
+) -> tuple[list[Marker], dict[str, SpecInvalid]]:
+    markers: list[Marker] = []
+    rejected: dict[str, SpecInvalid] = {}
+    for entry in entries:
+        full = os.path.join(shown, entry.name)
+        try:
+            if _is_dir(entry):
+                raise SpecInvalid([SpecProblem(full, None, None, "", _MARKER_IS_DIRECTORY)])
+            refused = permissions.insecure_reason(full) if check_permissions else None
+            if refused:
+                raise SpecInvalid([SpecProblem(full, None, None, "", refused)])
+            markers.append(load_marker_file(full, known, root=shown, now=now))
+        except SpecInvalid as exc:
+            rejected[full] = exc
+    return _reject_ambiguous(markers, rejected)
+
+
+_MARKER_IS_DIRECTORY = (
+    "is a directory: a marker must be a regular file (<id>.reset.yaml); renamed .rejected"
+)
+
+
+def _reject_ambiguous(
+    markers: list[Marker], rejected: dict[str, SpecInvalid]
+) -> tuple[list[Marker], dict[str, SpecInvalid]]:
+    """Two valid markers for one supervisor in one pass (``a.reset.yaml`` and ``a.reset.yml``)
+    are two requests of which the operator meant at most one, and applying both in file-name
+    order would make the second undo or repeat the first: none is applied, each is rejected
+    with a reason naming the others, and the operator drops the intended one again."""
+    by_id: dict[str, list[Marker]] = {}
+    for m in markers:
+        by_id.setdefault(m.supervisor_id, []).append(m)
+    kept: list[Marker] = []
+    for m in markers:
+        group = by_id[m.supervisor_id]
+        if len(group) == 1:
+            kept.append(m)
+            continue
+        others = ", ".join(os.path.basename(o.path) for o in group if o is not m)
+        message = (
+            f"ambiguous: {len(group)} markers for supervisor '{m.supervisor_id}' in one pass "
+            f"(also {others}); none is applied: drop again only the one you mean"
+        )
+        rejected[m.path] = SpecInvalid([SpecProblem(m.path, None, None, "", message)])
+    return kept, rejected
+
+
 @dataclass
 class _SpecResult:
+    """One spec file's outcome; once cached it is shared by later passes and never changed."""
+
     path: str
     spec: SupervisorSpec | None = None
     problems: list[SpecProblem] = field(default_factory=list)
     id: str | None = None  # as declared, or recovered from a broken file
     id_from_document: bool = False  # the id came from a parsed mapping (reliable)
     id_line: tuple[int | None, int | None] = (None, None)
+    warnings: tuple[SpecProblem, ...] = ()
+    parsed: ParsedYaml | None = None  # kept while validation fails: validated again each pass
+
+
+SpecCache = FileCache[_SpecResult]
+
+
+def _spec_result(
+    entry: os.DirEntry[str],
+    shown: str,
+    now: datetime | None,
+    check_permissions: bool,
+    cache: SpecCache | None,
+) -> _SpecResult:
+    """One spec file: from the cache when unchanged, else loaded (and cached)."""
+    full = os.path.join(shown, entry.name)
+    read_at = time.time_ns()
+    try:
+        st = os.stat(full)
+    except OSError:
+        return _load_spec(full, shown, now)  # dangling symlink, vanished: reading reports why
+    if check_permissions:
+        refused = permissions.describe_mode(full, st.st_mode, st.st_gid)
+        if refused:  # never trusted, cached or not; its id is still recovered
+            result = _load_spec(full, shown, now)
+            result.problems, result.spec = [SpecProblem(full, None, None, "", refused)], None
+            return result
+    if cache is None:
+        return _load_spec(full, shown, now)
+    key = FileKey.of(st, os.path.realpath(full) if entry.is_symlink() else None)
+    cached = cache.lookup(full, key, lambda: _read_or_none(full, shown))
+    if cached is not None:
+        return _revalidated(cached, now) if cached.parsed is not None else cached
+    data: list[bytes] = []
+    result = _load_spec(full, shown, now, data)
+    cache.store(full, key, data[0] if data else b"", read_at, result)
+    return result
+
+
+def _revalidated(cached: _SpecResult, now: datetime | None) -> _SpecResult:
+    """A cached file that failed validation is validated again (not parsed): a timestamp in
+    the future becomes valid once its time has come."""
+    assert cached.parsed is not None
+    result = _SpecResult(path=cached.path)
+    _finish(result, cached.parsed, now)
+    return result
+
+
+def _read_or_none(display: str, root: str) -> bytes | None:
+    try:
+        return _read(display, root)
+    except SpecInvalid:
+        return None
 
 
 def _load_spec(
-    display: str, root: str | os.PathLike[str] | None, now: datetime | None
+    display: str,
+    root: str | os.PathLike[str] | None,
+    now: datetime | None,
+    data_out: list[bytes] | None = None,
 ) -> _SpecResult:
+    """Read, parse, validate and type one spec file; ``data_out`` receives the bytes read."""
     result = _SpecResult(path=display)
     data = b""
     try:
         data = _read(display, root)
+        if data_out is not None:
+            data_out.append(data)
         parsed = parse_yaml(data, display)
     except SpecInvalid as exc:
         result.problems = exc.problems
         result.id = _recover_id(data) or _stem(display)
         return result
+    _finish(result, parsed, now)
+    return result
+
+
+def _finish(result: _SpecResult, parsed: ParsedYaml, now: datetime | None) -> None:
+    """Validate and type a parsed spec into ``result``."""
+    display = result.path
     _note_id(result, parsed)
     result.problems = validate_document(parsed, "spec", now=now)
-    if not result.problems:
+    if result.problems:
+        result.parsed = parsed
+    else:
         try:
             result.spec = SupervisorSpec.from_document(parsed.data)
         except (KeyError, TypeError, ValueError) as exc:  # the schema should have caught it
             result.problems = [
                 SpecProblem(display, None, None, "", f"cannot build the spec: {exc}")
             ]
-    return result
-
-
-def _refuse_insecure(result: _SpecResult) -> None:
-    """A spec file others could have written is invalid (its id is still recovered)."""
-    refused = permissions.insecure_reason(result.path)
-    if refused:
-        result.problems = [SpecProblem(result.path, None, None, "", refused)]
-        result.spec = None
+    if result.spec is not None and not result.problems:
+        result.warnings = tuple(spec_warnings(display, result.spec))
 
 
 def _note_id(result: _SpecResult, parsed: ParsedYaml) -> None:
@@ -336,21 +457,23 @@ def _note_id(result: _SpecResult, parsed: ParsedYaml) -> None:
 
 
 def _flag_duplicate_ids(results: list[_SpecResult]) -> None:
-    """Every file declaring an id that another file also declares becomes invalid."""
-    by_id: dict[str, list[_SpecResult]] = {}
-    for r in results:
+    """Every file declaring an id that another file also declares becomes invalid.
+
+    Results may be the cache's: each flagged one is replaced in ``results`` by a copy."""
+    by_id: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
         if r.id_from_document and r.id:
-            by_id.setdefault(r.id, []).append(r)
+            by_id.setdefault(r.id, []).append(i)
     for sid, group in by_id.items():
         if len(group) < 2:
             continue
-        for r in group:
-            others = ", ".join(o.path for o in group if o is not r)
+        for i in group:
+            r = results[i]
+            others = ", ".join(results[o].path for o in group if o != i)
             problem = SpecProblem(
                 r.path, r.id_line[0], r.id_line[1], "id", f"id '{sid}' is also declared in {others}"
             )
-            r.problems = sort_problems([*r.problems, problem])
-            r.spec = None
+            results[i] = replace(r, problems=sort_problems([*r.problems, problem]), spec=None)
 
 
 def _read(display: str, root: str | os.PathLike[str] | None) -> bytes:

@@ -8,6 +8,7 @@ resolved only when a client is built (see ``reconciler.spec.secrets``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -141,7 +142,7 @@ class SupervisorSpec:
     on_retention_loss: Literal["unhealthy", "continue"] = "unhealthy"
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property  # the daemon keeps specs across passes and compares hashes every pass
     def spec_hash(self) -> str:
         return document_hash(self.document)
 

@@ -5,11 +5,12 @@ plain JSON-compatible data (dicts, lists, str, int, float, bool, None) plus a ma
 from paths (tuples of keys and list indexes) to 1-based (line, column), so later
 validation errors can name ``file:line:column``.
 
-Only the node tree is built (``SafeLoader`` composition); nothing is ever
-constructed from a tag. Everything a person could get wrong, or an attacker could
-try, becomes a ``SpecProblem``: files over 1 MiB (checked before parsing), binary
-or non-UTF-8 bytes, tabs, malformed YAML, tags other than the plain safe ones,
-duplicate keys, alias expansion bombs, several documents, empty files and
+Only the node tree is built (``yamlevents``: libyaml's parser when available, no
+recursion); nothing is ever constructed from a tag. Everything a person could get
+wrong, or an attacker could try, becomes a ``SpecProblem``: files over 1 MiB (checked
+before parsing), binary or non-UTF-8 bytes, tabs, malformed YAML, tags other than the
+plain safe ones, duplicate keys, alias expansion bombs, nesting deeper than
+``yamlevents.MAX_DEPTH``, several documents, empty files and
 documents that are not a mapping. YAML timestamps are kept as the text written,
 because the schema treats them as strings.
 """
@@ -26,10 +27,18 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-from yaml.events import StreamEndEvent
+from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from reconciler.errors import SpecInvalid, SpecProblem
+from reconciler.spec.yamlevents import (
+    HAVE_LIBYAML,
+    MAX_DEPTH,
+    AliasUse,
+    SecondDocument,
+    TooDeep,
+    compose_single,
+)
 
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is a few hundred bytes
 MAX_NODES = 10_000  # node visits, aliases expanded: a spec has a few dozen
@@ -132,22 +141,7 @@ def parse_yaml(
     text = _decode(
         data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"), path, max_bytes
     )
-    loader = None
-    try:
-        loader = _Loader(text)
-        root = _single_document(loader, path)
-    except yaml.MarkedYAMLError as exc:
-        raise _invalid(path, *_describe_yaml_error(exc, text)) from None
-    except yaml.reader.ReaderError as exc:
-        line, col = _line_col(text, exc.position)
-        code = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
-        char = f"U+{code:04X}"
-        raise _invalid(
-            path, f"control character {char} is not allowed in YAML", line, col
-        ) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
+    root = _compose(text, path)
     if root is None or (isinstance(root, ScalarNode) and root.tag == f"{_STD}null"):
         if allow_empty:
             return ParsedYaml(path=path, data={})
@@ -173,20 +167,47 @@ def parse_yaml(
     )
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader whose composer remembers where each alias was used."""
+def _compose(text: str, path: str) -> Node | None:
+    """The root node: libyaml first; on any error the pure-Python parser again, whose
+    messages and positions are the ones people (and the corpus) know."""
+    if HAVE_LIBYAML:
+        try:
+            return compose_single(text, libyaml=True)
+        except (yaml.YAMLError, RecursionError):
+            pass  # explained by the pure-Python parser below
+        except (TooDeep, SecondDocument) as exc:
+            raise _structure_problem(exc, path) from None
+    return _explain(text, path)
 
-    def compose_node(self, parent: Node | None, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            return _Alias(super().compose_node(parent, index), mark)
-        return super().compose_node(parent, index)
+
+def _explain(text: str, path: str) -> Node | None:
+    try:
+        return compose_single(text, libyaml=False)
+    except (TooDeep, SecondDocument) as exc:
+        raise _structure_problem(exc, path) from None
+    except yaml.MarkedYAMLError as exc:
+        raise _invalid(path, *_describe_yaml_error(exc, text)) from None
+    except yaml.reader.ReaderError as exc:
+        line, col = _line_col(text, exc.position)
+        code = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
+        raise _invalid(path, f"control character U+{code:04X} is not allowed in YAML", line, col) from None
+    except RecursionError:  # a last guard: the composer does not recurse, but a parser might
+        raise _invalid(path, f"the document is nested too deeply (more than {MAX_DEPTH} levels)") from None
 
 
-@dataclass
-class _Alias:
-    target: Node
-    start_mark: Any
+def _structure_problem(exc: TooDeep | SecondDocument, path: str) -> SpecInvalid:
+    line, col = exc.mark.line + 1, exc.mark.column + 1
+    if isinstance(exc, SecondDocument):
+        return _invalid(path, "a second YAML document starts here; a file holds exactly one document "
+                        "(one supervisor per file)", line, col)
+    return _invalid(path, f"the document is nested more than {exc.limit} levels deep here (specs and "
+                    "markers need a few); refused before it can exhaust the parser", line, col)
+
+
+_Alias = AliasUse
+
+
+_CONSTRUCTOR = SafeConstructor()  # only its scalar constructors are used: they keep no state
 
 
 class _TooBig(Exception):
@@ -205,7 +226,7 @@ class _Builder:
         self.problems: list[SpecProblem] = []
         self._active: set[int] = set()
         self._outer_alias: tuple[Any, YamlPath] | None = None  # where an expansion began
-        self._constructor = yaml.SafeLoader("")
+        self._constructor = _CONSTRUCTOR
 
     def build(self, root: Node) -> Any:
         try:
@@ -228,6 +249,10 @@ class _Builder:
                 f"the document expands to more than {self.max_nodes} values "
                 "(anchors and aliases used as a 'billion laughs' bomb?)",
             )
+            raise _TooBig
+        if len(at) > MAX_DEPTH:  # aliases inside aliases nest deeper than the text does
+            mark, where = self._outer_alias or (node.start_mark, at)
+            self._problem(mark, where, f"the document expands to more than {MAX_DEPTH} levels of nesting")
             raise _TooBig
         self.values.setdefault(at, _pos(node.start_mark))
         if not isinstance(node, _Alias):
@@ -321,23 +346,6 @@ class _Builder:
             message = f"YAML tag {shown} is not allowed (safe YAML only)"
         self._problem(node.start_mark, at, message)
         return False
-
-
-def _single_document(loader: _Loader, path: str) -> Node | None:
-    loader.get_event()  # StreamStartEvent
-    root = None
-    if not loader.check_event(StreamEndEvent):
-        root = loader.compose_document()
-    if not loader.check_event(StreamEndEvent):
-        mark = loader.peek_event().start_mark
-        raise _invalid(
-            path,
-            "a second YAML document starts here; a file holds exactly one document "
-            "(one supervisor per file)",
-            mark.line + 1,
-            mark.column + 1,
-        )
-    return root
 
 
 def _decode(data: bytes, path: str, max_bytes: int) -> str:

@@ -9,6 +9,7 @@ reset of the same supervisor serialise and the loser of a compare-and-swap sees
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import exc as sa_exc
 
 from reconciler import faults
@@ -125,6 +124,9 @@ class Store:
 
     def migrate(self) -> str:
         """Bring the schema to the newest revision (idempotent); returns the revision."""
+        from alembic import command  # here, not at the top: commands that only read start faster
+        from alembic.config import Config
+
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS))
         try:
@@ -378,6 +380,18 @@ class Store:
             total += int((e.get("details") or {}).get("lostRecords") or 0)
         return total
 
+    def all_lost_records(self) -> dict[str, int]:
+        """``lost_records`` of every supervisor that lost any, in one query (``status`` of a thousand)."""
+        with self._read() as c:
+            rows = c.execute(sa.select(audit_log.c.supervisor_id, audit_log.c.details)
+                             .where(audit_log.c.details.like('%"lostRecords"%'))).all()
+        out: dict[str, int] = {}
+        for sid, details in rows:
+            lost = int((json.loads(details) or {}).get("lostRecords") or 0)
+            if lost:
+                out[sid] = out.get(sid, 0) + lost
+        return out
+
     # -- publish (compare-and-swap) ----------------------------------------------------------
 
     def publish(self, *, supervisor_id: str, epoch: int, batch_id: str, datasource: str,
@@ -449,6 +463,17 @@ class Store:
             ).where(batches.c.supervisor_id == supervisor_id)).one()
         return {"batches": int(row[0]), "records": int(row[1]), "unparseable": int(row[2]),
                 "first": _aware(row[3]), "last": _aware(row[4])}
+
+    def all_batch_totals(self) -> dict[str, dict[str, Any]]:
+        """``batch_totals`` of every supervisor with batches, in one query (``status`` of a thousand)."""
+        with self._read() as c:
+            rows = c.execute(sa.select(
+                batches.c.supervisor_id, sa.func.count(), sa.func.coalesce(sa.func.sum(batches.c.records), 0),
+                sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
+                sa.func.max(batches.c.committed_at),
+            ).group_by(batches.c.supervisor_id)).all()
+        return {r[0]: {"batches": int(r[1]), "records": int(r[2]), "unparseable": int(r[3]),
+                       "first": _aware(r[4]), "last": _aware(r[5])} for r in rows}
 
     def segments(self, datasource: str) -> list[dict[str, Any]]:
         with self._read() as c:
@@ -701,9 +726,14 @@ class Store:
             raise PublishConflict(f"leader lease lost by {holder} (token {token}); publish fenced")
 
 
+@functools.lru_cache(maxsize=16384)  # every pass reads every stored spec again: decode each text once
+def _document(text: str) -> Mapping[str, Any]:
+    return json.loads(text)
+
+
 def _record(r) -> SupervisorRecord:
     return SupervisorRecord(
-        id=r.id, kind=Kind(r.kind), spec_document=json.loads(r.spec), spec_hash=r.spec_hash,
+        id=r.id, kind=Kind(r.kind), spec_document=_document(r.spec), spec_hash=r.spec_hash,
         state=State(r.state), detailed_state=DetailedState(r.detailed_state), epoch=int(r.epoch),
         parent_id=r.parent_id, spec_path=r.spec_path, last_request=r.last_request, spec_error=r.spec_error,
         runtime_error=r.runtime_error,

@@ -548,3 +548,53 @@ def test_symlinked_subdirectory_is_ignored(specs, tmp_path):
     (specs / "linked.yaml").symlink_to(tmp_path / "other")
     state = load_directory("specs")
     assert state.specs == {} and state.invalid == {}
+
+
+# --- markers that cannot be applied as they are ----------------------------------------
+
+
+def test_a_directory_named_like_a_marker_is_rejected(specs):
+    (specs / "clicks.yaml").write_text(spec_text())
+    (specs / "clicks.reset.yaml").mkdir()
+    state = load_directory("specs")
+    assert state.markers == ()
+    [problem] = state.rejected_markers["specs/clicks.reset.yaml"].problems
+    assert problem.path == "specs/clicks.reset.yaml"
+    assert "is a directory: a marker must be a regular file" in str(problem)
+
+
+def test_two_markers_for_one_supervisor_are_both_rejected(specs):
+    (specs / "clicks.yaml").write_text(spec_text())
+    (specs / "orders.yaml").write_text(RABBIT)
+    (specs / "clicks.reset.yaml").write_text("resetTo: latest\n")
+    (specs / "clicks.reset.yml").write_text("resetTo: earliest\nallowRewind: true\n")
+    (specs / "orders.reset.yaml").write_text("")
+    state = load_directory("specs", now=NOW)
+    assert [m.path for m in state.markers] == ["specs/orders.reset.yaml"], "the unambiguous one is kept"
+    for name, other in (("clicks.reset.yaml", "clicks.reset.yml"), ("clicks.reset.yml", "clicks.reset.yaml")):
+        [problem] = state.rejected_markers[f"specs/{name}"].problems
+        assert "ambiguous: 2 markers for supervisor 'clicks' in one pass" in problem.message
+        assert f"also {other}" in problem.message and "none is applied" in problem.message
+
+
+def test_an_invalid_second_marker_leaves_the_valid_one_unambiguous(specs):
+    (specs / "clicks.yaml").write_text(spec_text())
+    (specs / "clicks.reset.yaml").write_text("resetTo: latest\n")
+    (specs / "clicks.RESET.yml").write_text("resetTo: sideways\n")
+    state = load_directory("specs", now=NOW)
+    assert [m.path for m in state.markers] == ["specs/clicks.reset.yaml"]
+    assert "ambiguous" not in str(state.rejected_markers["specs/clicks.RESET.yml"])
+
+
+def test_ambiguous_markers_are_planned_as_rejections(specs):
+    from reconciler.actual import ActualState
+    from reconciler.plan import ActionKind, desired_from_directory, plan
+
+    (specs / "clicks.yaml").write_text(spec_text())
+    (specs / "clicks.reset.yaml").write_text("")
+    (specs / "clicks.reset.yml").write_text("")
+    p = plan(desired_from_directory(load_directory("specs", now=NOW)), ActualState())
+    rejections = [a for a in p.actions if a.kind == ActionKind.REJECT_MARKER]
+    assert sorted(a.path for a in rejections) == ["specs/clicks.reset.yaml", "specs/clicks.reset.yml"]
+    assert all(a.supervisor_id == "clicks" and "ambiguous" in (a.error or "") for a in rejections)
+    assert not [a for a in p.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]

@@ -249,3 +249,94 @@ def test_format_field(path, text):
 def test_positions_of_a_document_without_file():
     parsed = ParsedYaml(path="<cli>", data={"a": 1})
     assert parsed.value_position(("a",)) == (None, None)
+
+
+# --- nesting, and libyaml against the pure-Python parser ------------------------------------
+
+from reconciler.spec import yamlsafe  # noqa: E402
+from reconciler.spec.yamlevents import HAVE_LIBYAML, MAX_DEPTH  # noqa: E402
+
+DEEP = {
+    "flow-list": "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "flow-map": "a: " + "{a: " * 3000 + "}" * 3000 + "\n",
+    "block-list": "a:\n  " + "- " * 5000 + "x\n",
+    "complex-keys": "? " * 5000 + "x\n",
+    "indented": "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n",
+}
+PARSERS = [pytest.param(False, id="pure-python")] + (
+    [pytest.param(True, id="libyaml")] if HAVE_LIBYAML else []
+)
+
+
+@pytest.fixture(params=PARSERS)
+def parser(request, monkeypatch):
+    monkeypatch.setattr(yamlsafe, "HAVE_LIBYAML", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_deep_nesting_is_a_problem_not_a_crash(parser, name):
+    [problem] = problems_of(DEEP[name])
+    assert f"nested more than {MAX_DEPTH} levels deep here" in problem
+    assert problem.startswith("specs/x.yaml:")
+
+
+def test_nesting_up_to_the_limit_is_fine(parser):
+    lists = MAX_DEPTH - 1  # inside the document's own mapping
+    value = parse_yaml("a: " + "[" * lists + "]" * lists + "\n", "x.yaml").data["a"]
+    for _ in range(lists - 1):
+        value = value[0]
+    assert value == []
+    [problem] = problems_of("a: " + "[" * (lists + 1) + "]" * (lists + 1) + "\n")
+    assert "nested more than" in problem
+
+
+def test_aliases_cannot_nest_deeper_than_the_limit(parser):
+    depth = MAX_DEPTH // 2 + 2
+    text = "a: &a " + "[" * depth + "]" * depth + "\nb: &b " + "[" * depth + "*a" + "]" * depth + "\n"
+    [problem] = problems_of(text)
+    assert f"expands to more than {MAX_DEPTH} levels of nesting" in problem
+
+
+def test_a_megabyte_of_nesting_is_refused_quickly(parser):
+    import time
+
+    text = "a: " + "[" * (MAX_BYTES // 2 - 10) + "]" * (MAX_BYTES // 2 - 10)
+    started = time.monotonic()
+    [problem] = problems_of(text.encode())
+    assert "nested more than" in problem
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif(not HAVE_LIBYAML, reason="PyYAML without libyaml")
+@pytest.mark.parametrize(
+    "text",
+    [
+        SPEC,
+        LAUGHS,
+        "a: &x 1\nb: *x\nc: !!str 2\nd: 2026-11-20\ne: [1, {f: g}]\n",
+        "a: [1, 2\n",
+        "a:\n\tb: 1\n",
+        "a: b: c\n",
+        "a: \x07\n",
+        "---\na: 1\n---\nb: 2\n",
+        "a: *undefined\n",
+        "a: &x 1\nb: &x 2\n",
+        "a: !!python/name:os.system x\n",
+        "a: 1\na: 2\n",
+        "- just\n- a list\n",
+        "'unterminated\n",
+    ],
+)
+def test_libyaml_and_pure_python_agree(monkeypatch, text):
+    """Same data, positions and messages: on any libyaml error the pure-Python parser explains it."""
+
+    def outcome(libyaml: bool):
+        monkeypatch.setattr(yamlsafe, "HAVE_LIBYAML", libyaml)
+        try:
+            parsed = parse_yaml(text, "x.yaml")
+        except SpecInvalid as exc:
+            return [str(p) for p in exc.problems]
+        return parsed.data, dict(parsed.values), dict(parsed.keys)
+
+    assert outcome(True) == outcome(False)
