@@ -13,6 +13,12 @@ possible, so its supervisor keeps its last good spec instead of being removed.
 Paths in messages are shown as the caller spelled the directory. A directory or
 file that others could have written is refused (``permissions``) unless the
 ``allowInsecureSpecs`` setting says otherwise.
+
+The daemon passes its ``SpecCache`` so that spec files unchanged since the last pass
+are not read, parsed or validated again (``filecache``); permissions and duplicate ids
+are still judged on every pass. Markers are always read: a marker that is a directory,
+and every one of two or more valid markers for one supervisor in the same pass
+(``a.reset.yaml`` beside ``a.reset.yml``), is rejected with the reason, never applied.
 """
 
 from __future__ import annotations
