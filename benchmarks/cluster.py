@@ -1,7 +1,7 @@
 """Ingest rate on a standalone Spark cluster (one worker) against ``local[2]``, same data, same run.
 
 Prints ONE JSON document on stdout (logs go to stderr). Starts a Tansu broker and a
-standalone Master + Worker from the installed pyspark (``reconciler.devservices_spark``),
+standalone Master + Worker from the installed pyspark (``devservices.spark``),
 produces N records of ~100 bytes of JSON over 4 partitions, then runs
 ``reconciler run --until-caught-up`` as a subprocess on a fresh state directory, once
 per master, over the same topic:
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest import _rate, _spec, _verify  # noqa: E402
 
-from reconciler import devservices  # noqa: E402
-from reconciler.devservices_spark import StandaloneCluster  # noqa: E402
+import devservices  # noqa: E402
+from devservices.spark import StandaloneCluster  # noqa: E402
 
 log = logging.getLogger("bench")
 PARTITIONS = 4

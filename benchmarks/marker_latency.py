@@ -1,7 +1,7 @@
 """Marker-to-reset latency: how soon a dropped ``<id>.reset.yaml`` is acted on.
 
 Prints ONE JSON document on stdout (logs go to stderr). Starts a Tansu broker
-(``reconciler.devservices``), a 2-partition topic with records, and the daemon in this
+(``devservices``), a 2-partition topic with records, and the daemon in this
 process (``Daemon.run`` in a thread, the default debounce, a 30 s tick so only the file
 event can trigger the pass) with one RUNNING supervisor that has caught up. Then, N
 times: produce more records (the supervisor falls behind, as in a lag alarm), drop a
@@ -41,7 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconciler import devservices, logs  # noqa: E402
+import devservices  # noqa: E402
+from reconciler import logs  # noqa: E402
 from reconciler import settings as settings_mod  # noqa: E402
 from reconciler.daemon import Daemon  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402

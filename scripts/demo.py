@@ -25,9 +25,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import yaml
 
-from reconciler.devservices import TansuBroker, _tcp_open, make_records, produce_kafka
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # devservices/ is not installed with the package: import it from the checkout
+
+from devservices import TansuBroker, make_records, produce_kafka, tcp_open  # noqa: E402
+
 EVENT_EVERY_MS = 10  # 100 events a second: about 6,000 a minute over 187 (user, page) pairs
 
 
@@ -59,7 +61,7 @@ def main() -> int:
     config = args.workdir / "config.yaml"
     config.write_text(yaml.safe_dump({"specs": str(args.workdir / "specs"), "stateDir": str(args.workdir / "state"),
                                       "logLevel": "WARNING"}))
-    port = None if _tcp_open("127.0.0.1", 9092) else 9092
+    port = None if tcp_open("127.0.0.1", 9092) else 9092
     with TansuBroker(port=port) as broker:
         print(f"== Tansu broker on {broker.bootstrap}")
         broker.create_topic("clicks", partitions=4)

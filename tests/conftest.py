@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from reconciler import devservices
+import devservices
 
 # Spark's Python workers must run this interpreter (the virtualenv's).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -73,7 +73,7 @@ def _allow_skip() -> bool:
     return os.environ.get("RECONCILER_TEST_ALLOW_SKIP", "") == "1"
 
 
-def _service(factory: Callable[[], devservices._Service]) -> devservices._Service:
+def _service(factory: Callable[[], devservices.Service]) -> devservices.Service:
     """Start a service; a missing binary fails (or skips with RECONCILER_TEST_ALLOW_SKIP=1)."""
     try:
         return factory().start()

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from reconciler import devservices
+import devservices
 from reconciler import settings as settings_mod
 from reconciler.apply import Applier
 from reconciler.cli import cli

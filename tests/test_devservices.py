@@ -6,12 +6,29 @@ import asyncio
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from reconciler import devservices
-from reconciler.devservices import make_records, produce_kafka, produce_rabbit
+import devservices
+from devservices import make_records, produce_kafka, produce_rabbit
+
+
+def test_importing_registers_no_exit_hook() -> None:
+    """The launchers register their atexit hook when a service starts, not on import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, logging\n"
+        "n = atexit._ncallbacks()\n"
+        "import devservices, devservices.spark\n"
+        "assert atexit._ncallbacks() == n, (n, atexit._ncallbacks())\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_make_records_shape() -> None:
@@ -116,7 +133,7 @@ def test_tansu_latest_exact_after_second_load(kafka_broker, topic) -> None:
 async def _consume_stream(uri: str, stream: str, n: int, timeout: float = 60.0):
     from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
 
-    params = devservices._parse_stream_uri(uri)
+    params = devservices.parse_stream_uri(uri)
     got: list[tuple[int, str, bytes]] = []
     done = asyncio.Event()
 
@@ -192,7 +209,7 @@ def test_second_rabbit_node_does_not_clash(rabbit_node) -> None:
 
 
 def test_missing_rabbitmq_names_setup_command(monkeypatch) -> None:
-    monkeypatch.setattr(devservices, "RABBITMQ_SERVER", "/nonexistent/rabbitmq-server")
+    monkeypatch.setattr(devservices.rabbitmq, "RABBITMQ_SERVER", "/nonexistent/rabbitmq-server")
     with pytest.raises(
         devservices.ServiceBinaryMissing, match="scripts/setup.sh --with-test-services"
     ):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import devservices, logs, render
+import devservices
+from reconciler import logs, render
 
 SCRIPT = Path(sys.executable).parent / "reconciler"
 

@@ -34,7 +34,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from reconciler import devservices
+import devservices
 from reconciler import settings as settings_mod
 from reconciler.actual import State
 from reconciler.apply import Applier

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from reconciler import devservices
+import devservices
 from tests.e2e import helpers as h
 
 N = 3_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import devservices
-from reconciler.devservices_spark import SparkConnectServer
+import devservices
+from devservices.spark import SparkConnectServer
 from tests.cluster import scenarios as sc
 from tests.e2e import helpers as h
 

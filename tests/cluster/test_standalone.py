@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from reconciler import devservices
-from reconciler.devservices_spark import StandaloneCluster
+import devservices
+from devservices.spark import StandaloneCluster
 from tests.cluster import scenarios as sc
 from tests.e2e import helpers as h
 

@@ -18,7 +18,7 @@ import signal
 import time
 from datetime import UTC, datetime
 
-from reconciler import devservices
+import devservices
 from reconciler.store.store import Store
 from tests.daemon.test_notify import (
     NotifySocket,

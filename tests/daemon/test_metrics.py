@@ -26,7 +26,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler import devservices
+import devservices
 from reconciler.metrics import Metrics, serve
 from tests.daemon.test_notify import wait_until
 from tests.daemon.test_watch import daemon_thread

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import devservices, logs, notify
+import devservices
+from reconciler import logs, notify
 from reconciler.store.store import Store
 from tests.e2e import helpers
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.daemon import Daemon
 from reconciler.store.store import Store
 from tests.e2e import helpers as h

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import devservices
+import devservices
 from reconciler.apply import Applier
 from reconciler.daemon import Daemon
 from reconciler.reconcile import reconcile_once

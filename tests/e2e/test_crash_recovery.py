@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from reconciler import devservices
+import devservices
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.spark]

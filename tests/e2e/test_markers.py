@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from reconciler import devservices
+import devservices
 from reconciler.store.engine import create_engine
 from reconciler.store.store import Store
 from tests.e2e import helpers as h

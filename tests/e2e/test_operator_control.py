@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.errors import PublishConflict
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.batch import run_batch

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 from tests.streams.test_rabbitmq_bookkeeping import store_offset

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.spec.model import RabbitSource
 from reconciler.store.store import Store
 from reconciler.streams.rabbitmq import RabbitStreamAdapter

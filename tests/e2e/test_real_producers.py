@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
 
-from reconciler import devservices
+import devservices
 from tests.e2e import helpers as h
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")

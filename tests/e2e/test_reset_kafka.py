@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
-from reconciler import devservices
+import devservices
 from reconciler.cli import cli
 from reconciler.daemon import Daemon
 from reconciler.status import all_status

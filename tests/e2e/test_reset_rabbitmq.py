@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 

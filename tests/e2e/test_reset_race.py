@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler import positions as positions_mod
 from reconciler.apply import Applier
 from reconciler.daemon import Daemon

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import devservices
+import devservices
 from reconciler.actual import State
 from reconciler.store.store import Store
 from tests.e2e import helpers as h

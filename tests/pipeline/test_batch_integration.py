@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.batch import run_batch
 from reconciler.spec.model import SupervisorSpec

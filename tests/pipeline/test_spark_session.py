@@ -60,7 +60,7 @@ def test_status_file_written_for_status(spark, tmp_path):
 
 
 def test_unreachable_cluster_is_named():
-    from reconciler.devservices import free_port
+    from devservices import free_port
 
     port = free_port()
     assert spark_mod.unreachable_reason(f"spark://127.0.0.1:{port}") == (

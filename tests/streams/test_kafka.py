@@ -1,6 +1,6 @@
 """KafkaAdapter and KafkaRangeReader against a real broker (Tansu, via the session fixture).
 
-Exact ends need single-record final batches on Tansu (see ``reconciler.devservices``):
+Exact ends need single-record final batches on Tansu (see ``devservices``):
 ``produce_kafka`` always ends each partition that way, and ``one_record_per_batch``
 makes every batch a single record.
 """
@@ -13,7 +13,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.errors import PermanentError, RetryableError
 from reconciler.spec.model import KafkaSource
 from reconciler.streams import adapter_for

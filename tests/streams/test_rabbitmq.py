@@ -19,7 +19,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from reconciler import devservices
+import devservices
 from reconciler.errors import PermanentError, RetryableError
 from reconciler.spec.model import RabbitSource
 from reconciler.streams import adapter_for

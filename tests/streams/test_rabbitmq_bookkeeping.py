@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from rstream import Consumer
 
-from reconciler import devservices
+import devservices
 from reconciler.errors import PermanentError, RetryableError
 from reconciler.spec.model import RabbitSource
 from reconciler.streams.base import RECORD_SCHEMA, PartitionRange

@@ -1,6 +1,6 @@
 """Real Spark clusters for tests and benchmarks, from the installed pyspark: no mocks.
 
-Same lifecycle as the launchers in ``devservices`` (free loopback ports, a private
+Same lifecycle as the other launchers in ``devservices`` (free loopback ports, a private
 temporary directory for work and logs, a bounded wait until the service answers,
 stopped on ``stop()``/``__exit__`` or at exit):
 
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler import devservices as _ds
+from devservices import service as _ds
 
 __all__ = ["SparkMaster", "SparkWorker", "StandaloneCluster", "SparkConnectServer", "spark_home"]
 
@@ -45,7 +45,8 @@ def spark_home() -> Path:
 def _java_check() -> None:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise _ds.ServiceBinaryMissing(
-            f"Java 17+ is not installed (Spark needs it): run `{_ds.SETUP_COMMAND}`")
+            f"Java 17+ is not installed (Spark needs it): run `{_ds.SETUP_COMMAND}`"
+        )
 
 
 def _spark_env(tmpdir: Path) -> dict[str, str]:
@@ -68,7 +69,7 @@ def _spark_env(tmpdir: Path) -> dict[str, str]:
     return env
 
 
-class _SparkProcess(_ds._Service):
+class _SparkProcess(_ds.Service):
     """One Spark JVM whose log says when it is ready (``ready_line``)."""
 
     ready_line = ""
@@ -78,8 +79,10 @@ class _SparkProcess(_ds._Service):
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             self._check_alive(self.what)
-            text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path else ""
-            if re.search(pattern, text) and (port is None or _ds._tcp_open("127.0.0.1", port)):
+            text = (
+                self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path else ""
+            )
+            if re.search(pattern, text) and (port is None or _ds.tcp_open("127.0.0.1", port)):
                 return
             time.sleep(0.2)
         raise self._timeout_error(self.what, self.start_timeout)
@@ -116,9 +119,20 @@ class SparkMaster(_SparkProcess):
         env = _spark_env(self.tmpdir)
         # No REST submission server (a fixed port 6066, and nothing here submits over it).
         env["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
-        self._spawn(["bash", str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
-                     "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(_ds.free_port())],
-                    env=env)
+        self._spawn(
+            [
+                "bash",
+                str(spark_home() / "bin" / "spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(_ds.free_port()),
+            ],
+            env=env,
+        )
         self._wait_log(r"New state: ALIVE", self.port)
 
 
@@ -136,9 +150,25 @@ class SparkWorker(_SparkProcess):
 
     def _start(self) -> None:
         env = _spark_env(self.tmpdir)
-        self._spawn(["bash", str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
-                     "--host", "127.0.0.1", "--webui-port", str(_ds.free_port()), "--cores", str(self.cores),
-                     "--memory", self.memory, "--work-dir", str(self.tmpdir / "work"), self.master_url], env=env)
+        self._spawn(
+            [
+                "bash",
+                str(spark_home() / "bin" / "spark-class"),
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(_ds.free_port()),
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--work-dir",
+                str(self.tmpdir / "work"),
+                self.master_url,
+            ],
+            env=env,
+        )
         self._wait_log(r"Successfully registered with master")
 
     def registered_again(self, since: int, timeout: float = 120.0) -> None:
@@ -207,7 +237,9 @@ class SparkConnectServer(_SparkProcess):
     what = "spark connect server"
     start_timeout = 120.0
 
-    def __init__(self, port: int | None = None, *, master: str = "local[2]", memory: str = "1g") -> None:
+    def __init__(
+        self, port: int | None = None, *, master: str = "local[2]", memory: str = "1g"
+    ) -> None:
         super().__init__()
         _java_check()
         self.port = port or _ds.free_port()
@@ -229,10 +261,23 @@ class SparkConnectServer(_SparkProcess):
             "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         }
         args = [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]
-        self._spawn(["bash", str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_CLASS,
-                     "--name", "reconciler-test-connect", "--master", self.master,
-                     "--driver-memory", self.memory, *args, "spark-internal"],
-                    env=env)
+        self._spawn(
+            [
+                "bash",
+                str(spark_home() / "bin" / "spark-submit"),
+                "--class",
+                CONNECT_CLASS,
+                "--name",
+                "reconciler-test-connect",
+                "--master",
+                self.master,
+                "--driver-memory",
+                self.memory,
+                *args,
+                "spark-internal",
+            ],
+            env=env,
+        )
         self._wait_log(r"Spark Connect server started at", self.port)
 
     def restart(self) -> None:
