@@ -1,7 +1,9 @@
 """The actual state as the planner sees it: supervisor records read from the database.
 
 States follow Druid's supervisor states, plus COMPLETED (bounded supervisors) and
-TERMINATED. Frozen dataclasses only; the store builds them, the planner reads them.
+TERMINATED; only the states this product sets are listed (Druid's STOPPING,
+CONNECTING_TO_STREAM and CREATING_TASKS have no counterpart here). Frozen dataclasses
+only; the store builds them, the planner reads them.
 """
 
 from __future__ import annotations
@@ -21,27 +23,18 @@ class State(enum.StrEnum):
     RUNNING = "RUNNING"
     IDLE = "IDLE"
     SUSPENDED = "SUSPENDED"
-    STOPPING = "STOPPING"
     UNHEALTHY_SUPERVISOR = "UNHEALTHY_SUPERVISOR"
     UNHEALTHY_TASKS = "UNHEALTHY_TASKS"
     COMPLETED = "COMPLETED"
     TERMINATED = "TERMINATED"
 
-    @property
-    def active(self) -> bool:
-        """Counts toward the mass-termination guard and is served by runtimes."""
-        return self not in (State.TERMINATED, State.COMPLETED)
-
 
 class DetailedState(enum.StrEnum):
     PENDING = "PENDING"
-    CONNECTING_TO_STREAM = "CONNECTING_TO_STREAM"
     DISCOVERING_INITIAL_TASKS = "DISCOVERING_INITIAL_TASKS"
-    CREATING_TASKS = "CREATING_TASKS"
     RUNNING = "RUNNING"
     IDLE = "IDLE"
     SUSPENDED = "SUSPENDED"
-    STOPPING = "STOPPING"
     LOST_CONTACT_WITH_STREAM = "LOST_CONTACT_WITH_STREAM"
     UNABLE_TO_CONNECT_TO_STREAM = "UNABLE_TO_CONNECT_TO_STREAM"
     UNHEALTHY_SUPERVISOR = "UNHEALTHY_SUPERVISOR"

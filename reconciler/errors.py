@@ -22,9 +22,12 @@ class ReconcilerError(Exception):
 class RetryableError(ReconcilerError):
     """A transient failure: the same operation may succeed after a delay."""
 
-    def __init__(self, message: str, *, retry_after: float = 1.0):
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        # ``retry_after`` is accepted and ignored: nothing ever read it (callers back off on
+        # their own schedule). Kept only until pipeline/spark.py and streams/kafka.py stop
+        # passing it; then remove the parameter.
+        del retry_after
         super().__init__(message)
-        self.retry_after = retry_after
 
 
 class PermanentError(ReconcilerError):
