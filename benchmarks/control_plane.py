@@ -14,7 +14,9 @@ database is a SQLite file in a temporary state directory. For each N in ``--spec
 * ``noop_pass``: the daemon (``Daemon.run`` in a thread, no HTTP, a 0.05 s tick) over N
   unchanged files; the figures are the daemon's own ``reconciler_tick_duration_seconds``
   observations of its unchanged passes (median, p95, max), plus the SQL statements of one
-  pass (``reconcile_once`` with a warm cache) and the cache's hits;
+  pass (``reconcile_once`` with a warm cache) and the cache's hits; ``lease`` says whether
+  the first (cold) pass outlasted the lease TTL and whether the daemon kept its lease
+  through it (it renews the lease during a pass);
 * ``change_latency``: with that daemon (default debounce 0.3 s, the tick at 30 s so only
   the file watcher triggers), one spec file is rewritten (a new ``taskDuration``) and the
   time until the database holds its new spec hash is measured, ``--repetitions`` times;
@@ -22,7 +24,8 @@ database is a SQLite file in a temporary state directory. For each N in ``--spec
   ``backfill: false``) until the request is recorded in the database and until the file is
   renamed ``.applied``. Positions come from a stub instead of a broker (``positions.adapter_for``):
   what is measured is the control plane, not a broker's answer time;
-* ``status_no_lag``: ``reconciler status --no-lag -o json`` as a subprocess, and
+* ``status_no_lag``: ``reconciler status --no-lag -o json`` as a subprocess (seven runs, wall
+  time from exec to exit: interpreter start-up and imports included), and
   ``all_status(with_latest=False)`` in process;
 * ``memory``: max RSS of each subprocess above (through GNU ``time``: a forked child's
   peak would start at this process's size), and this process's RSS before the specs were
@@ -243,8 +246,13 @@ def measure_noop(tree: Tree, passes: int) -> dict[str, Any]:
     with DaemonUnderTest(tree, tick=0.05) as d:
         d.wait_passes(passes + 2, timeout=120 + passes * 5)
         rss = rss_mib()
+        token = d.daemon.lease_token
     unchanged = [s for outcome, s in d.passes[2:] if outcome == "unchanged"]
+    ttl = d.daemon.settings.lease_ttl
     return {"daemon_tick_seconds": summary(unchanged), "first_pass_seconds": round(d.passes[0][1], 3),
+            # a first pass longer than the lease renews it on the way: same token, nothing aborted
+            "lease": {"ttl_seconds": ttl, "first_pass_longer_than_ttl": d.passes[0][1] > ttl,
+                      "kept": token is not None and not any(o == "aborted" for o, _ in d.passes)},
             "rss_mib_after": rss, "one_pass": measure_one_pass(tree)}
 
 
@@ -309,7 +317,7 @@ def _handled_count(tree: Tree, sid: str) -> int:
 
 
 def measure_status(tree: Tree) -> dict[str, Any]:
-    runs = [tree.cli("status", "--no-lag", "-o", "json") for _ in range(3)]
+    runs = [tree.cli("status", "--no-lag", "-o", "json") for _ in range(7)]  # exec to exit, wall time
     started = time.perf_counter()
     items = all_status(tree.store, with_latest=False)
     seconds = time.perf_counter() - started

@@ -15,16 +15,18 @@ import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from reconciler import logs, render
 from reconciler import settings as settings_mod
 from reconciler.errors import ReconcilerError
-from reconciler.plan import ActionKind, Plan, PlanSettings, desired_from_directory, plan
 from reconciler.spec import secrets
 from reconciler.spec.model import Position
+
+if TYPE_CHECKING:  # the plan module is imported by the commands that plan (status and history do not)
+    from reconciler.plan import Plan
 
 EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
 
@@ -58,11 +60,13 @@ class Context:
     @property
     def store(self):
         if self._store is None:
+            from reconciler.store.schema import is_current
             from reconciler.store.store import Store
 
             self.settings.state_path.mkdir(parents=True, exist_ok=True)
             self._store = Store(self.settings.db_url)
-            self._store.migrate()
+            if not is_current(self._store.engine):  # alembic only when there is something to upgrade
+                self._store.migrate()
         return self._store
 
     @property
@@ -220,6 +224,7 @@ def _directory(c: Context):
 
 def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None) -> Plan:
     """Plan, then capture stream positions for the resets it contains and plan again to preview them."""
+    from reconciler.plan import ActionKind, PlanSettings, desired_from_directory, plan
     from reconciler.positions import capture
 
     desired = desired_from_directory(directory or _directory(c))
@@ -490,7 +495,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     SUSPENDED. The backfill is ingested by the daemon (`reconciler run`).
     """
     from reconciler.apply import Applier
-    from reconciler.plan import Action
+    from reconciler.plan import Action, ActionKind
     from reconciler.positions import capture
     from reconciler.requests import from_cli
     from reconciler.resets import compute_reset, fill_from

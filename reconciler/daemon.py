@@ -37,6 +37,17 @@ Leadership: a lease row with a fencing token. The runtimes of one term publish w
 that term's token, so once another daemon took over (the lease ran out while this
 one was paused or cut off), their publishes fail in the database: a deposed leader
 can no longer publish.
+
+A pass can outlast the lease (the first pass over ten thousand files takes longer than
+the default 15 s TTL): the pass renews the lease as the loop does, before each file it
+loads, before it reads the database and before each action (``_leading_in_pass``), and
+keeps ``/healthz``, WATCHDOG=1 and the heartbeat fresh while it makes progress. Nothing
+renews the lease but this progress: a pass stuck on one call stops renewing, and a
+standby takes over within the TTL as from a dead leader. A pass applies an action only
+while the lease was renewed under the same token within half the TTL (a token unchanged
+means held without a break); once it was lost, or could not be renewed, the rest of the
+plan is not applied and the daemon steps down (or, if it took the lease again, starts a
+new term with a new token) before anything else.
 """
 
 from __future__ import annotations
@@ -183,6 +194,7 @@ class Daemon:
         self._last_ping = 0.0
         self._lease_checked = 0.0
         self._lease_renewed = 0.0
+        self._lease_lost_in_pass = False
         self._leader_seen: str | None = None
         self._beat: tuple[str, float] = ("", 0.0)
         self._summary, self._summary_at = "starting", 0.0
@@ -356,12 +368,44 @@ class Daemon:
             self._lease_renewed = now
         if token != self.lease_token:
             self._change_role(token)
+            if self.lease_token is not None:
+                self._lease_checked = 0.0  # taking over (recovery) took a while: renew at the first chance
         if self.lease_token is None:
             self._note_standby()
             if self.metrics.role != "standby":  # started as a standby
                 self.metrics.set_role("standby")
         self._heartbeat()
         return self.lease_token is not None
+
+    def _leading_in_pass(self) -> bool:
+        """The pass's ``leading`` (see ``reconcile_once``): renew the lease when due, as the loop
+        does, and show the loop's signs of life while a long pass makes progress. True while
+        the lease is held under this term's token and was renewed within half the TTL."""
+        token = self.lease_token
+        if token is None or self._lease_lost_in_pass:
+            return False
+        now = time.monotonic()
+        ttl = self.settings.lease_ttl
+        if now - self._lease_checked >= min(1.0, ttl / 5):
+            self._lease_checked = now
+            try:
+                renewed = self.store.acquire_lease(self.holder, ttl)
+                self.metrics.database_error = None
+            except ReconcilerError as exc:
+                self.metrics.database_error = str(exc)
+                log.warning("cannot renew the leader lease during a reconcile pass: %s", exc)
+            else:
+                if renewed != token:  # another holds it, or it ran out and we took it again: a new term
+                    self._lease_lost_in_pass = True
+                    self._lease_checked = 0.0  # the loop settles the role before anything else
+                    log.error("leader lease (token %d) lost during a reconcile pass; nothing more is applied",
+                              token)
+                    return False
+                self._lease_renewed = now
+            self._heartbeat()
+            self.metrics.loop_alive()
+            self._ping()
+        return time.monotonic() - self._lease_renewed < ttl / 2
 
     def _change_role(self, token: int | None) -> None:
         if self.lease_token is not None:
@@ -436,16 +480,19 @@ class Daemon:
         outcome = self._reconcile("files" if files else "tick", lambda: watcher.unchanged_since(mark))
         if outcome == "deferred":
             return time.monotonic()  # again as soon as the directory is quiet
+        if outcome == "fenced":  # again once the lease is settled: by this daemon only if it leads again
+            return time.monotonic() + min(1.0, self.settings.lease_ttl / 5)
         return time.monotonic() + self.settings.tick_interval
 
     def _reconcile(self, trigger: str, stable: Callable[[], bool]) -> str:
         started = time.monotonic()
         applier = Applier(self.store, actor=f"daemon:{self.holder}", state_dir=self.settings.state_path)
         ps = PlanSettings(max_termination_share=self.settings.max_termination_share)
+        self._lease_lost_in_pass = False
         try:
             result = reconcile_once(self.settings.specs, applier, ps,
                                     check_permissions=not self.settings.allow_insecure_specs, stable=stable,
-                                    cache=self._spec_cache)
+                                    cache=self._spec_cache, leading=self._leading_in_pass)
         except ReconcilerError as exc:
             log.error("reconcile aborted (nothing concluded): %s", exc)
             self.metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))
@@ -460,6 +507,15 @@ class Daemon:
             log.debug("the spec directory changed while it was read: pass dropped, redone when quiet")
             self.metrics.reconcile_done("deferred", time.monotonic() - started)
             return "deferred"
+        if result.fenced:
+            self._count_resets(result.results)
+            log.error("reconcile pass (%s) stopped: the leader lease was lost or could not be renewed; "
+                      "%d of %d action(s) applied, the rest left to the leader", trigger, len(result.results),
+                      len(result.plan.actions))
+            self._lease_checked = 0.0  # renew or step down at once
+            self.metrics.reconcile_done("aborted", time.monotonic() - started,
+                                        error="the leader lease was lost during the pass")
+            return "fenced"
         if result.plan.notes != self._notes:
             for note in result.plan.notes:
                 log.warning("%s", note)

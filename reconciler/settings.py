@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reconciler.errors import PermanentError
 from reconciler.spec.model import parse_duration
 
@@ -181,6 +179,8 @@ def _read_config(path: str | None) -> dict[str, Any]:
         if not DEFAULT_CONFIG.exists():
             return {}
         path = str(DEFAULT_CONFIG)
+    import yaml  # here: without a config file, a command never needs PyYAML
+
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except OSError as exc:

@@ -27,7 +27,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -219,6 +219,7 @@ def load_directory(
     now: datetime | None = None,
     check_permissions: bool = True,
     cache: SpecCache | None = None,
+    progress: Callable[[], object] | None = None,
 ) -> DirectoryState:
     """The whole top level of the spec directory, never raising for a bad file.
 
@@ -227,6 +228,8 @@ def load_directory(
     invalid or rejected (see ``permissions``). With ``cache`` (the daemon's, kept
     across passes) a spec file that did not change since it was last loaded is not
     read, parsed or validated again (see ``filecache``); markers always are.
+    ``progress`` is called before each spec file (the daemon renews its leader lease there
+    when due: a first pass over ten thousand files outlasts the lease's TTL).
     """
     shown = os.fspath(directory)
     try:
@@ -254,6 +257,8 @@ def load_directory(
     for entry in entries:
         kind = classify(entry.name)
         if kind == "spec" and not _is_dir(entry):
+            if progress is not None:
+                progress()
             results.append(_spec_result(entry, shown, now, check_permissions, cache))
         elif kind == "marker":
             marker_entries.append(entry)

@@ -12,21 +12,35 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.errors import PermanentError
 
-RECORD_SCHEMA = pa.schema(
-    [
-        ("partition", pa.string()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("stream_time", pa.timestamp("ms", tz="UTC")),
-    ]
-)
+if TYPE_CHECKING:  # pyarrow costs a quarter of a second to import: status, plan and the store do not need it
+    import pyarrow as pa
+
+
+def _record_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("partition", pa.string()),
+            ("offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("stream_time", pa.timestamp("ms", tz="UTC")),
+        ]
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``RECORD_SCHEMA`` is built (and pyarrow imported) on first use: the readers and the
+    Spark sources use it, the control plane (store, plan, status) never does."""
+    if name == "RECORD_SCHEMA":
+        schema = globals()["RECORD_SCHEMA"] = _record_schema()
+        return schema
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SourceMissing(PermanentError):
