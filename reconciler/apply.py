@@ -26,11 +26,11 @@ from reconciler.actual import DetailedState, Kind, State
 from reconciler.errors import PermanentError, ReconcilerError
 from reconciler.plan import Action, ActionKind
 from reconciler.resets import Positions, compute_reset
-from reconciler.streams.base import SourceMissing
 from reconciler.spec import secrets
 from reconciler.spec.markerfiles import retire
 from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.store.store import ResetResult, Store
+from reconciler.streams.base import SourceMissing
 
 log = logging.getLogger(__name__)
 

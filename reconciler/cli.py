@@ -403,37 +403,6 @@ def history(c: Context, supervisor_id, output):
         click.echo(render.history_text(entries))
 
 
-@cli.command(epilog="Example: reconciler segments clicks")
-@click.argument("datasource")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@pass_ctx
-def segments(c: Context, datasource, output):
-    """Committed segments of a datasource: interval, rows, size, offsets, path."""
-    rows = c.read_store.segments(datasource)
-    if output == "json":
-        _echo_json([{**r, "ranges": [{"partition": p, "start": s, "end": e} for p, s, e in json.loads(r["ranges"])]}
-                    for r in rows])
-        return
-    if not rows:
-        click.echo(_no_segments(c, datasource))
-        return
-    click.echo(render.segments_text(rows))
-    click.echo(f"\n{len(rows)} file(s), {sum(r['rows'] for r in rows)} rows")
-
-
-def _no_segments(c: Context, datasource: str) -> str:
-    """Say which datasources there are: the argument is often a supervisor id by mistake."""
-    actual = c.read_store.read_actual()
-    sources = {sid: r.spec_document.get("dataSchema", {}).get("datasource") for sid, r in actual.supervisors.items()}
-    known = sorted({d for d in sources.values() if d})
-    text = f"No committed segments in datasource '{datasource}'."
-    if datasource in sources and sources[datasource] and sources[datasource] != datasource:
-        text += f" Supervisor '{datasource}' writes datasource '{sources[datasource]}'."
-    if known:
-        text += f" Datasources: {', '.join(known)}."
-    return text
-
-
 # -- reset ------------------------------------------------------------------------------
 
 def parse_position(text: str) -> Position:
@@ -700,3 +669,12 @@ def _user() -> str:
     from reconciler.requests import _user as user
 
     return user()
+
+
+def _register_table_commands() -> None:
+    from reconciler import tablecommands
+
+    tablecommands.register(cli, pass_ctx, _echo_json)
+
+
+_register_table_commands()

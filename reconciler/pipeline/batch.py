@@ -1,8 +1,8 @@
-"""One batch: read offset ranges through Spark, transform, stage segments.
+"""One batch: read offset ranges through Spark, transform, write the data files.
 
-No database here: the caller publishes the returned ``StagedBatch`` (segments and
-checkpoint move in one compare-and-swap transaction), then ``segments.promote``s it,
-or ``segments.discard``s it when the publish lost.
+No database here: the caller publishes the returned ``WrittenBatch`` (one table
+commit with the checkpoints' compare-and-swap), or ``segments.discard``s it when the
+publish lost.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import os
 import uuid
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 
 from reconciler.pipeline import segments as seg
-from reconciler.pipeline.sources import format_name, read_options
-from reconciler.pipeline.transform import dead_rows, good_rows, parse
-from reconciler.spec.model import Source, SupervisorSpec
+from reconciler.pipeline.sources import SPARK_RECORD_SCHEMA, format_name, read_options
+from reconciler.pipeline.transform import SEGMENT, dead_rows, good_rows, parse
+from reconciler.spec.model import DataSchema, Source, SupervisorSpec
 from reconciler.streams.base import PartitionRange
+from reconciler.table.schema import arrow_schema_of
 
 
 def read_ranges(
@@ -36,6 +38,14 @@ def read_ranges(
     )
 
 
+def output_schemas(spark: SparkSession, data_schema: DataSchema) -> tuple[pa.Schema, pa.Schema]:
+    """The Arrow schemas of a datasource's rows (without ``time_chunk``) and of its dead
+    letters, as the transform produces them: analysed over an empty frame, no job runs."""
+    empty = spark.createDataFrame([], SPARK_RECORD_SCHEMA)
+    good = good_rows(parse(empty, data_schema), data_schema).drop(SEGMENT)
+    return arrow_schema_of(good.schema), arrow_schema_of(dead_rows(parse(empty, data_schema)).schema)
+
+
 def _observed(obs: Observation, key: str) -> int | None:
     try:
         value = obs.get.get(key)
@@ -48,47 +58,34 @@ def run_batch(
     spark: SparkSession,
     spec: SupervisorSpec,
     ranges: Sequence[PartitionRange],
-    segments_dir: str | os.PathLike[str],
     batch_id: str,
-    task_count: int | None = None,
     *,
+    data_dir: str | os.PathLike[str],
+    dead_dir: str | os.PathLike[str],
+    task_count: int | None = None,
     max_batch_rows: int | None = None,
-) -> seg.StagedBatch:
-    """Read ``ranges`` of ``spec.source``, transform, and stage the segments.
+) -> seg.WrittenBatch:
+    """Read ``ranges`` of ``spec.source``, transform, and write the data files.
 
-    One Spark job reads the stream once, parses and writes segment files; the number
-    of dead letters is observed during that job, and only when there are some does a
-    second job (reading the ranges again) write them.
+    One Spark job reads the stream once, parses and writes the rows; the number of dead
+    letters is observed during that job, and only when there are some does a second job
+    (reading the ranges again) write them.
     """
     ds = spec.data_schema
     seg.check_batch_id(batch_id)
     tasks = max(1, int(task_count or spec.task_count or 1))
     live = [r for r in ranges if r.size > 0]
     if not live:
-        staged = seg.StagedBatch(
-            batch_id=batch_id,
-            datasource=ds.datasource,
-            files=(),
-            rows=0,
-            dead_rows=0,
-            segments_dir=str(os.path.abspath(segments_dir)),
-            segment_granularity=ds.segment_granularity,
-            input_rows=0,
-        )
-        seg.discard(segments_dir, batch_id)
-        seg.write_manifest(staged)
-        return staged
-
+        return seg.WrittenBatch(batch_id, (), (), input_rows=0)
     records = read_ranges(spark, spec.source, live, tasks, max_batch_rows)
     obs = Observation(f"batch-{batch_id}-{uuid.uuid4().hex[:8]}")
     return seg.write_batch(
         spark,
         good_rows(parse(records, ds, observation=obs), ds),
         dead_rows(parse(records, ds)),
-        segments_dir,
-        ds.datasource,
+        data_dir,
+        dead_dir,
         batch_id,
-        segment_granularity=ds.segment_granularity,
         dead_count=lambda: _observed(obs, "dead"),
         input_rows=lambda: _observed(obs, "records"),
     )

@@ -1,8 +1,10 @@
-"""Start-up recovery of the segment files, run by the leader before any runtime starts.
+"""Start-up clean-up of batch files, run by the leader before any runtime starts.
 
-A crash can leave a batch in three places: staged but never committed (an orphan:
-deleted), committed but not moved into place (rolled forward from its manifest),
-or done. Nothing else is possible, because files become visible only after commit.
+A batch's data files are written under ``<table>/data/batch=<B>/`` and referenced by
+the table only once its publish committed. A crash can therefore leave files of a
+batch that never committed: invisible to readers, but taking space. They are deleted
+here (the database's ``batches`` table says which batches committed); files of
+committed batches are never touched.
 """
 
 from __future__ import annotations
@@ -17,27 +19,26 @@ log = logging.getLogger(__name__)
 
 def recover(store: Store, segments_dir: Path) -> dict[str, int]:
     from reconciler.pipeline import segments
+    from reconciler.table.catalog import NAMESPACE
 
-    rolled = 0
-    for batch_id in store.unpromoted_batches():
-        staged = segments.load_manifest(str(segments_dir), batch_id)
-        if staged is not None:
-            segments.promote(staged)
-        else:
-            log.warning("batch %s is committed but its staging manifest is gone; assuming it was moved", batch_id)
-        store.mark_promoted(batch_id)
-        rolled += 1
-    staged_ids = segments.staging_batch_ids(str(segments_dir))
-    committed = store.committed_batch_ids(staged_ids)
-    orphans = [b for b in staged_ids if b not in committed]
-    for batch_id in orphans:
-        segments.discard(str(segments_dir), batch_id)
-    for batch_id in committed:  # moved, but the crash came before the staging dir was removed
-        staged = segments.load_manifest(str(segments_dir), batch_id)
-        if staged is not None:
-            segments.promote(staged)
-        else:
-            segments.discard(str(segments_dir), batch_id)
-    if rolled or orphans:
-        log.info("recovery: %d committed batch(es) rolled forward, %d orphan staging dir(s) deleted", rolled, len(orphans))
-    return {"rolledForward": rolled, "orphansDeleted": len(orphans)}
+    root = Path(segments_dir) / NAMESPACE
+    found: dict[str, Path] = {}
+    try:
+        for table_dir in (root.iterdir() if root.is_dir() else ()):
+            if table_dir.is_dir():
+                found.update({f"{table_dir.name}/{b}": p for b, p in segments.batch_dirs(table_dir).items()})
+    except OSError as exc:  # files nobody reads: a clean-up that fails must not stop leading
+        log.warning("recovery: cannot list batch directories under %s (%s); left for the next start", root, exc)
+        return {"orphansDeleted": 0}
+    committed = store.committed_batch_ids({key.split("/", 1)[1] for key in found})
+    orphans = [p for key, p in sorted(found.items()) if key.split("/", 1)[1] not in committed]
+    deleted = 0
+    for path in orphans:
+        try:
+            segments.discard(path)
+            deleted += 1
+        except OSError as exc:
+            log.warning("recovery: cannot delete uncommitted batch directory %s (%s); it stays invisible", path, exc)
+    if deleted:
+        log.info("recovery: %d uncommitted batch director%s deleted", deleted, "y" if deleted == 1 else "ies")
+    return {"orphansDeleted": deleted}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import threading
 import time
 import uuid
 from collections import deque
@@ -25,13 +27,14 @@ from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
 from reconciler.positions import start_offsets
 from reconciler.runtime.batching import caught_up, cut_ranges
-from reconciler.store.store import SegmentFile, Store
+from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
 
 log = logging.getLogger(__name__)
 
 UNHEALTHY_AFTER = 3  # consecutive failures before a supervisor is reported UNHEALTHY_*
 MAX_BACKOFF = 60.0
+PUBLISH_ATTEMPTS = 20  # table commits staged again after another writer moved the table
 RETENTION_CHECK_EVERY = 60.0  # seconds between asking for earliest offsets while all is well
 RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)
 
@@ -43,6 +46,17 @@ class RuntimeContext:
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
     metrics: Any = None  # reconciler.metrics.Metrics, or None
+    _tables: Any = field(default=None, repr=False)
+    _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def tables(self):
+        """The output tables' catalog (``reconciler.table.catalog.Tables``), opened once."""
+        with self._tables_lock:
+            if self._tables is None:
+                from reconciler.table.catalog import Tables
+
+                self._tables = Tables(self.store.engine, self.segments_dir)
+            return self._tables
 
 
 @dataclass
@@ -62,6 +76,7 @@ class SupervisorRuntime:
     _adapter_hash: str | None = None
     _reported: tuple | None = None
     _retention_checked: float = 0.0
+    _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
 
     def step(self) -> StepOutcome:
         rec = self.ctx.store.get(self.supervisor_id)
@@ -74,6 +89,9 @@ class SupervisorRuntime:
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
+        except TableConflict as exc:  # the table kept moving under PUBLISH_ATTEMPTS stagings
+            log.warning("%s; the batch is read again", exc, extra={"supervisor": rec.id})
+            return StepOutcome(0.5)
         except (SparkUnavailable, SparkMisconfigured) as exc:  # the cluster, not the stream: no traceback
             return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
         except RetryableError as exc:
@@ -162,17 +180,27 @@ class SupervisorRuntime:
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges) -> int:
         from reconciler.pipeline import segments
-        from reconciler.pipeline.batch import run_batch
+        from reconciler.pipeline.batch import output_schemas, run_batch
+        from reconciler.table.catalog import deadletter_table
 
+        ds = spec.data_schema
         batch_id = uuid.uuid4().hex
         started = time.monotonic()
         records = sum(r.size for r in ranges)
+        spark = self.ctx.spark()
+        tables = self.ctx.tables()
+        if self._schemas is None or self._schemas[0] != rec.spec_hash:
+            self._schemas = (rec.spec_hash, *output_schemas(spark, ds))
+        _, schema, dead_schema = self._schemas
+        table = tables.ensure(ds.datasource, schema, ds.segment_granularity)
+        dead_table = tables.ensure(deadletter_table(ds.datasource), dead_schema, None)
+        data_dir, dead_dir = tables.data_dir(table, batch_id), tables.data_dir(dead_table, batch_id)
         try:
-            staged = run_batch(self.ctx.spark(), spec, ranges, str(self.ctx.segments_dir), batch_id,
-                               task_count=spec.task_count)
-        except Exception as exc:  # a failed job's partial output must not linger in staging
+            written = run_batch(spark, spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir,
+                                task_count=spec.task_count)
+        except Exception as exc:  # a failed job's partial output must not linger
             try:
-                segments.discard(str(self.ctx.segments_dir), batch_id)
+                segments.discard(data_dir, dead_dir)
             except OSError:
                 log.debug("could not discard failed batch %s", batch_id, exc_info=True)
             translated = translate_failure(exc)
@@ -180,27 +208,61 @@ class SupervisorRuntime:
                 raise translated from exc
             raise
         faults.crash_point("after-write", rec.id)
-        files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
-                 for f in staged.files]
         try:
-            faults.crash_point("before-commit", rec.id)
-            self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=batch_id,
-                                   datasource=spec.data_schema.datasource, ranges=ranges, files=files,
-                                   records=records, unparseable=staged.dead_rows, lease=self.ctx.lease())
-        except PublishConflict:
-            segments.discard(str(self.ctx.segments_dir), batch_id)
-            if self.ctx.metrics:
-                self.ctx.metrics.publish_conflict(rec.id)
+            self._publish(rec, spec, ranges, written, schema, dead_schema, records)
+        except (PublishConflict, TableConflict):
+            segments.discard(data_dir, dead_dir)
             raise
         faults.crash_point("after-commit", rec.id)
-        segments.promote(staged)
-        self.ctx.store.mark_promoted(batch_id)
         elapsed = time.monotonic() - started
         if self.ctx.metrics:
-            self.ctx.metrics.batch_done(rec.id, records, staged.dead_rows, elapsed)
+            self.ctx.metrics.batch_done(rec.id, records, written.dead_rows, elapsed)
         log.info("batch %s published: %d records (%d unparseable) in %.2fs", batch_id[:12], records,
-                 staged.dead_rows, elapsed, extra={"supervisor": rec.id, "batch": batch_id})
+                 written.dead_rows, elapsed, extra={"supervisor": rec.id, "batch": batch_id})
         return records
+
+    def _publish(self, rec, spec, ranges, written, schema, dead_schema, records: int) -> None:
+        """Stage the table snapshots and publish them with the checkpoints; a table moved by
+        another writer in between (a backfill of the same datasource, a compaction) is
+        staged again on its new metadata, the data files staying where they are."""
+        from reconciler.table.catalog import (
+            BATCH,
+            DATASOURCE,
+            EPOCH,
+            RANGES,
+            RECORDS,
+            SUPERVISOR,
+            UNPARSEABLE,
+            deadletter_table,
+        )
+
+        ds = spec.data_schema
+        tables = self.ctx.tables()
+        summary = {SUPERVISOR: rec.id, BATCH: written.batch_id, EPOCH: str(rec.epoch), DATASOURCE: ds.datasource,
+                   RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges]),
+                   RECORDS: str(records), UNPARSEABLE: str(written.dead_rows)}
+        files = [_segment_file(f, ds.segment_granularity) for f in written.files]
+        for attempt in range(PUBLISH_ATTEMPTS):
+            commits = [tables.stage_append(ds.datasource, [f.path for f in written.files], summary,
+                                           schema=schema, granularity=ds.segment_granularity)]
+            if written.dead_files:
+                commits.append(tables.stage_append(deadletter_table(ds.datasource),
+                                                   [f.path for f in written.dead_files], summary, schema=dead_schema))
+            try:
+                faults.crash_point("before-commit", rec.id)
+                self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=written.batch_id,
+                                       datasource=ds.datasource, ranges=ranges, files=files, records=records,
+                                       unparseable=written.dead_rows, lease=self.ctx.lease(),
+                                       table_commits=commits)
+                return
+            except PublishConflict:
+                if self.ctx.metrics:
+                    self.ctx.metrics.publish_conflict(rec.id)
+                raise
+            except TableConflict:
+                if attempt == PUBLISH_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.0, 0.05 * (attempt + 1)))  # concurrent writers: spread out
 
     def _failed(self, rec, detailed: DetailedState, unhealthy: State, exc: Exception) -> StepOutcome:
         self.failures += 1
@@ -242,3 +304,15 @@ class SupervisorRuntime:
 
     def close(self) -> None:
         self._drop_adapter()
+
+
+def _segment_file(f, granularity: str) -> SegmentFile:
+    """A written data file as the store's ``segments`` row (its chunk's interval, UTC)."""
+    from reconciler.pipeline.transform import chunk_interval
+
+    start, end = chunk_interval(f.segment, granularity) if f.segment else (None, None)
+    return SegmentFile(f.segment or "", _iso(start), _iso(end), f.path, f.rows, f.bytes)
+
+
+def _iso(t) -> str:
+    return t.isoformat().replace("+00:00", "Z") if t else ""

@@ -41,6 +41,7 @@ from reconciler.store.tables import (
     audit_log,
     batches,
     checkpoints,
+    iceberg_tables,
     leases,
     overrides,
     requests,
@@ -51,6 +52,14 @@ from reconciler.store.tables import (
 from reconciler.streams.base import PartitionRange
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
+
+
+class TableConflict(RetryableError):
+    """A table's metadata pointer moved since the commit was staged (another batch of
+    the same datasource, a compaction): nothing was published; stage again and retry."""
 
 
 def utcnow() -> datetime:
@@ -396,12 +405,17 @@ class Store:
 
     def publish(self, *, supervisor_id: str, epoch: int, batch_id: str, datasource: str,
                 ranges: Sequence[PartitionRange], files: Iterable[SegmentFile], records: int,
-                unparseable: int, lease: tuple[str, int] | None = None, now=None) -> None:
-        """Make a batch's segments visible (in the database) and move its checkpoints, or nothing.
+                unparseable: int, lease: tuple[str, int] | None = None, now=None,
+                table_commits: Sequence[Any] = ()) -> None:
+        """Commit a batch's table snapshots and move its checkpoints, or nothing.
 
-        Raises PublishConflict when the supervisor's epoch changed (reset, terminate,
-        recreate), any checkpoint is no longer at its range's start, or the lease
-        (holder, token) is no longer ours.
+        ``table_commits`` (``reconciler.table.catalog.TableCommit``: table, expected, new)
+        move each table's metadata pointer with a compare-and-swap on its current
+        location, in this transaction: readers see the batch's rows exactly when the
+        checkpoints move. Raises PublishConflict when the supervisor's epoch changed
+        (reset, terminate, recreate), any checkpoint is no longer at its range's start, or
+        the lease (holder, token) is no longer ours; TableConflict when a table moved since
+        its commit was staged (nothing is published: stage again).
         """
         now = now or utcnow()
         files = list(files)
@@ -426,6 +440,17 @@ class Store:
                     raise PublishConflict(
                         f"{supervisor_id}: partition {rng.partition} checkpoint is no longer {rng.start}; batch {batch_id} discarded"
                     )
+            for tc in table_commits:
+                moved = c.execute(
+                    sa.update(iceberg_tables).where(
+                        iceberg_tables.c.catalog_name == TABLE_CATALOG,
+                        iceberg_tables.c.table_namespace == TABLE_NAMESPACE,
+                        iceberg_tables.c.table_name == tc.table,
+                        iceberg_tables.c.metadata_location == tc.expected,
+                    ).values(metadata_location=tc.new, previous_metadata_location=tc.expected)
+                ).rowcount
+                if moved != 1:
+                    raise TableConflict(f"table {tc.table} changed since batch {batch_id} was staged")
             c.execute(sa.insert(batches).values(
                 batch_id=batch_id, supervisor_id=supervisor_id, datasource=datasource, epoch=epoch,
                 status="committed", ranges=json.dumps([[r.partition, r.start, r.end] for r in ranges]),
@@ -438,14 +463,6 @@ class Store:
                          bytes=f.bytes, created_at=now)
                     for f in files
                 ])
-
-    def mark_promoted(self, batch_id: str) -> None:
-        with self._write() as c:
-            c.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(status="promoted", promoted_at=utcnow()))
-
-    def unpromoted_batches(self) -> list[str]:
-        with self._read() as c:
-            return list(c.execute(sa.select(batches.c.batch_id).where(batches.c.status == "committed")).scalars())
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)

@@ -52,7 +52,8 @@ checkpoints = sa.Table(
     sa.Column("next_offset", sa.BigInteger, nullable=False),
 )
 
-# Published batches; 'committed' until their files are moved into place, then 'promoted'.
+# Published batches: 'committed' with their table snapshot ('promoted' in databases from
+# before the Iceberg table, when files were moved into place after the commit).
 batches = sa.Table(
     "batches",
     metadata,
@@ -60,7 +61,7 @@ batches = sa.Table(
     sa.Column("supervisor_id", sa.String(128), nullable=False, index=True),
     sa.Column("datasource", sa.String(128), nullable=False),
     sa.Column("epoch", sa.Integer, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),  # committed | promoted
+    sa.Column("status", sa.String(16), nullable=False),  # committed (promoted: older rows)
     sa.Column("ranges", sa.Text, nullable=False),  # JSON [{partition, start, end}]
     sa.Column("rows", sa.BigInteger, nullable=False),
     sa.Column("records", sa.BigInteger, nullable=False),
@@ -129,4 +130,17 @@ leases = sa.Table(
     sa.Column("holder", sa.String(256), nullable=False),
     sa.Column("token", sa.BigInteger, nullable=False),  # fencing token, bumped on takeover
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+# pyiceberg's SqlCatalog table (the layout of Iceberg's JDBC catalog). pyiceberg creates
+# it; it is declared here, outside ``metadata`` (and so outside our migrations), only so
+# that the publish can move a table's metadata pointer in its own transaction.
+iceberg_tables = sa.Table(
+    "iceberg_tables", sa.MetaData(),
+    sa.Column("catalog_name", sa.String(255), primary_key=True),
+    sa.Column("table_namespace", sa.String(255), primary_key=True),
+    sa.Column("table_name", sa.String(255), primary_key=True),
+    sa.Column("metadata_location", sa.String(1000)),
+    sa.Column("previous_metadata_location", sa.String(1000)),
 )

@@ -12,7 +12,7 @@ Import as ``from tests.e2e import helpers`` (pytest runs from the repository roo
 * ``run_cli`` (in-process, click) and ``run_subprocess`` (``<venv>/bin/reconciler``, a
   separate process with its own Spark JVM: only for signals and crashes).
 * ``read_segments`` / ``key_counts`` / ``assert_exactly_once``: read committed rows
-  back with ``spark.read.parquet("<segmentsDir>/<datasource>")`` and count keys.
+  back through the Iceberg catalog (a pyiceberg scan of the current snapshot) and count keys.
 * ``kafka_positions``: where ``produce_kafka`` put each key (partition, offset).
 * ``batches`` / ``assert_batches_tile`` / ``staging_leftovers`` / ``deadletters`` /
   ``segment_batch_ids``: what the database and the segment directory hold besides the rows.
@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -213,20 +214,40 @@ def run_subprocess(settings: Settings, *args: str, env: Mapping[str, str] | None
 # --------------------------------------------------------------------------- reading back
 
 
-def read_segments(spark, settings_or_dir: Settings | str | os.PathLike[str], datasource: str):
-    """The committed rows: ``spark.read.parquet("<segmentsDir>/<datasource>")``."""
-    root = settings_or_dir.segments_dir if isinstance(settings_or_dir, Settings) else Path(settings_or_dir)
-    return spark.read.parquet(str(root / datasource))
+def open_tables(settings: Settings):
+    """The output tables' catalog of a test's settings (``reconciler.table.catalog.Tables``)."""
+    from reconciler.store.engine import create_engine
+    from reconciler.table.catalog import Tables
+
+    return Tables(create_engine(settings.db_url), settings.segments_dir)
 
 
-def key_counts(spark, settings_or_dir: Settings | str | os.PathLike[str], datasource: str,
-               column: str = "id") -> collections.Counter:
-    """How many committed rows each key has (an absent datasource dir is no rows)."""
-    root = settings_or_dir.segments_dir if isinstance(settings_or_dir, Settings) else Path(settings_or_dir)
-    if not (root / datasource).is_dir() or not any((root / datasource).rglob("*.parquet")):
-        return collections.Counter()
-    df = read_segments(spark, root, datasource)
-    return collections.Counter(r[0] for r in df.select(column).collect())
+def table_rows(settings: Settings, name: str, columns: Sequence[str] | None = None):
+    """The committed rows of table ``name`` as an Arrow table, read through the catalog
+    (pyiceberg scan of the current snapshot); None when the table does not exist."""
+    tables = open_tables(settings)
+    try:
+        table = tables.load(name)
+        if table is None:
+            return None
+        scan = table.scan(selected_fields=tuple(columns)) if columns else table.scan()
+        return scan.to_arrow()
+    finally:
+        tables.catalog.engine.dispose()
+
+
+def read_segments(spark, settings: Settings, datasource: str):
+    """The committed rows as a Spark DataFrame, read through the Iceberg catalog."""
+    rows = table_rows(settings, datasource)
+    if rows is None:
+        raise AssertionError(f"no table {datasource}")
+    return spark.createDataFrame(rows)
+
+
+def key_counts(spark, settings: Settings, datasource: str, column: str = "id") -> collections.Counter:
+    """How many committed rows each key has, read through the catalog (no table: no rows)."""
+    rows = table_rows(settings, datasource, [column])
+    return collections.Counter(rows.column(column).to_pylist()) if rows is not None else collections.Counter()
 
 
 def assert_exactly_once(counts: Mapping[str, int], expected: Iterable[str]) -> None:
@@ -297,21 +318,95 @@ def assert_batches_tile(done: Sequence[Mapping[str, Any]], ends: Mapping[str, in
 
 
 def staging_leftovers(settings: Settings) -> list[str]:
-    """Anything under ``<segmentsDir>/_staging`` (should be empty after a clean run or recovery)."""
-    root = settings.segments_dir / "_staging"
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.is_dir() else []
+    """Batch directories under the tables that no committed batch owns (should be none
+    after a clean run or recovery)."""
+    from reconciler.pipeline.segments import batch_dirs
+
+    root = settings.segments_dir / "default"
+    found = {}
+    if root.is_dir():
+        for table_dir in root.iterdir():
+            found.update({b: f"{table_dir.name}/{p.name}" for b, p in batch_dirs(table_dir).items()})
+    committed = {b["batch_id"] for b in batches(settings)}
+    return sorted(path for b, path in found.items() if b not in committed)
 
 
 def deadletters(spark, settings: Settings, datasource: str) -> list[tuple[str, int, str]]:
-    """Committed dead letters as sorted (partition, offset, reason)."""
-    root = settings.segments_dir / "_deadletter" / datasource
-    if not root.is_dir():
+    """Committed dead letters as sorted (partition, offset, reason), from ``<D>_deadletter``."""
+    rows = table_rows(settings, datasource + "_deadletter", ["partition", "offset", "reason"])
+    if rows is None:
         return []
-    df = spark.read.parquet(str(root))
-    return sorted((r.partition, r.offset, r.reason) for r in df.collect())
+    return sorted(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(),
+                      rows.column("reason").to_pylist(), strict=True))
 
 
 def segment_batch_ids(settings: Settings, datasource: str) -> set[str]:
-    """Batch ids of the files under ``<segmentsDir>/<datasource>`` (``<batch>-<n>.parquet``)."""
-    root = settings.segments_dir / datasource
-    return {p.name.rsplit("-", 1)[0] for p in root.rglob("*.parquet")} if root.is_dir() else set()
+    """Batch ids of the data files the table's current snapshot references."""
+    tables = open_tables(settings)
+    try:
+        table = tables.load(datasource)
+        if table is None:
+            return set()
+        paths = [t.file.file_path for t in table.scan().plan_files()]
+    finally:
+        tables.catalog.engine.dispose()
+    return {p.split("/batch=", 1)[1].split("/", 1)[0] for p in paths}
+
+
+class TableWatcher:
+    """Reads table ``name`` through the catalog in a loop (in a thread) and records, for
+    every state it saw, the rows each batch had visible: a batch must appear whole or not
+    at all. ``check(settings)`` asserts that against the committed batches."""
+
+    def __init__(self, settings: Settings, name: str, interval: float = 0.005):
+        import threading
+
+        self.settings, self.name, self.interval = settings, name, interval
+        self.states: list[dict[str, int]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._tables = open_tables(self.settings)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._scan()
+        self._tables.catalog.engine.dispose()
+
+    @property
+    def seen(self) -> set[str]:
+        return {b for state in self.states for b in state}
+
+    def _scan(self) -> None:
+        table = self._tables.load(self.name)
+        if table is None:
+            return
+        state: dict[str, int] = collections.Counter()
+        for task in table.scan().plan_files():
+            path = task.file.file_path
+            batch = path.split("/batch=", 1)[1].split("/", 1)[0] if "/batch=" in path else path
+            state[batch] += task.file.record_count
+        if not self.states or self.states[-1] != state:
+            self.states.append(dict(state))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._scan()
+            except Exception as exc:  # noqa: BLE001 - reported by check(), not lost in the thread
+                self.errors.append(repr(exc))
+            time.sleep(self.interval)
+
+    def check(self, settings: Settings | None = None) -> None:
+        """Every state seen holds each batch's rows whole (as committed), and nothing else."""
+        rows = {b["batch_id"]: b["rows"] for b in batches(settings or self.settings)}
+        assert not self.errors, self.errors[:3]
+        for state in self.states:
+            for batch, n in state.items():
+                assert batch in rows, f"a reader saw files of batch {batch}, which never committed"
+                assert n == rows[batch], f"a reader saw {n} of batch {batch}'s {rows[batch]} rows"

@@ -59,23 +59,19 @@ def test_killed_around_commit_then_exactly_once(spark, tmp_path, request, point,
                             env={"RECONCILER_CRASH_AT": point, "RECONCILER_CRASH_AFTER": str(after)})
     assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
 
-    # After the kill: only what was committed AND moved into place is visible, once.
+    # After the kill: exactly what was committed is visible, once (the table commit is the publish).
     committed = h.batches(s, "crashy")
-    promoted = [b for b in committed if b["status"] == "promoted"]
     visible = h.key_counts(spark, s, "crashy")
     assert all(n == 1 for n in visible.values())
-    assert sum(visible.values()) == sum(b["rows"] for b in promoted)
-    assert h.segment_batch_ids(s, "crashy") == {b["batch_id"] for b in promoted}
-    staged_ids = {p.split("/")[0] for p in h.staging_leftovers(s)}
+    assert sum(visible.values()) == sum(b["rows"] for b in committed)
+    assert h.segment_batch_ids(s, "crashy") == {b["batch_id"] for b in committed if b["rows"]}
+    orphan_ids = {p.split("/")[1] for p in h.staging_leftovers(s)}
     if point == "after-commit":
-        # committed in the database, files still staged: invisible until recovery rolls it forward
-        [pending] = [b for b in committed if b["status"] == "committed"]
-        assert len(committed) == 1 and pending["batch_id"] in staged_ids
-        assert pending["batch_id"] not in h.segment_batch_ids(s, "crashy")
+        # table snapshot and checkpoints moved in one transaction: visible at once, nothing dangles
+        assert len(committed) == 1 and orphan_ids == set()
     else:
-        assert len(promoted) == len(committed) == after
-        orphans = staged_ids - {b["batch_id"] for b in committed}
-        assert len(orphans) == 1, staged_ids  # the killed batch's files, never published
+        assert len(committed) == after
+        assert len(orphan_ids) == 1, orphan_ids  # the killed batch's files, never referenced
 
     code, _ = h.run_daemon(s, timeout=180)
     assert code == 0
@@ -83,7 +79,7 @@ def test_killed_around_commit_then_exactly_once(spark, tmp_path, request, point,
     h.assert_exactly_once(h.key_counts(spark, s, "crashy"), h.keys(records))
     assert h.staging_leftovers(s) == []
     final = h.batches(s, "crashy")
-    assert all(b["status"] == "promoted" for b in final)
+    assert all(b["status"] == "committed" for b in final)
     assert {b["batch_id"] for b in committed} <= {b["batch_id"] for b in final}
     assert h.segment_batch_ids(s, "crashy") == {b["batch_id"] for b in final if b["rows"]}
     h.assert_batches_tile(final, ends)  # every offset in exactly one committed batch

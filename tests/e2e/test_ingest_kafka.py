@@ -11,7 +11,7 @@ import collections
 import json
 import logging
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -58,7 +58,7 @@ def test_every_key_exactly_once(spark, kafka_broker, topic, tmp_path, request, t
     # maxBatchRecords bounds every batch; the batches tile [0, end) of each partition once
     done = h.batches(s, "clicks")
     assert len(done) >= -(-n // max_batch), done
-    assert all(b["records"] <= max_batch and b["status"] == "promoted" for b in done)
+    assert all(b["records"] <= max_batch and b["status"] == "committed" for b in done)
     assert sum(b["records"] for b in done) == n and sum(b["unparseable"] for b in done) == 0
     h.assert_batches_tile(done, ends)
 
@@ -73,7 +73,7 @@ def test_every_key_exactly_once(spark, kafka_broker, topic, tmp_path, request, t
     # segments DATASOURCE: committed files, rows matching the Parquet
     segs = h.cli_json(s, "segments", "clicks")
     assert sum(x["rows"] for x in segs) == df.count() == n
-    on_disk = sorted(str(p) for p in (s.segments_dir / "clicks").rglob("*.parquet"))
+    on_disk = sorted(str(p) for p in (s.segments_dir / "default" / "clicks" / "data").rglob("*.parquet"))
     assert sorted(x["path"] for x in segs) == on_disk
     for x in segs:
         assert pq.read_metadata(x["path"]).num_rows == x["rows"]
@@ -118,7 +118,7 @@ def test_rollup_equals_python(spark, kafka_broker, topic, tmp_path):
         e[3] = min(e[3], d["bytes"])
         e[4] += d["bytes"]
     df = h.read_segments(spark, s, "rollup").select(
-        F.unix_millis("__time").alias("t"), "user", "page", "n", "bytes", "maxBytes", "minBytes", "dbytes", "time_chunk")
+        F.unix_millis("__time").alias("t"), "user", "page", "n", "bytes", "maxBytes", "minBytes", "dbytes")
     rows = df.collect()
     got: dict[tuple, list] = {}
     for r in rows:  # rows of different batches may share a group: combine them like a query would
@@ -134,15 +134,20 @@ def test_rollup_equals_python(spark, kafka_broker, topic, tmp_path):
     if len(done) == 1:  # one batch: exactly one row per group (the rollup happened)
         assert len(rows) == len(expected)
     assert sum(b["records"] for b in done) == n
-    # day segments: every row lies in its chunk
+    # day partitions: the table's files each hold one day, and every row lies in its file's day
     days = {datetime.fromtimestamp(t // 86_400_000 * 86_400, UTC).strftime("%Y%m%dT0000Z") for t, *_ in expected}
-    assert len(days) >= 3 and {r.time_chunk for r in rows} == days
-    assert all(r.time_chunk == datetime.fromtimestamp(r.t / 1000, UTC).strftime("%Y%m%dT0000Z") for r in rows)
+    files = h.cli_json(s, "segments", "rollup")
+    assert len(days) >= 3 and {f["segment"] for f in files} == days
+    for f in files:
+        start, end = (datetime.fromisoformat(f[k].replace("Z", "+00:00")) for k in ("interval_start", "interval_end"))
+        assert end - start == timedelta(days=1) and start.strftime("%Y%m%dT0000Z") == f["segment"]
+        times = pq.read_table(f["path"], columns=["__time"]).column("__time").to_pylist()
+        assert times and all(start <= t < end for t in times)
 
 
 def test_unparseable_counted_and_dead_lettered(spark, kafka_broker, topic, tmp_path):
     """Non-JSON values and JSON without the timestamp column: counted as unparseable in
-    status and batches, kept in the committed dead-letter Parquet at exactly their
+    status and batches, kept in the committed dead-letter table at exactly their
     (partition, offset); every good key exactly once."""
     name = topic(partitions=2)
     good = devservices.make_records(3_000)
@@ -167,10 +172,10 @@ def test_unparseable_counted_and_dead_lettered(spark, kafka_broker, topic, tmp_p
         assert reasons[pos[k]] == "invalid JSON: not a JSON object"
     for k in h.keys(no_ts):
         assert reasons[pos[k]] == "missing timestamp column 'ts'"
-    dead_rows = spark.read.parquet(str(s.segments_dir / "_deadletter" / "dirty")).collect()
-    assert sorted(r.key.decode() for r in dead_rows) == sorted(bad_keys)
-    assert {r.key.decode(): r.value for r in dead_rows} == {k.decode() if isinstance(k, bytes) else k: v
-                                                           for k, v in not_json + no_ts}
+    dead_rows = h.table_rows(s, "dirty_deadletter", ["key", "value"]).to_pylist()  # through the catalog
+    assert sorted(r["key"].decode() for r in dead_rows) == sorted(bad_keys)
+    assert {r["key"].decode(): r["value"] for r in dead_rows} == {k.decode() if isinstance(k, bytes) else k: v
+                                                                 for k, v in not_json + no_ts}
 
     [st] = h.cli_json(s, "status", "dirty")["supervisors"]
     assert st["unparseable"] == len(bad_keys) == 12

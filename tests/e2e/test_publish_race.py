@@ -1,14 +1,15 @@
 """Two publishers racing on the same start offsets: one wins, the other's files never
 become visible. Real Tansu, real Spark, SQLite and PostgreSQL.
 
-A watcher thread lists ``<segmentsDir>/<datasource>`` every few milliseconds during the
-race and records every batch id it ever sees there: only the winner's may appear.
+A watcher thread reads the table through the catalog every few milliseconds during the
+race and records every batch it ever sees, with its rows: only the winner's may appear,
+and only whole.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 import devservices
 from reconciler.errors import PublishConflict
 from reconciler.pipeline import segments as seg
-from reconciler.pipeline.batch import run_batch
+from reconciler.pipeline.batch import output_schemas, run_batch
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
 from reconciler.spec.model import SupervisorSpec
 from reconciler.store.store import SegmentFile, Store
@@ -29,34 +30,6 @@ DBS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
 ]
-
-
-class VisibleWatcher:
-    """Records the batch ids of every file that ever appears under ``root``."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self._scan()
-
-    def _scan(self) -> None:
-        if self.root.is_dir():
-            self.seen |= {p.name.rsplit("-", 1)[0] for p in self.root.rglob("*.parquet")}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._scan()
-            time.sleep(0.005)
 
 
 def _setup(kafka_broker, topic, tmp_path, request, db, n=4_000):
@@ -80,8 +53,14 @@ def test_two_publishers_same_start_one_wins(spark, kafka_broker, topic, tmp_path
     s, spec, store, records, ends = _setup(kafka_broker, topic, tmp_path, request, db)
     store.init_checkpoints("race", dict.fromkeys(map(str, ends), 0))
     ranges = [PartitionRange(str(p), 0, e) for p, e in ends.items()]
-    segdir = str(s.segments_dir)
-    staged = {b: run_batch(spark, spec, ranges, segdir, b, task_count=2) for b in ("pub-a", "pub-b")}
+    tables = h.open_tables(s)
+    ds = spec.data_schema
+    schema, dead_schema = output_schemas(spark, ds)
+    table = tables.ensure("race", schema, ds.segment_granularity)
+    dead = tables.ensure("race_deadletter", dead_schema, None)
+    dirs = {b: (tables.data_dir(table, b), tables.data_dir(dead, b)) for b in ("pub-a", "pub-b")}
+    staged = {b: run_batch(spark, spec, ranges, b, data_dir=dirs[b][0], dead_dir=dirs[b][1], task_count=2)
+              for b in dirs}
     assert all(x.rows == len(records) for x in staged.values())
 
     gate = threading.Barrier(2, timeout=60)
@@ -91,23 +70,23 @@ def test_two_publishers_same_start_one_wins(spark, kafka_broker, topic, tmp_path
         mine = Store(s.db_url)  # like a second process: its own engine and connections
         try:
             st = staged[batch_id]
-            files = [SegmentFile(f.segment, f.interval_start, f.interval_end, f.final_path, f.rows, f.bytes)
-                     for f in st.files]
+            summary = {"reconciler.supervisor": "race", "reconciler.batch-id": batch_id, "reconciler.epoch": "1",
+                       "reconciler.ranges": json.dumps([[r.partition, r.start, r.end] for r in ranges])}
+            commit = h.open_tables(s).stage_append("race", [f.path for f in st.files], summary)
+            files = [SegmentFile(f.segment or "", "", "", f.path, f.rows, f.bytes) for f in st.files]
             gate.wait()
             try:
                 mine.publish(supervisor_id="race", epoch=1, batch_id=batch_id, datasource="race", ranges=ranges,
-                             files=files, records=len(records), unparseable=st.dead_rows)
+                             files=files, records=len(records), unparseable=st.dead_rows, table_commits=[commit])
             except PublishConflict as exc:
-                seg.discard(segdir, batch_id)
+                seg.discard(*dirs[batch_id])
                 outcome[batch_id] = f"lost: {exc}"
                 return
-            seg.promote(st)
-            mine.mark_promoted(batch_id)
             outcome[batch_id] = "won"
         finally:
             mine.close()
 
-    with VisibleWatcher(s.segments_dir / "race") as watcher:
+    with h.TableWatcher(s, "race") as watcher:
         threads = [threading.Thread(target=publish, args=(b,)) for b in staged]
         for t in threads:
             t.start()
@@ -120,7 +99,8 @@ def test_two_publishers_same_start_one_wins(spark, kafka_broker, topic, tmp_path
     [winner], [loser] = winners, losers
     assert "checkpoint is no longer 0" in outcome[loser]
     assert watcher.seen == {winner}
-    assert not any(Path(f.final_path).exists() for f in staged[loser].files)
+    watcher.check()
+    assert not any(Path(f.path).exists() for f in staged[loser].files)
     assert h.staging_leftovers(s) == []
     assert [b["batch_id"] for b in h.batches(s)] == [winner]
     assert store.checkpoints("race") == {str(p): e for p, e in ends.items()}
@@ -153,7 +133,7 @@ def test_two_runtimes_race_then_catch_up(spark, kafka_broker, topic, tmp_path, r
     def step(i: int) -> None:
         outcomes[i] = runtimes[i].step()
 
-    with VisibleWatcher(s.segments_dir / "race") as watcher:
+    with h.TableWatcher(s, "race") as watcher:
         threads = [threading.Thread(target=step, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
@@ -165,6 +145,7 @@ def test_two_runtimes_race_then_catch_up(spark, kafka_broker, topic, tmp_path, r
     assert all(rt.failures == 0 for rt in runtimes), [list(rt.recent_errors) for rt in runtimes]
     [won] = h.batches(s)
     assert watcher.seen == {won["batch_id"]}
+    watcher.check()
     assert h.staging_leftovers(s) == []
 
     # produce more and let the two runtimes take turns: still every key once

@@ -130,11 +130,20 @@ def test_fall_behind_then_reset_to_latest_with_backfill(spark, kafka_broker, top
                                                   "reason": "lag INC-1"}})
         else:
             (specs / "clicks.reset.yaml").write_text("resetTo: latest\nbackfill: true\nreason: lag INC-1\n")
-        daemon(s)  # applies stanza/marker in its first tick, ingests the backfill
-        produce(kafka_broker, name, 8000, 1000)
-        daemon(s)
+        with h.TableWatcher(s, "clicks") as watcher:  # a reader scanning the table all along
+            daemon(s)  # applies stanza/marker in its first tick, ingests the backfill
+            final = produce(kafka_broker, name, 8000, 1000)
+            daemon(s)
 
         once(spark, s, "clicks", key_range(0, 9000))
+        watcher.check()  # every batch appeared whole, none in part, nothing uncommitted
+        assert len(watcher.states) > 2
+        # from the table alone: main and backfill tile every offset, each row once
+        report = h.cli_json(s, "verify", "clicks", "--deep")
+        assert report["ok"] and report["findings"] == []
+        assert {(c["partition"], c["start"], c["end"]) for c in report["coverage"]} == {
+            (str(p), 0, e) for p, e in final.items()}
+        assert report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == 9000
         rec = store.get("clicks-backfill-1")
         assert rec is not None and str(rec.state) == "COMPLETED"
         assert rec.start_offsets == {p: o for p, o in before.items() if o < ends[int(p)]}

@@ -77,7 +77,7 @@ def check_final(spark, s, store: Store, expected_keys, ends: dict[str, int], dat
     h.assert_exactly_once(h.key_counts(spark, s, datasource), expected_keys)
     done = h.batches(s)
     h.assert_batches_tile(done, ends)  # main + backfills: every offset in exactly one batch
-    assert all(b["status"] == "promoted" for b in done)
+    assert all(b["status"] == "committed" for b in done)
     assert store.checkpoints(SID) == ends
     assert h.staging_leftovers(s) == []
     for sid, rec in store.read_actual().supervisors.items():
@@ -276,9 +276,9 @@ def test_broker_restart_mid_batch(spark, tmp_path):
 
 @pytest.mark.kafka
 def test_segments_dir_unwritable(spark, tmp_path, kafka_broker, topic):
-    """``<segments>/_staging`` replaced by a regular file (root ignores mode bits): batches
-    fail, the supervisor turns UNHEALTHY_TASKS naming the path, nothing is committed while
-    broken; once restored, everything lands exactly once."""
+    """The table's ``data`` directory replaced by a regular file (root ignores mode bits):
+    batches fail, the supervisor turns UNHEALTHY_TASKS naming the path, nothing is committed
+    while broken; once restored, everything lands exactly once."""
     n1, n2 = 3_000, 6_000
     s, _ = kafka_setup(tmp_path, kafka_broker, topic, n1)
     code, _ = h.run_daemon(s, timeout=180)
@@ -286,10 +286,11 @@ def test_segments_dir_unwritable(spark, tmp_path, kafka_broker, topic):
     before = h.batches(s, SID)  # committed before the fault
     topic_name = yaml.safe_load(Path(s.specs, f"{SID}.yaml").read_text())["source"]["topic"]
     ends = devservices.produce_kafka(kafka_broker.bootstrap, topic_name, devservices.make_records(n2, start=n1))
-    staging = s.segments_dir / "_staging"
-    if staging.is_dir():
-        staging.rmdir()  # empty after a clean run
-    staging.write_text("not a directory\n")
+    doc = yaml.safe_load(Path(s.specs, f"{SID}.yaml").read_text())
+    data = s.segments_dir / "default" / doc["dataSchema"]["datasource"] / "data"
+    saved = data.with_name("data.saved")
+    data.rename(saved)  # the committed files, kept aside while the path is broken
+    data.write_text("not a directory\n")
 
     def fault(notes):
         store = Store(s.db_url)
@@ -300,11 +301,12 @@ def test_segments_dir_unwritable(spark, tmp_path, kafka_broker, topic):
             notes["committed_while_broken"] = len(h.batches(s, SID)) - len(before)
         finally:
             store.close()
-        staging.unlink()
+        data.unlink()
+        saved.rename(data)
 
     notes = run_with_fault(s, fault, timeout=300)
     assert notes["committed_while_broken"] == 0, notes
-    assert "_staging" in (notes["error"] or ""), notes
+    assert f"{data.parent.name}/data" in (notes["error"] or ""), notes
     store = Store(s.db_url)
     try:
         check_final(spark, s, store, h.keys(devservices.make_records(n1 + n2)), {str(p): e for p, e in ends.items()})

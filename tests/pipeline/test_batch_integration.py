@@ -1,4 +1,7 @@
-"""run_batch against real brokers: every key exactly once in the committed segments."""
+"""run_batch against real brokers: every key exactly once in the data files a batch writes.
+
+The files are read straight from the batch directories (``<root>/<D>/batch=<id>/``, Hive-style),
+without the table: what the publish would commit."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ import time
 import pytest
 
 import devservices
-from reconciler.pipeline import segments as seg
 from reconciler.pipeline.batch import run_batch
 from reconciler.spec.model import SupervisorSpec
 from reconciler.streams.base import PartitionRange
@@ -31,6 +33,13 @@ def spec_for(source: dict, datasource: str, **data_schema) -> SupervisorSpec:
     return SupervisorSpec.from_document(
         {"id": datasource, "source": source, "dataSchema": ds, "taskCount": 2}
     )
+
+
+def stage(spark, spec, ranges, root, batch_id, task_count):
+    """run_batch into ``<root>/<D>/batch=<id>`` and ``<root>/_deadletter/<D>/batch=<id>``."""
+    ds = spec.data_schema.datasource
+    return run_batch(spark, spec, ranges, batch_id, data_dir=root / ds / f"batch={batch_id}",
+                     dead_dir=root / "_deadletter" / ds / f"batch={batch_id}", task_count=task_count)
 
 
 def assert_exactly_once(spark, root, datasource, expected_ids):
@@ -60,10 +69,8 @@ def test_kafka_every_key_once(spark, kafka_broker, topic, tmp_path, tasks):
     )
     ranges = [PartitionRange(str(p), 0, end) for p, end in ends.items()]
     root = tmp_path / "segments"
-    staged = run_batch(spark, spec, ranges, root, f"b-{tasks}", task_count=tasks)
+    staged = stage(spark, spec, ranges, root, f"b-{tasks}", tasks)
     assert staged.rows == N and staged.dead_rows == 0 and staged.input_rows == N
-    assert not (root / "clicks").exists()
-    seg.promote(staged)
     df = assert_exactly_once(spark, root, "clicks", [k for k, _ in records])
     # offsets: per partition exactly [0, end)
     got = collections.defaultdict(list)
@@ -73,7 +80,7 @@ def test_kafka_every_key_once(spark, kafka_broker, topic, tmp_path, tasks):
         str(p): list(range(end)) for p, end in ends.items()
     }
     # 20,000 records one second apart: 6 hourly chunks (12:00 .. 17:00 UTC)
-    assert staged.segments == tuple(f"20251120T{h}00Z" for h in range(12, 18))
+    assert sorted({f.segment for f in staged.files}) == [f"20251120T{h}00Z" for h in range(12, 18)]
 
 
 @pytest.mark.kafka
@@ -90,8 +97,7 @@ def test_kafka_split_batches_and_rollup(spark, kafka_broker, topic, tmp_path):
     for i, bounds in enumerate([(dict.fromkeys(ends, 0), mid), (mid, ends)]):
         lo, hi = bounds
         ranges = [PartitionRange(str(p), lo[p], hi[p]) for p in ends]
-        staged = run_batch(spark, plain, ranges, root, f"plain-{i}", task_count=3)
-        seg.promote(staged)
+        staged = stage(spark, plain, ranges, root, f"plain-{i}", 3)
     assert_exactly_once(spark, root, "plain", [k for k, _ in records])
     dead = spark.read.parquet(str(root / "_deadletter" / "plain"))
     assert sorted(r.key.decode() for r in dead.select("key").collect()) == ["bad0", "bad1", "bad2"]
@@ -107,9 +113,8 @@ def test_kafka_split_batches_and_rollup(spark, kafka_broker, topic, tmp_path):
         granularity={"segment": "day", "query": "hour", "rollup": True},
     )
     full = [PartitionRange(str(p), 0, e) for p, e in ends.items()]
-    staged = run_batch(spark, rolled, full, root, "rolled-0", task_count=2)
+    staged = stage(spark, rolled, full, root, "rolled-0", 2)
     assert staged.dead_rows == 3 and staged.input_rows == 5003
-    seg.promote(staged)
     got = {
         (r["__time"].hour, r.user): (r.n, r.bytes)
         for r in spark.read.parquet(str(root / "rolled")).collect()
@@ -131,9 +136,8 @@ def test_kafka_empty_ranges(spark, kafka_broker, topic, tmp_path):
     spec = spec_for(
         {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name}, "e"
     )
-    staged = run_batch(spark, spec, [PartitionRange("0", 0, 0)], tmp_path, "empty", task_count=2)
+    staged = stage(spark, spec, [PartitionRange("0", 0, 0)], tmp_path, "empty", 2)
     assert staged.files == () and staged.rows == 0 and staged.input_rows == 0
-    seg.promote(staged)
     assert not (tmp_path / "e").exists()
 
 
@@ -158,9 +162,8 @@ def test_rabbitmq_every_key_once(spark, rabbit_node, stream, tmp_path, tasks):
     ranges = [PartitionRange(s, first[s], latest[s]) for s in streams]
     assert sum(r.size for r in ranges) == N
     root = tmp_path / "segments"
-    staged = run_batch(spark, spec, ranges, root, f"r-{tasks}", task_count=tasks)
+    staged = stage(spark, spec, ranges, root, f"r-{tasks}", tasks)
     assert staged.rows == N and staged.dead_rows == 0
-    seg.promote(staged)
     assert_exactly_once(spark, root, "orders", [k for k, _ in records])
 
 
@@ -191,13 +194,12 @@ def test_kafka_throughput_1m(spark, kafka_broker, topic, tmp_path, step_ms):
     times = []
     for i in range(4):
         t = time.perf_counter()
-        staged = run_batch(spark, spec, ranges, root, f"bench-{i}", task_count=2)
-        seg.promote(staged)
+        staged = stage(spark, spec, ranges, root, f"bench-{i}", 2)
         times.append(time.perf_counter() - t)
         assert staged.rows == n
     warm = min(times[1:])
     print(
-        f"\n{n} records, {len(staged.segments)} chunks, {len(staged.files)} files: "
+        f"\n{n} records, {len({f.segment for f in staged.files})} chunks, {len(staged.files)} files: "
         f"produce {produce_s:.1f}s; batches {[round(x, 2) for x in times]} s; "
         f"warm {n / warm:,.0f} records/s; load {os.getloadavg()[0]:.1f}"
     )

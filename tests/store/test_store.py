@@ -183,9 +183,6 @@ def test_publish_moves_checkpoints_and_inserts_segments(store: Store, clicks):
         ("20261120T10", 5, 500, "b1"), ("20261120T11", 2, 200, "b1")]
     assert json.loads(rows[0]["ranges"]) == [["0", 10, 15], ["1", 20, 22]]
     assert store.committed_batch_ids(["b1", "b2"]) == {"b1"}
-    assert store.unpromoted_batches() == ["b1"]
-    store.mark_promoted("b1")
-    assert store.unpromoted_batches() == []
     totals = store.batch_totals("clicks")
     assert (totals["batches"], totals["records"], totals["unparseable"]) == (1, 7, 0)
     assert totals["first"].tzinfo is not None

@@ -1,0 +1,241 @@
+"""The Iceberg catalog in the metadata database, and appends staged for the publish.
+
+pyiceberg's ``SqlCatalog`` commits a table by writing a new metadata file and then
+``UPDATE iceberg_tables SET metadata_location = :new WHERE metadata_location = :current``
+in its own transaction. The publish needs that pointer move in *our* transaction,
+together with the checkpoint compare-and-swap, so ``stage_append`` runs pyiceberg's
+transaction up to the metadata file and hands back a ``TableCommit``; the store
+executes the same compare-and-swap UPDATE inside the publish (``Store.publish``).
+Until then the new metadata file, manifests and data files are unreferenced: no
+reader sees them, and ``maintenance.remove_orphans`` deletes them if the publish lost.
+
+Everything else (creating tables, compaction, expiry) commits through pyiceberg's
+own ``commit_table``, the same compare-and-swap, so they interleave safely with
+ingestion: whoever moves the pointer second re-stages on the new metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import sqlalchemy as sa
+from pyiceberg.catalog import MetastoreCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.table import CommitTableResponse, Table, TableProperties, Transaction
+from pyiceberg.table.update import update_table_metadata
+
+from reconciler.table.schema import partition_transform
+
+if TYPE_CHECKING:
+    from pyiceberg.table.metadata import TableMetadata
+
+log = logging.getLogger(__name__)
+
+CATALOG = "reconciler"
+NAMESPACE = "default"
+DEADLETTER_SUFFIX = "_deadletter"
+TIME = "__time"
+BATCH_DIR_PREFIX = "batch="  # <table>/data/batch=<batch id>/...: one batch's files
+
+# Snapshot summary keys: who wrote the snapshot and which offsets it holds.
+SUPERVISOR = "reconciler.supervisor"
+BATCH = "reconciler.batch-id"
+EPOCH = "reconciler.epoch"
+RANGES = "reconciler.ranges"  # JSON [[partition, start, end], ...]
+RECORDS = "reconciler.records"
+UNPARSEABLE = "reconciler.unparseable"
+DATASOURCE = "reconciler.datasource"
+
+# Table properties set at creation: metadata files of old versions are kept to a few, and
+# the one-manifest-per-commit of a fast append is merged every 100 commits, so neither the
+# metadata log nor the manifest list grows with the table's history.
+_TABLE_PROPERTIES = {
+    "write.metadata.previous-versions-max": "20",
+    "commit.manifest-merge.enabled": "true",
+    "write.parquet.compression-codec": "snappy",
+}
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """A staged table change: move the pointer of ``table`` from ``expected`` to ``new``."""
+
+    table: str
+    expected: str
+    new: str
+
+
+class TableConflict(Exception):
+    """The table moved since the commit was staged (another batch, a compaction): re-stage."""
+
+
+def deadletter_table(datasource: str) -> str:
+    return datasource + DEADLETTER_SUFFIX
+
+
+def local_path(location: str) -> Path:
+    """A ``file://`` location (or a plain path) as a local path."""
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path))
+    raise ValueError(f"{location}: only a local (or shared, mounted) warehouse is supported here")
+
+
+class _StagingCatalog(SqlCatalog):
+    """``SqlCatalog`` on our engine, whose commit can stop before the pointer move."""
+
+    def __init__(self, engine: sa.Engine, warehouse: str):
+        MetastoreCatalog.__init__(self, CATALOG, uri=engine.url.render_as_string(hide_password=True),
+                                  warehouse=warehouse)
+        self.engine = engine
+        self._init_catalog()
+        self._staging = threading.local()
+
+    def commit_table(self, table, requirements, updates) -> CommitTableResponse:
+        out: list[TableCommit] | None = getattr(self._staging, "out", None)
+        if out is None:
+            return super().commit_table(table, requirements, updates)
+        staged = self._update_and_stage_table(table, table.name(), requirements, updates)
+        self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
+        out.append(TableCommit(table.name()[-1], table.metadata_location, staged.metadata_location))
+        return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
+
+
+class _Transaction(Transaction):
+    """pyiceberg's ``Transaction`` re-applies its staged updates to a deep copy of the whole
+    table metadata on every read of ``table_metadata`` (twenty reads in one ``add_files``),
+    which made a commit cost grow with the table's history. The metadata is immutable, so
+    one result per state of the staged updates serves every reader."""
+
+    _cached: tuple = ((), None)
+
+    @property
+    def table_metadata(self):
+        updates = self._updates
+        if self._cached[1] is None or self._cached[0] is not updates:
+            self._cached = (updates, update_table_metadata(self._table.metadata, updates))
+        return self._cached[1]
+
+
+class Tables:
+    """The datasources' tables: create, evolve, stage appends, load for reading."""
+
+    def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str]):
+        root = Path(warehouse).absolute()
+        root.mkdir(parents=True, exist_ok=True)
+        self.warehouse = root
+        # Reads take no write lock on SQLite (see store.engine); pyiceberg's own writes
+        # (create table, compaction commits) upgrade under busy_timeout.
+        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), root.as_uri())
+        self._lock = threading.Lock()
+        self._namespace_ready = False
+
+    # -- tables -----------------------------------------------------------------------
+
+    def load(self, name: str) -> Table | None:
+        try:
+            return self.catalog.load_table((NAMESPACE, name))
+        except NoSuchTableError:
+            return None
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(ident[-1] for ident in self.catalog.list_tables(NAMESPACE))
+        except Exception:  # noqa: BLE001 - no namespace yet: no tables
+            return []
+
+    def ensure(self, name: str, schema: pa.Schema, granularity: str | None) -> Table:
+        """The table ``name``, created with ``schema`` (and ``__time`` partitioned by
+        ``granularity``, None for unpartitioned) when it does not exist."""
+        table = self.load(name)
+        if table is not None:
+            return table
+        with self._lock:
+            if not self._namespace_ready:
+                try:
+                    self.catalog.create_namespace_if_not_exists(NAMESPACE)
+                except sa.exc.IntegrityError:  # another process created it just now
+                    pass
+                self._namespace_ready = True
+            try:
+                table = self.catalog.create_table((NAMESPACE, name), schema=schema, properties=_TABLE_PROPERTIES)
+            except (TableAlreadyExistsError, sa.exc.IntegrityError):  # another process was first
+                return self.catalog.load_table((NAMESPACE, name))
+            if granularity is not None:
+                with table.update_spec() as spec:
+                    spec.add_field(TIME, partition_transform(granularity), f"{TIME}_{granularity_name(granularity)}")
+                table = self.catalog.load_table((NAMESPACE, name))
+            log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
+            return table
+
+    def data_dir(self, table: Table, batch_id: str) -> Path:
+        """Where one batch's data files are written (unreferenced until the publish)."""
+        return local_path(table.location()) / "data" / f"{BATCH_DIR_PREFIX}{batch_id}"
+
+    # -- the staged append (the publish) ----------------------------------------------
+
+    def stage_append(self, name: str, files: Sequence[str], properties: Mapping[str, str], *,
+                     schema: pa.Schema | None = None, granularity: str | None = None) -> TableCommit:
+        """Stage one snapshot appending ``files`` (written elsewhere) with ``properties`` in
+        its summary, evolving the schema and partitioning first when the batch brings new
+        columns or another segment granularity. Returns the pointer move for the publish."""
+        table = self.catalog.load_table((NAMESPACE, name))
+        out: list[TableCommit] = []
+        self.catalog._staging.out = out
+        try:
+            with _Transaction(table) as tx:
+                if schema is not None and _new_columns(tx.table_metadata, schema):
+                    with tx.update_schema() as update:
+                        update.union_by_name(schema)
+                    tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                                         tx.table_metadata.schema().name_mapping.model_dump_json()})
+                if granularity is not None:
+                    _evolve_partitioning(tx, granularity)
+                tx.add_files(list(files), snapshot_properties=dict(properties), check_duplicate_files=False)
+        finally:
+            self.catalog._staging.out = None
+        if len(out) != 1:
+            raise RuntimeError(f"staging {name}: expected one metadata change, got {len(out)}")
+        return out[0]
+
+
+def granularity_name(granularity: str) -> str:
+    return {"minute": "hour", "fifteen_minute": "hour"}.get(granularity, granularity)
+
+
+def _new_columns(metadata: TableMetadata, schema: pa.Schema) -> bool:
+    have = {f.name for f in metadata.schema().fields}
+    return any(name not in have for name in schema.names)
+
+
+def _evolve_partitioning(tx, granularity: str) -> None:
+    """A changed segment granularity changes the partition transform of ``__time`` (files
+    already written keep theirs: Iceberg plans across partition specs)."""
+    metadata = tx.table_metadata
+    time_id = metadata.schema().find_field(TIME).field_id
+    wanted = partition_transform(granularity)
+    current = [f for f in metadata.spec().fields if f.source_id == time_id]
+    if len(current) == 1 and current[0].transform == wanted:
+        return
+    with tx.update_spec() as spec:
+        for f in current:
+            spec.remove_field(f.name)
+        spec.add_field(TIME, wanted, f"{TIME}_{granularity_name(granularity)}_{metadata.last_partition_id or 0}")
+
+
+def summary_ranges(properties: Mapping[str, str]) -> list[tuple[str, int, int]]:
+    """The ``[partition, start, end)`` ranges a snapshot summary carries (none for others)."""
+    raw = properties.get(RANGES)
+    if not raw:
+        return []
+    return [(str(p), int(s), int(e)) for p, s, e in json.loads(raw)]

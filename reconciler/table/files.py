@@ -1,0 +1,148 @@
+"""What a table holds, read from its metadata: the data files of the current snapshot
+with the batch and offset ranges of the snapshot that added each, and the offset
+ranges of every batch snapshot in the current lineage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.transforms import (
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    YearTransform,
+)
+
+from reconciler.table.catalog import BATCH, BATCH_DIR_PREFIX, EPOCH, RANGES, SUPERVISOR
+
+EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class BatchSnapshot:
+    """One snapshot of the current lineage that a batch publish wrote."""
+
+    snapshot_id: int
+    committed_at: datetime
+    supervisor_id: str
+    batch_id: str
+    epoch: int
+    ranges: tuple[tuple[str, int, int], ...]  # (partition, start, end)
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One data file of the current snapshot."""
+
+    path: str
+    rows: int
+    bytes: int
+    segment: str  # the time chunk the file was written for (or its partition, for other writers)
+    interval_start: datetime | None
+    interval_end: datetime | None
+    snapshot_id: int | None  # the snapshot that added it
+    batch_id: str | None
+    supervisor_id: str | None
+    ranges: tuple[tuple[str, int, int], ...] = field(default=())
+    committed_at: datetime | None = None
+
+    def to_dict(self, datasource: str) -> dict:
+        return {
+            "datasource": datasource, "path": self.path, "rows": self.rows, "bytes": self.bytes,
+            "segment": self.segment,
+            "interval_start": self.interval_start.isoformat().replace("+00:00", "Z") if self.interval_start else None,
+            "interval_end": self.interval_end.isoformat().replace("+00:00", "Z") if self.interval_end else None,
+            "snapshot_id": self.snapshot_id, "batch_id": self.batch_id, "supervisor_id": self.supervisor_id,
+            "created_at": self.committed_at.isoformat() if self.committed_at else None,
+            "ranges": [{"partition": p, "start": s, "end": e} for p, s, e in self.ranges],
+        }
+
+
+def _summary(snapshot: Snapshot) -> dict[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot.summary else {}
+
+
+def _when(snapshot: Snapshot) -> datetime:
+    return EPOCH_START + timedelta(milliseconds=snapshot.timestamp_ms)
+
+
+def batch_snapshots(table: Table) -> list[BatchSnapshot]:
+    """The batch snapshots of the current lineage, oldest first (compactions, imports and
+    other writers' snapshots carry no offsets and are skipped)."""
+    current = table.current_snapshot()
+    if current is None:
+        return []
+    out = []
+    for snap in ancestors_of(current, table.metadata):
+        props = _summary(snap)
+        if RANGES not in props:
+            continue
+        out.append(BatchSnapshot(
+            snap.snapshot_id, _when(snap), props.get(SUPERVISOR, "?"), props.get(BATCH, "?"),
+            int(props.get(EPOCH, "0") or 0),
+            tuple((str(p), int(s), int(e)) for p, s, e in json.loads(props[RANGES])),
+        ))
+    out.reverse()
+    return out
+
+
+def _batch_of(path: str) -> str | None:
+    marker = "/" + BATCH_DIR_PREFIX
+    if marker not in path:
+        return None
+    return path.split(marker, 1)[1].split("/", 1)[0]
+
+
+def _interval(transform, value) -> tuple[datetime | None, datetime | None]:
+    if value is None:
+        return None, None
+    if isinstance(transform, HourTransform):
+        start = EPOCH_START + timedelta(hours=value)
+        return start, start + timedelta(hours=1)
+    if isinstance(transform, DayTransform):
+        start = EPOCH_START + timedelta(days=value)
+        return start, start + timedelta(days=1)
+    if isinstance(transform, MonthTransform):
+        y, m = divmod(value, 12)
+        start = datetime(1970 + y, m + 1, 1, tzinfo=UTC)
+        y2, m2 = divmod(value + 1, 12)
+        return start, datetime(1970 + y2, m2 + 1, 1, tzinfo=UTC)
+    if isinstance(transform, YearTransform):
+        return datetime(1970 + value, 1, 1, tzinfo=UTC), datetime(1971 + value, 1, 1, tzinfo=UTC)
+    if isinstance(transform, IdentityTransform) and isinstance(value, int):
+        start = EPOCH_START + timedelta(microseconds=value)
+        return start, start
+    return None, None
+
+
+def data_files(table: Table) -> list[TableFile]:
+    """The data files the current snapshot references, in time order."""
+    current = table.current_snapshot()
+    if current is None:
+        return []
+    snapshots = {s.snapshot_id: s for s in table.metadata.snapshots}
+    specs = table.specs()
+    out = []
+    for manifest in current.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            df = entry.data_file
+            spec = specs.get(df.spec_id)
+            start = end = None
+            if spec is not None and spec.fields:
+                start, end = _interval(spec.fields[0].transform, df.partition[0] if len(df.partition) else None)
+            path = df.file_path.removeprefix("file://")
+            segment = path.split("time_chunk=", 1)[1].split("/", 1)[0] if "time_chunk=" in path else (
+                start.strftime("%Y%m%dT%H%MZ") if start else "")
+            snap = snapshots.get(entry.snapshot_id) if entry.snapshot_id is not None else None
+            props = _summary(snap) if snap is not None else {}
+            ranges = tuple((str(p), int(s), int(e)) for p, s, e in json.loads(props[RANGES])) if RANGES in props else ()
+            out.append(TableFile(path, df.record_count, df.file_size_in_bytes, segment, start, end,
+                                 entry.snapshot_id, props.get(BATCH) or _batch_of(path), props.get(SUPERVISOR),
+                                 ranges, _when(snap) if snap is not None else None))
+    out.sort(key=lambda f: (f.interval_start or EPOCH_START, f.path))
+    return out
