@@ -32,7 +32,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from reconciler.errors import PermanentError, RetryableError
@@ -436,6 +435,8 @@ class KafkaRangeReader:
         def flush(n: int) -> pa.RecordBatch:
             ts = pa.array(stamps[:n], pa.int64())
             if n and min(stamps[:n]) < 0:  # -1: no timestamp
+                import pyarrow.compute as pc  # rare; ~0.1 s to import in every new worker
+
                 ts = pc.if_else(pc.less(ts, 0), pa.scalar(None, pa.int64()), ts)
             batch = pa.RecordBatch.from_arrays(
                 [
