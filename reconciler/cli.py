@@ -654,13 +654,23 @@ def db():
 @db.command("upgrade", epilog="Example: RECONCILER_DB=postgresql://reconciler@db/reconciler reconciler db upgrade")
 @pass_ctx
 def db_upgrade(c: Context):
-    """Run schema migrations up to the newest revision (also done automatically at start)."""
+    """Run schema migrations up to the newest revision (also done automatically at start), then
+    import the committed segment files of the layout before the Iceberg tables
+    (<segments>/<datasource>/time_chunk=...) into each datasource's table, once."""
     from reconciler.store.store import Store
 
     store = Store(c.settings.db_url)
     try:
         c.settings.state_path.mkdir(parents=True, exist_ok=True)
         click.echo(f"database at revision {store.migrate()}")
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        store.close()
+    from reconciler.maintaincommands import import_all
+
+    try:  # once: the committed files of the layout before the Iceberg tables, into their tables
+        import_all(c)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -672,9 +682,10 @@ def _user() -> str:
 
 
 def _register_table_commands() -> None:
-    from reconciler import tablecommands
+    from reconciler import maintaincommands, tablecommands
 
     tablecommands.register(cli, pass_ctx, _echo_json)
+    maintaincommands.register(cli)
 
 
 _register_table_commands()

@@ -429,7 +429,10 @@ class Daemon:
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=self.settings.segments_dir, spark=self._spark,
                              lease=lambda: (holder, token), metrics=self.metrics)
-        self.manager = RuntimeManager(ctx)
+        self.manager = RuntimeManager(ctx, compact_every=self.settings.compact_interval,
+                                      compact_lateness=self.settings.compact_lateness,
+                                      maintain_every=self.settings.maintain_interval,
+                                      snapshot_retention=self.settings.snapshot_retention)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")

@@ -30,7 +30,7 @@ class Settings:
     state_dir: str = _opt("", "RECONCILER_STATE_DIR", "stateDir",
                           "state directory (default: $STATE_DIRECTORY under systemd, else ./state)")
     db: str = _opt("", "RECONCILER_DB", "db", "SQLAlchemy URL of the metadata database (default: SQLite in the state dir)")
-    segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "segments directory (default: <state dir>/segments)")
+    segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "warehouse of the output Iceberg tables (default: <state dir>/segments)")
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
                              "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
     spark_conf: dict[str, str] = field(default_factory=dict, metadata={
@@ -44,6 +44,16 @@ class Settings:
     allow_insecure_specs: bool = _opt(False, "RECONCILER_ALLOW_INSECURE_SPECS", "allowInsecureSpecs",
                                       "accept spec and marker files (and the directory) writable by others "
                                       "(true/false; default false: such files are refused)")
+    compact_interval: float = _opt(3600.0, "RECONCILER_COMPACT_INTERVAL", "compactInterval",
+                                   "seconds between compactions of closed time partitions by the leader (0 disables)")
+    compact_lateness: float = _opt(3600.0, "RECONCILER_COMPACT_LATENESS", "compactLateness",
+                                   "a time partition is compacted once its end is this many seconds in the past")
+    maintain_interval: float = _opt(900.0, "RECONCILER_MAINTAIN_INTERVAL", "maintainInterval",
+                                    "seconds between snapshot expiry and orphan clean-up by the leader (0 disables)")
+    snapshot_retention: float = _opt(3600.0, "RECONCILER_SNAPSHOT_RETENTION", "snapshotRetention",
+                                     "seconds a table snapshot is kept (at least the last 100 are): a commit reads "
+                                     "the whole snapshot list, so a short history keeps commits fast; verify keeps "
+                                     "the offsets of expired snapshots")
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl", "seconds a leader lease lasts without renewal")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http", "address of /metrics and /healthz ('' to disable)")
     log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
@@ -62,7 +72,8 @@ class Settings:
         return Path(self.segments) if self.segments else self.state_path / "segments"
 
 
-_FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl"}
+_FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
+           "maintain_interval", "snapshot_retention"}
 MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
 

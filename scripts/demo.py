@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import yaml
+from pyiceberg.catalog.sql import SqlCatalog
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # devservices/ is not installed with the package: import it from the checkout
@@ -76,17 +76,18 @@ def main() -> int:
             return 1
         print("== reconciler status")
         reconciler(args.workdir, "status")
-    table = ds.dataset(args.workdir / "state" / "segments" / "clicks", format="parquet", partitioning="hive").to_table(
-        columns=["__partition", "__offset"])
+    # Read back through the Iceberg catalog in the metadata database, as any reader would.
+    catalog = SqlCatalog("reconciler", uri=f"sqlite:///{args.workdir / 'state' / 'reconciler.db'}",
+                         warehouse=(args.workdir / "state" / "segments").absolute().as_uri())
+    table = catalog.load_table("default.clicks").scan(selected_fields=("__partition", "__offset")).to_arrow()
     pairs = set(zip(table["__partition"].to_pylist(), table["__offset"].to_pylist(), strict=True))
     ok = len(pairs) == table.num_rows == args.records
-    print(f"== datasource 'clicks': {table.num_rows} rows ingested, {len(pairs)} distinct (partition, offset); "
+    print(f"== table default.clicks: {table.num_rows} rows ingested, {len(pairs)} distinct (partition, offset); "
           f"{'exactly once' if ok else 'MISMATCH'}")
-    rollup = args.workdir / "state" / "segments" / "clicks_rollup"
-    if rollup.is_dir():
-        rolled = ds.dataset(rollup, format="parquet", partitioning="hive").to_table(columns=["count"])
+    if catalog.table_exists("default.clicks_rollup"):
+        rolled = catalog.load_table("default.clicks_rollup").scan(selected_fields=("count",)).to_arrow()
         counted = sum(rolled["count"].to_pylist())
-        print(f"== datasource 'clicks_rollup': {counted} events in, {rolled.num_rows} rows out "
+        print(f"== table default.clicks_rollup: {counted} events in, {rolled.num_rows} rows out "
               f"(one per minute, user and page within each batch); counts add up: {counted == args.records}")
         ok = ok and counted == args.records
     print(f"""
@@ -95,7 +96,8 @@ def main() -> int:
    .venv/bin/reconciler status                 # states as last seen, checkpoints
    .venv/bin/reconciler status clicks          # per partition
    .venv/bin/reconciler history clicks         # the audit log
-   .venv/bin/reconciler segments clicks        # committed files with their offset ranges
+   .venv/bin/reconciler segments clicks        # the table's data files with their offset ranges
+   .venv/bin/reconciler verify clicks --deep   # exactly once, proven from the table's snapshots
    .venv/bin/reconciler plan                   # nothing to do: the database matches {args.workdir / 'specs'}""")
     return 0 if ok else 1
 

@@ -19,8 +19,14 @@ log = logging.getLogger(__name__)
 
 
 class RuntimeManager:
-    def __init__(self, ctx: RuntimeContext, *, workers: int = 2, refresh: float = 1.0):
+    def __init__(self, ctx: RuntimeContext, *, workers: int = 2, refresh: float = 1.0,
+                 compact_every: float = 0.0, compact_lateness: float = 3600.0,
+                 maintain_every: float = 0.0, snapshot_retention: float = 3600.0):
+        from reconciler.runtime.compactor import Compactor
+
         self.ctx = ctx
+        self.compactor = Compactor(ctx, every=compact_every, lateness=compact_lateness,
+                                   maintain_every=maintain_every, snapshot_retention=snapshot_retention)
         self.refresh = refresh
         self.runtimes: dict[str, SupervisorRuntime] = {}
         self.due: dict[str, float] = {}
@@ -44,6 +50,7 @@ class RuntimeManager:
 
     def stop(self, wait: bool = True) -> None:
         """Stop scheduling; with ``wait``, let in-flight batches finish (publish or be fenced)."""
+        self.compactor.stop()
         self._stop.set()
         self._poke.set()
         if self._thread.is_alive():
@@ -66,6 +73,7 @@ class RuntimeManager:
                     log.warning("cannot refresh supervisors", exc_info=True)
                 last_sync = now
             self._submit_due(now)
+            self.compactor.maybe_run(now)
             self._poke.wait(0.05)
 
     def _sync(self) -> None:

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 from pyiceberg.exceptions import CommitFailedException, ValidationException
@@ -775,9 +774,11 @@ def import_segments(
         result.promoted_staged_batches = _promote_staged(root, datasource, store)
     data_files = _old_files(root / datasource, chunked=True)
     dead_files = _old_files(root / OLD_DEADLETTER / datasource, chunked=False)
+    done = None
     for attempt in range(1, attempts + 1):
         try:
-            done = _import_table(tables, store, datasource, data_files, granularity, result, dry_run)
+            if done is None:
+                done = _import_table(tables, store, datasource, data_files, granularity, result, dry_run)
             _import_dead(tables, datasource, dead_files, result, dry_run)
         except (CommitFailedException, ValidationException) as exc:
             log.info("import of %s: the table moved (%s); again", datasource, exc)
@@ -837,9 +838,8 @@ def _import_table(tables: Tables, store, datasource: str, files: list[Path], gra
                        BATCH: f"import:{len(mine)}", EPOCH: str(max(b["epoch"] for b in mine)),
                        RANGES: json.dumps(ranges), RECORDS: str(sum(b["records"] for b in mine))}
             tx.add_files(by_sup.get(sid, []), snapshot_properties=summary)
-        rest = unknown + [p for sid, paths in by_sup.items() if sid not in sups for p in paths]
-        if rest:
-            tx.add_files(rest, snapshot_properties={OPERATION: "import", DATASOURCE: datasource})
+        if unknown:  # files the database has no batch for: they were visible, so they are kept
+            tx.add_files(unknown, snapshot_properties={OPERATION: "import", DATASOURCE: datasource})
         tx.set_properties({IMPORTED: "true"})
     return "done"
 

@@ -174,3 +174,20 @@ def test_a_commit_staged_on_a_moved_table_conflicts_and_publishes_nothing(setup)
                   ranges=[PartitionRange("0", 0, 7)], files=[], records=7, unparseable=0, table_commits=[c2])
     assert tables.load("clicks").scan().to_arrow().num_rows == 12
     assert Path(p1).exists() and Path(p2).exists()
+
+
+def test_verify_still_covers_the_offsets_of_expired_snapshots(setup):
+    from datetime import timedelta
+
+    from reconciler.table.maintenance import expire_snapshots
+
+    s, store, tables = setup
+    for i, (lo, hi) in enumerate([(0, 10), (10, 25), (25, 40)]):
+        _publish(store, tables, "clicks", f"b{i}", "0", lo, hi)
+    expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1)
+    table = tables.load("clicks")
+    assert len(batch_snapshots(table)) == 1  # two of the three snapshots are gone
+    report = h.cli_json(s, "verify", "clicks", "--deep")
+    assert report["ok"] and report["findings"] == []
+    assert report["coverage"] == [{"supervisor": "clicks", "partition": "0", "start": 0, "end": 40, "batches": 2}]
+    assert report["deep"]["rows"] == 40 and report["deep"]["duplicateOffsets"] == 0

@@ -1,0 +1,124 @@
+"""Periodic compaction of closed time partitions, run by the leader beside the runtimes.
+
+``RuntimeManager`` calls ``maybe_run(now)`` from its loop (cheap: a clock check); when a
+run is due it starts one background thread that compacts every datasource the
+supervisors write (``reconciler.table.maintenance.compact``, rollup per the main spec),
+then optionally expires snapshots and removes orphans. Compaction commits with the same
+compare-and-swap as the publish, so batches keep publishing meanwhile (whoever moves the
+table second is re-planned or re-staged). ``stop()`` cancels between partitions: what a
+cancelled run wrote is deleted, nothing half-committed is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+log = logging.getLogger(__name__)
+
+
+class Compactor:
+    def __init__(self, ctx, *, every: float = 3600.0, lateness: float = 3600.0,
+                 target_file_size: int | None = None, maintain_every: float = 0.0,
+                 snapshot_retention: float = 7 * 86400.0,
+                 first_delay: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        """``every`` seconds between compaction runs (0 disables); ``lateness`` seconds after
+        its end a time partition counts as closed; ``maintain_every`` seconds between
+        snapshot expiry (snapshots older than ``snapshot_retention`` seconds, at least the
+        last 100 kept) + orphan clean-up (files older than a day) runs (0: never here, leave
+        it to ``reconciler maintain``); the first run comes ``first_delay`` after start."""
+        self.ctx = ctx
+        self.every = every
+        self.lateness = timedelta(seconds=lateness)
+        self.target_file_size = target_file_size
+        self.maintain_every = maintain_every
+        self.snapshot_retention = timedelta(seconds=snapshot_retention)
+        self._clock = clock
+        start = clock()
+        self._next = start + min(first_delay, every) if every > 0 else float("inf")
+        self._next_maintain = start + max(first_delay, maintain_every) if maintain_every > 0 else float("inf")
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_results: list = []
+        self.last_error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def maybe_run(self, now: float | None = None) -> bool:
+        """Start a run in the background when one is due and none is running."""
+        now = self._clock() if now is None else now
+        if self.running or self._cancel.is_set():
+            return False
+        compact_due, maintain_due = now >= self._next, now >= self._next_maintain
+        if not (compact_due or maintain_due):
+            return False
+        if compact_due:
+            self._next = now + self.every
+        if maintain_due:
+            self._next_maintain = now + self.maintain_every
+        self._thread = threading.Thread(target=self._run, args=(compact_due, maintain_due),
+                                        name="compactor", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, compact_due: bool, maintain_due: bool) -> None:
+        try:
+            if compact_due:
+                self.last_results = self.run_once()
+            if maintain_due and not self._cancel.is_set():
+                self.maintain_once()
+            self.last_error = None
+        except Exception as exc:  # the database or disk: try again next time, never kill the daemon
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("table maintenance failed (retried in the next run): %s", exc, exc_info=True)
+
+    def datasources(self) -> dict[str, object]:
+        """Datasource -> its rollup (None without), from the supervisors' specs (main first)."""
+        from reconciler.table.maintenance import Rollup
+
+        out: dict[str, object] = {}
+        records = sorted(self.ctx.store.read_actual().supervisors.values(), key=lambda r: r.kind != "main")
+        for r in records:
+            ds = r.spec.data_schema
+            out.setdefault(ds.datasource, Rollup.of(ds))
+        return out
+
+    def run_once(self) -> list:
+        from reconciler.table.maintenance import DEFAULT_TARGET_FILE_SIZE, compact
+
+        tables = self.ctx.tables()
+        results = []
+        for name, rollup in sorted(self.datasources().items()):
+            if self._cancel.is_set():
+                break
+            if tables.load(name) is None:
+                continue
+            result = compact(tables, name, rollup=rollup, lateness=self.lateness,
+                             target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
+                             cancel=self._cancel)
+            results.append(result)
+            if result.partitions and not result.committed and not self._cancel.is_set():
+                log.warning("compaction of %s: %s", name, result.message)
+        return results
+
+    def maintain_once(self) -> list:
+        from reconciler.table.maintenance import expire_snapshots, remove_orphans
+
+        tables = self.ctx.tables()
+        out = []
+        for name in tables.names():
+            if self._cancel.is_set():
+                break
+            out.append(expire_snapshots(tables, name, older_than=self.snapshot_retention))
+            out.append(remove_orphans(tables, name, committed_batches=self.ctx.store.committed_batch_ids))
+        return out
