@@ -396,7 +396,8 @@ ALL_COMMANDS = list(_commands(cli))
 def test_every_command_is_listed():
     expected = {("apply",), ("db",), ("db", "upgrade"), ("history",), ("plan",), ("reset",), ("run",),
                 ("segments",), ("status",), ("validate",), ("suspend",), ("resume",), ("backfill",),
-                ("backfill", "list"), ("backfill", "suspend"), ("backfill", "resume"), ("backfill", "cancel")}
+                ("backfill", "list"), ("backfill", "suspend"), ("backfill", "resume"), ("backfill", "cancel"),
+                ("verify",), ("compact",), ("maintain",)}
     assert set(ALL_COMMANDS) == expected
     readme = (ROOT / "README.md").read_text()
     for path in ALL_COMMANDS:
