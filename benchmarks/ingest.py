@@ -52,6 +52,7 @@ log = logging.getLogger("bench")
 PARTITIONS = 4
 TASK_COUNT = 2  # one reader per core of a 2-core machine; see README
 WARMUP_RECORDS = 20_000
+SPARK_CONF: list[str] = []  # --spark-conf KEY=VALUE: the product's extra Spark settings (both runs)
 
 
 def _rate(records: int, seconds: float) -> dict[str, Any]:
@@ -198,7 +199,7 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     (specs / f"{sid}.yaml").write_text(yaml.safe_dump(_spec(sid, source)))
     env = {**os.environ, "RECONCILER_SPECS": str(specs), "RECONCILER_STATE_DIR": str(state),
            "RECONCILER_HTTP": "", "RECONCILER_CONFIG": os.devnull, "RECONCILER_TICK_INTERVAL": "1",
-           "PYSPARK_PYTHON": sys.executable}
+           "PYSPARK_PYTHON": sys.executable, "RECONCILER_SPARK_CONF": ";".join(SPARK_CONF)}
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).with_name("reconciler")), "run", "--until-caught-up",
                            "--timeout", "900"], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -228,7 +229,7 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
         (base / "specs").mkdir(parents=True)
         (base / "specs" / f"{spec_id}.yaml").write_text(yaml.safe_dump(_spec(spec_id, src)))
         s = settings_mod.load({"specs": str(base / "specs"), "state_dir": str(base / "state"), "http": "",
-                               "tick_interval": 1.0}, config=os.devnull, env={})
+                               "tick_interval": 1.0, "spark_conf": list(SPARK_CONF)}, config=os.devnull, env={})
         t = time.perf_counter()
         code = Daemon(s).run(until_caught_up=True, timeout=900)
         if code != 0:
@@ -316,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000, help="records per system (default 1,000,000)")
     ap.add_argument("--system", choices=["kafka", "rabbitmq", "both"], default="both")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (segments, logs)")
+    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the product runs (e.g. to measure without a default: "
+                         "spark.python.daemon.module=pyspark.daemon)")
     args = ap.parse_args(argv)
+    SPARK_CONF[:] = args.spark_conf
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
@@ -325,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "record_bytes_mean": round(sum(len(v) for _, v in devservices.make_records(10_000)) / 10_000, 1),
         "task_count": TASK_COUNT,
         "spark_master": "local[*]",
+        "spark_conf": args.spark_conf,
         "cores": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
