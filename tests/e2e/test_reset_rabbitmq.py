@@ -154,3 +154,38 @@ def test_reset_to_timestamp_offsets_and_shift_on_a_suspended_supervisor(spark, r
             "orders-backfill-1": 1000, "orders-backfill-2": 250, "orders-backfill-3": 600}
     finally:
         store.close()
+
+
+def test_a_stream_added_while_suspended_is_read_from_its_earliest_offset(spark, rabbit_node, stream, tmp_path):
+    """Issue 10.2 on the real node: a stream added to the set is a partition that appeared
+    after the supervisor started. With ``startFrom: latest``, suspended meanwhile, a reset
+    to latest with a backfill: the new stream's records written before it joined are read
+    from its earliest offset (by the backfill), none skipped and the counts say so."""
+    old, new = stream(), stream()
+    s = h.make_settings(tmp_path)
+    specs = Path(s.specs)
+    doc = h.spec_doc("orders", h.rabbit_source(rabbit_node.stream_uri, [old]), start_from="latest")
+    h.write_spec(specs, doc)
+    daemon(s)  # starts at latest of an empty stream: checkpoint 0
+    first = devservices.make_records(300)
+    devservices.produce_rabbit(rabbit_node.stream_uri, old, first)
+    daemon(s)
+
+    h.write_spec(specs, doc | {"suspended": True})
+    daemon(s)
+    behind = devservices.make_records(200, start=300)
+    joined = devservices.make_records(250, start=500)  # written to the new stream before it joins
+    devservices.produce_rabbit(rabbit_node.stream_uri, old, behind)
+    devservices.produce_rabbit(rabbit_node.stream_uri, new, joined)
+    h.write_spec(specs, doc | {"source": h.rabbit_source(rabbit_node.stream_uri, [old, new]), "suspended": False})
+    assert h.run_cli(s, "apply")[0] == 0  # the spec change (a stream added: not a change of identity)
+    out = h.cli_json(s, "reset", "orders", "--to", "latest", "--backfill", "--reason", "stream added")
+    parts = {p["partition"]: p for p in out["partitions"]}
+    assert (parts[new]["checkpoint"], parts[new]["new"], parts[new]["backfill"], parts[new]["skipped"]) == (0, 250, 250, 0)
+    assert (parts[old]["checkpoint"], parts[old]["backfill"]) == (300, 200)
+    assert out["backfillRecords"] == 450
+    daemon(s)
+
+    h.assert_exactly_once(h.key_counts(spark, s, "orders"), h.keys(first + behind + joined))
+    report = h.cli_json(s, "verify", "orders", "--deep")
+    assert report["ok"] and report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == 750
