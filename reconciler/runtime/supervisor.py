@@ -190,7 +190,13 @@ class SupervisorRuntime:
         spark = self.ctx.spark()
         tables = self.ctx.tables()
         if self._schemas is None or self._schemas[0] != rec.spec_hash:
-            self._schemas = (rec.spec_hash, *output_schemas(spark, ds))
+            try:  # analysis only, but it is the session's first call: a lost cluster shows here
+                self._schemas = (rec.spec_hash, *output_schemas(spark, ds))
+            except Exception as exc:
+                translated = translate_failure(exc)
+                if translated is not exc:
+                    raise translated from exc
+                raise
         _, schema, dead_schema = self._schemas
         table = tables.ensure(ds.datasource, schema, ds.segment_granularity)
         dead_table = tables.ensure(deadletter_table(ds.datasource), dead_schema, None)
