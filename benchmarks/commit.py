@@ -93,6 +93,7 @@ def run(db: str, root: Path, batches: int, files: int) -> dict:
         t1 = time.perf_counter()
         store.publish(supervisor_id="bench", epoch=1, batch_id=f"b{b}", datasource="bench", ranges=[rng],
                       files=segs, records=rng.size, unparseable=0, table_commits=[commit])
+        tables.committed([commit])  # as the runtime does: the next stage starts from this table
         t2 = time.perf_counter()
         store.publish(supervisor_id="plain", epoch=1, batch_id=f"p{b}", datasource="plain", ranges=[rng],
                       files=segs, records=rng.size, unparseable=0)

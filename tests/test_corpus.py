@@ -312,9 +312,11 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float, thread: thre
         time.sleep(0.2)
 
 
-def _read_ids(spark, segments: Path, datasource: str) -> collections.Counter:
-    df = spark.read.parquet(str(segments / datasource))
-    return collections.Counter(r.id for r in df.select("id").collect())
+def _read_ids(spark, settings, datasource: str) -> collections.Counter:
+    """Committed ids, read through the Iceberg catalog."""
+    from tests.e2e import helpers as h
+
+    return h.key_counts(spark, settings, datasource)
 
 
 def test_daemon_fed_the_whole_corpus_while_ingesting(spark, kafka_broker, topic, tmp_path, caplog):
@@ -398,7 +400,7 @@ def test_daemon_fed_the_whole_corpus_while_ingesting(spark, kafka_broker, topic,
     # exactly once, by key, for every supervisor (the victim ingested its second wave too)
     want = collections.Counter(k for k, _ in first + second)
     for sid in topics:
-        got = _read_ids(spark, tmp_path / "segments", sid)
+        got = _read_ids(spark, settings, sid)
         dupes = {k: n for k, n in got.items() if n > 1}
         missing = set(want) - set(got)
         assert not dupes, f"{sid}: duplicated {list(dupes)[:5]}"

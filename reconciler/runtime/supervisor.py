@@ -260,6 +260,7 @@ class SupervisorRuntime:
                                        datasource=ds.datasource, ranges=ranges, files=files, records=records,
                                        unparseable=written.dead_rows, lease=self.ctx.lease(),
                                        table_commits=commits)
+                tables.committed(commits)
                 return
             except PublishConflict:
                 if self.ctx.metrics:

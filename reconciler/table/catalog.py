@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -73,6 +73,7 @@ class TableCommit:
     table: str
     expected: str
     new: str
+    staged: Table | None = field(default=None, compare=False, repr=False)  # the table as it will be
 
 
 class TableConflict(Exception):
@@ -107,7 +108,9 @@ class _StagingCatalog(SqlCatalog):
             return super().commit_table(table, requirements, updates)
         staged = self._update_and_stage_table(table, table.name(), requirements, updates)
         self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
-        out.append(TableCommit(table.name()[-1], table.metadata_location, staged.metadata_location))
+        after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=staged.metadata_location,
+                      io=staged.io, catalog=self)
+        out.append(TableCommit(table.name()[-1], table.metadata_location, staged.metadata_location, after))
         return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
 
 
@@ -139,6 +142,10 @@ class Tables:
         self.catalog = _StagingCatalog(engine.execution_options(readonly=True), root.as_uri())
         self._lock = threading.Lock()
         self._namespace_ready = False
+        self._engine = engine
+        # name -> the table at its last known metadata location. Reading a metadata file costs
+        # more the longer the table's history; a cheap pointer query says whether it moved.
+        self._known: dict[str, Table] = {}
 
     # -- tables -----------------------------------------------------------------------
 
@@ -178,6 +185,24 @@ class Tables:
             log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
             return table
 
+    def _current(self, name: str) -> Table:
+        with self._engine.connect().execution_options(readonly=True) as c, c.begin():
+            location = c.execute(sa.text(
+                "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c AND table_namespace = :n "
+                "AND table_name = :t"), {"c": CATALOG, "n": NAMESPACE, "t": name}).scalar()
+        known = self._known.get(name)
+        if known is not None and location is not None and known.metadata_location == location:
+            return known
+        table = self.catalog.load_table((NAMESPACE, name))
+        self._known[name] = table
+        return table
+
+    def committed(self, commits: Sequence[TableCommit]) -> None:
+        """The publish of ``commits`` succeeded: their staged tables are the tables now."""
+        for tc in commits:
+            if tc.staged is not None:
+                self._known[tc.table] = tc.staged
+
     def data_dir(self, table: Table, batch_id: str) -> Path:
         """Where one batch's data files are written (unreferenced until the publish)."""
         return local_path(table.location()) / "data" / f"{BATCH_DIR_PREFIX}{batch_id}"
@@ -189,7 +214,7 @@ class Tables:
         """Stage one snapshot appending ``files`` (written elsewhere) with ``properties`` in
         its summary, evolving the schema and partitioning first when the batch brings new
         columns or another segment granularity. Returns the pointer move for the publish."""
-        table = self.catalog.load_table((NAMESPACE, name))
+        table = self._current(name)
         out: list[TableCommit] = []
         self.catalog._staging.out = out
         try:

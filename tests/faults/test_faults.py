@@ -4,7 +4,7 @@ mid-transaction, and a segments directory that cannot be written.
 
 After each fault: every key exactly once in ``<segments>/<datasource>``, the checkpoints
 equal to what the committed batches cover, no staging leftovers, and the supervisor
-healthy again. ``test_randomized_crashes`` runs 20 crash runs (a separate
+healthy again. ``test_randomized_crashes`` runs 12 crash runs (a separate
 ``reconciler run`` process each, killed by ``reconciler.faults``); its ``soak`` twin runs
 100 (``scripts/test.sh tests/faults --soak -s``). The seed is printed and can be set
 with ``RECONCILER_FAULT_SEED``.
@@ -163,7 +163,7 @@ def _randomized_crashes(spark, tmp_path, kafka_broker, topic, runs: int) -> None
 @pytest.mark.kafka
 @pytest.mark.timeout(1800)
 def test_randomized_crashes(spark, tmp_path, kafka_broker, topic):
-    _randomized_crashes(spark, tmp_path, kafka_broker, topic, runs=int(os.environ.get("RECONCILER_FAULT_RUNS", "20")))
+    _randomized_crashes(spark, tmp_path, kafka_broker, topic, runs=int(os.environ.get("RECONCILER_FAULT_RUNS", "12")))
 
 
 @pytest.mark.soak
