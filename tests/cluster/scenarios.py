@@ -122,7 +122,7 @@ def lost_cluster(spark, broker, topic, s, kill, restart, reason: str) -> None:
             proc.communicate()
     assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-4000:]}"
     assert any(reason in e for e in seen), seen
-    assert "Traceback" not in err, err[-4000:]
+    assert "Traceback" not in err, err[max(0, err.find("Traceback") - 1000):][:6000]
     h.assert_exactly_once(h.key_counts(spark, s, "lossy"), h.keys(records))
     assert h.staging_leftovers(s) == []
     assert err.count("Spark session up") >= 2, err[-4000:]  # built again after the loss
