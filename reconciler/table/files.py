@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
@@ -98,9 +98,12 @@ def _batch_of(path: str) -> str | None:
     return path.split(marker, 1)[1].split("/", 1)[0]
 
 
-def _interval(transform, value) -> tuple[datetime | None, datetime | None]:
+def partition_interval(transform, value) -> tuple[datetime | None, datetime | None]:
+    """``[start, end)`` of a ``__time`` partition value under its transform, UTC."""
     if value is None:
         return None, None
+    if isinstance(value, date) and not isinstance(value, datetime):  # a day partition read back as a date
+        value = (value - EPOCH_START.date()).days
     if isinstance(transform, HourTransform):
         start = EPOCH_START + timedelta(hours=value)
         return start, start + timedelta(hours=1)
@@ -134,7 +137,7 @@ def data_files(table: Table) -> list[TableFile]:
             spec = specs.get(df.spec_id)
             start = end = None
             if spec is not None and spec.fields:
-                start, end = _interval(spec.fields[0].transform, df.partition[0] if len(df.partition) else None)
+                start, end = partition_interval(spec.fields[0].transform, df.partition[0] if len(df.partition) else None)
             path = df.file_path.removeprefix("file://")
             segment = path.split("time_chunk=", 1)[1].split("/", 1)[0] if "time_chunk=" in path else (
                 start.strftime("%Y%m%dT%H%MZ") if start else "")

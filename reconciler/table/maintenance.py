@@ -38,7 +38,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,6 @@ from pyiceberg.partitioning import PartitionKey
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table, TableProperties, WriteTask
 from pyiceberg.table.update.snapshot import ExpireSnapshots
-from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 
 from reconciler.table.catalog import (
     BATCH,
@@ -70,6 +69,7 @@ from reconciler.table.catalog import (
     local_path,
     summary_ranges,
 )
+from reconciler.table.files import partition_interval
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,6 @@ def _time_field_id(schema) -> int | None:
         return None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _partition_interval(spec, partition, time_id: int | None) -> tuple[datetime | None, datetime | None]:
@@ -359,24 +358,7 @@ def _partition_interval(spec, partition, time_id: int | None) -> tuple[datetime 
     for pos, pf in enumerate(spec.fields):
         if pf.source_id != time_id:
             continue
-        value = partition[pos]
-        if value is None:
-            return None, None
-        if isinstance(value, date) and not isinstance(value, datetime):
-            value = (value - _EPOCH.date()).days
-        t = pf.transform
-        if isinstance(t, HourTransform):
-            start = _EPOCH + timedelta(hours=value)
-            return start, start + timedelta(hours=1)
-        if isinstance(t, DayTransform):
-            start = _EPOCH + timedelta(days=value)
-            return start, start + timedelta(days=1)
-        if isinstance(t, MonthTransform):
-            y, m = divmod(value, 12)
-            start = datetime(1970 + y, m + 1, 1, tzinfo=UTC)
-            return start, datetime(start.year + (m == 11), (m + 1) % 12 + 1, 1, tzinfo=UTC)
-        if isinstance(t, YearTransform):
-            return datetime(1970 + value, 1, 1, tzinfo=UTC), datetime(1971 + value, 1, 1, tzinfo=UTC)
+        return partition_interval(pf.transform, partition[pos])
     return None, None
 
 
