@@ -219,6 +219,9 @@ class SupervisorRuntime:
         except (PublishConflict, TableConflict):
             segments.discard(data_dir, dead_dir)
             raise
+        except Exception:  # the database went away mid-publish: the batch may or may not have committed
+            self._discard_unless_committed(batch_id, data_dir, dead_dir)
+            raise
         faults.crash_point("after-commit", rec.id)
         elapsed = time.monotonic() - started
         if self.ctx.metrics:
@@ -226,6 +229,17 @@ class SupervisorRuntime:
         log.info("batch %s published: %d records (%d unparseable) in %.2fs", batch_id[:12], records,
                  written.dead_rows, elapsed, extra={"supervisor": rec.id, "batch": batch_id})
         return records
+
+    def _discard_unless_committed(self, batch_id: str, *dirs) -> None:
+        """Delete a batch's files only when the database says it did not commit; when that
+        cannot be asked now, the next leader's recovery decides."""
+        from reconciler.pipeline import segments
+
+        try:
+            if batch_id not in self.ctx.store.committed_batch_ids([batch_id]):
+                segments.discard(*dirs)
+        except Exception:  # noqa: BLE001 - still unreachable: leave them to recovery
+            log.debug("batch %s left for recovery", batch_id, exc_info=True)
 
     def _publish(self, rec, spec, ranges, written, schema, dead_schema, records: int) -> None:
         """Stage the table snapshots and publish them with the checkpoints; a table moved by
