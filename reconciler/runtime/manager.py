@@ -30,6 +30,7 @@ class RuntimeManager:
         self.refresh = refresh
         self.runtimes: dict[str, SupervisorRuntime] = {}
         self.due: dict[str, float] = {}
+        self._versions: dict[str, tuple] = {}  # (spec hash, epoch) each runtime last saw
         self.running: dict[str, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="runtime")
         self._poke = threading.Event()
@@ -83,10 +84,22 @@ class RuntimeManager:
             for sid in wanted - set(self.runtimes):
                 self.runtimes[sid] = SupervisorRuntime(sid, self.ctx)
                 self.due[sid] = 0.0
+            for sid in wanted:
+                rec = actual.supervisors[sid]
+                version = (rec.spec_hash, rec.epoch)
+                # A new spec or a reset is the operator's answer to a failure: act on it now,
+                # not after the failure's backoff (up to a minute).
+                if sid in self.running:
+                    continue  # looked at again once its step is done
+                if self._versions.get(sid, version) != version:
+                    self.due[sid] = 0.0
+                    self.runtimes[sid].reconsider()
+                self._versions[sid] = version
             for sid in set(self.runtimes) - wanted:
                 if sid not in self.running:
                     self.runtimes.pop(sid).close()
                     self.due.pop(sid, None)
+                    self._versions.pop(sid, None)
 
     def _submit_due(self, now: float) -> None:
         with self._lock:

@@ -78,6 +78,11 @@ class SupervisorRuntime:
     _retention_checked: float = 0.0
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
 
+    def reconsider(self) -> None:
+        """The spec or the epoch changed: forget past failures and look at retention again."""
+        self.failures = 0
+        self._retention_checked = 0.0
+
     def step(self) -> StepOutcome:
         rec = self.ctx.store.get(self.supervisor_id)
         if rec is None or rec.state not in RUNNABLE:
