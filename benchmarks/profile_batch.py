@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pyspy", metavar="DIR", help="py-spy record the first batch (driver and workers) into DIR")
     ap.add_argument("--pyspy-seconds", type=float, default=40)
     ap.add_argument("--max-batch-rows", type=int, default=None)
+    ap.add_argument("--step-ms", type=int, default=1000,
+                    help="event time between records (1000: 1M records span 278 hourly chunks; 1: one)")
     ap.add_argument("--alternate", action="append", default=[], metavar="KEY=VALUE",
                     help="a Hadoop setting applied at run time to every other batch (odd ones), for "
                          "an A/B comparison within one session")
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from reconciler.pipeline.batch import read_ranges
         from reconciler.pipeline.spark import get_session, stop_session
-        from reconciler.pipeline.transform import SEGMENT, good_rows, parse
+        from reconciler.pipeline.segments import write_batch
+        from reconciler.pipeline.transform import good_rows, parse
         from reconciler.spec.model import SupervisorSpec
         from reconciler.streams.base import PartitionRange
         doc["import_seconds"] = round(time.perf_counter() - t, 3)
@@ -251,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
             cpu0 = _tree_cpu(os.getpid(), by0)
             t = time.perf_counter()
             # The product's one job (``run_batch``'s row write): read, parse with the
-            # observation, (roll up), write one file per (task, time chunk).
+            # observation, (roll up), write one file per (task, time chunk) through the sink.
             records = read_ranges(spark, spec.source, ranges, args.task_count, args.max_batch_rows)
             t_load = time.perf_counter() - t
             obs = Observation(f"b{i}")
             good = good_rows(parse(records, spec.data_schema, observation=obs), spec.data_schema)
             out = work / "data" / f"b{i}"
-            good.write.mode("overwrite").partitionBy(SEGMENT).parquet(str(out))
+            write_batch(spark, good, None, out, work / "dead" / f"b{i}", f"b{i}", fsync=False)
             observed = obs.get
             secs = time.perf_counter() - t
             by1: dict[str, float] = {}

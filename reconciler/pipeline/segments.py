@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from reconciler.pipeline import sink
 from reconciler.pipeline.transform import SEGMENT
 from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
 
@@ -95,15 +96,18 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path]) -> None:
 
 
 def _collect(root: Path, chunked: bool) -> list[DataFile]:
-    """The batch's Parquet files under ``root``; Spark's side files and empty files go."""
+    """The Parquet files the job committed under ``root``; anything else (a failed task
+    attempt's files, the commit list, empty files) is deleted, so never left behind."""
     out: list[DataFile] = []
     if not root.is_dir():
         return out
+    listed = sink.committed_files(root)
+    keep = {root / name for name in listed} if listed is not None else set()
     for path in sorted(root.rglob("*")):
         if path.is_dir():
             continue
-        if path.suffix != ".parquet" or path.name.startswith((".", "_")):
-            path.unlink()  # _SUCCESS, .crc checksums: never referenced, so never left behind
+        if path not in keep:
+            path.unlink()
             continue
         meta = pq.read_metadata(path)
         if meta.num_rows == 0:
@@ -136,16 +140,14 @@ def write_batch(
     filled during it): if it answers 0 the dead-letter write, a second Spark job over
     the same input, is skipped.
     """
-    # Parquet timestamps as INT64 micros, UTC-adjusted (Iceberg's timestamptz), not INT96.
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     check_batch_id(batch_id)
     data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
     if SEGMENT not in df.columns:
         raise ValueError(f"the frame has no {SEGMENT} column: {df.columns}")
-    df.write.mode("overwrite").partitionBy(SEGMENT).parquet(str(data_dir))
+    df.write.format(sink.NAME).mode("append").options(**sink.options(data_dir, SEGMENT)).save()
     known_dead = dead_count() if dead_count is not None else None
     if dead_df is not None and known_dead != 0:
-        dead_df.write.mode("overwrite").parquet(str(dead_dir))
+        dead_df.write.format(sink.NAME).mode("append").options(**sink.options(dead_dir)).save()
     files = _collect(data_dir, chunked=True)
     dead_files = _collect(dead_dir, chunked=False)
     if fsync:

@@ -266,6 +266,8 @@ DATA_SOURCES: tuple[type[DataSource], ...] = (KafkaRangeDataSource, RabbitRangeD
 
 
 def register(spark: Any) -> None:
-    """Register both data sources with a session (idempotent)."""
-    for ds in DATA_SOURCES:
+    """Register both data sources and the Parquet sink with a session (idempotent)."""
+    from reconciler.pipeline.sink import ParquetSink
+
+    for ds in (*DATA_SOURCES, ParquetSink):
         spark.dataSource.register(ds)

@@ -1,0 +1,169 @@
+"""``df.write.format("reconciler_parquet")``: a batch's Parquet files, written by pyarrow.
+
+Spark's own Parquet writer, on a local filesystem without Hadoop's native library,
+forks ``chmod`` from the JVM for every file it creates (and sorts each task's rows by
+partition first); a batch that spans many time chunks spent most of its time there
+(benchmarks/PROFILE.md). This sink keeps Spark for reading and transforming and hands
+each task's Arrow batches to pyarrow, which writes one file per (task, time chunk).
+
+Exactly once does not depend on Spark's commit protocol: each task names its files
+with its partition and attempt and returns them in its commit message, and the job's
+``commit`` writes the list (``COMMITTED``) beside them. ``segments.write_batch`` keeps
+only listed files; a failed or retried attempt's files are deleted there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+NAME = "reconciler_parquet"
+COMMITTED = "_committed.json"
+ROW_GROUP_ROWS = 131_072  # rows buffered per file before a row group is written
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    files: list[str] = field(default_factory=list)  # relative to the sink's path
+
+
+def options(path: str | os.PathLike[str], partition_column: str | None = None) -> dict[str, str]:
+    """Options for ``df.write.format(NAME).mode("append").options(**options(...)).save()``."""
+    out = {"path": str(path)}
+    if partition_column:
+        out["partitionColumn"] = partition_column
+    return out
+
+
+def committed_files(path: str | os.PathLike[str]) -> list[str] | None:
+    """The files the job committed (relative paths), or None when no job committed here."""
+    try:
+        return json.loads((Path(path) / COMMITTED).read_text())["files"]
+    except FileNotFoundError:
+        return None
+
+
+class ParquetSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema: Any, overwrite: bool) -> _Writer:
+        return _Writer(self.options["path"], self.options.get("partitionColumn"))
+
+
+class _Writer(DataSourceArrowWriter):
+    def __init__(self, path: str, partition_column: str | None):
+        self.path = path
+        self.partition_column = partition_column
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        stem = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}" if ctx else \
+            f"part-{uuid.uuid4().hex}"
+        files = _Files(Path(self.path), stem, self.partition_column)
+        try:
+            for batch in iterator:
+                if batch.num_rows:
+                    self._route(batch, files)
+            return SinkCommit(files.close())
+        except BaseException:
+            files.abort()
+            raise
+
+    def _route(self, batch: Any, files: _Files) -> None:
+        if not self.partition_column:
+            files.add(None, batch)
+            return
+        import pyarrow.compute as pc
+
+        index = batch.schema.get_field_index(self.partition_column)
+        column = batch.column(index)
+        rows = batch.remove_column(index)
+        values = pc.unique(column)
+        if len(values) == 1:  # the usual case: a stream's records are close in time
+            files.add(values[0].as_py(), rows)
+            return
+        for value in values:
+            files.add(value.as_py(), rows.filter(pc.equal(column, value)))
+
+    def commit(self, messages: list[SinkCommit | None]) -> None:
+        names = sorted(f for m in messages if m is not None for f in m.files)
+        path = Path(self.path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f".{COMMITTED}.tmp"
+        tmp.write_text(json.dumps({"files": names}))
+        os.replace(tmp, path / COMMITTED)
+
+    def abort(self, messages: list[SinkCommit | None]) -> None:
+        for m in messages:
+            for name in (m.files if m is not None else ()):
+                Path(self.path, name).unlink(missing_ok=True)
+
+
+class _Files:
+    """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
+
+    def __init__(self, root: Path, stem: str, column: str | None):
+        self.root, self.stem, self.column = root, stem, column
+        self.writers: dict[Any, Any] = {}
+        self.pending: dict[Any, list] = {}
+        self.names: dict[Any, str] = {}
+
+    def add(self, value: Any, batch: Any) -> None:
+        if not batch.num_rows:
+            return
+        pending = self.pending.setdefault(value, [])
+        pending.append(batch)
+        if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+            self._flush(value)
+
+    def _flush(self, value: Any) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        batches = self.pending.pop(value, [])
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        writer = self.writers.get(value)
+        if writer is None:
+            name = f"{self.stem}.parquet" if not self.column else f"{_dir_name(self.column, value)}/{self.stem}.parquet"
+            target = self.root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            writer = pq.ParquetWriter(target, table.schema, compression="snappy")
+            self.writers[value], self.names[value] = writer, name
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+
+    def close(self) -> list[str]:
+        for value in list(self.pending):
+            self._flush(value)
+        for writer in self.writers.values():
+            writer.close()
+        return sorted(self.names.values())
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the task is failing anyway; the files go next
+                pass
+        for name in self.names.values():
+            (self.root / name).unlink(missing_ok=True)
+
+
+def _dir_name(column: str, value: Any) -> str:
+    """``<column>=<value>``, as Spark's ``partitionBy`` names it."""
+    text = "__HIVE_DEFAULT_PARTITION__" if value is None else str(value)
+    if "/" in text or text in (".", ".."):
+        raise ValueError(f"unsafe partition value {text!r}")
+    return f"{column}={text}"

@@ -1,0 +1,53 @@
+"""The Parquet sink: one file per (task, partition value), row groups bounded, and only
+the files the job committed are kept (a failed or retried attempt's files are not)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reconciler.pipeline import segments as seg
+from reconciler.pipeline import sink
+
+
+def batch(ids, chunks):
+    return pa.RecordBatch.from_pydict({"id": pa.array(ids, pa.string()), "time_chunk": pa.array(chunks, pa.string())})
+
+
+def test_a_task_writes_one_file_per_chunk_without_the_chunk_column(tmp_path, monkeypatch):
+    monkeypatch.setattr(sink, "ROW_GROUP_ROWS", 4)
+    writer = sink.ParquetSink({"path": str(tmp_path), "partitionColumn": "time_chunk"}).writer(None, False)
+    message = writer.write(iter([batch(["a", "b", "c"], ["h1", "h2", "h1"]), batch(["d", "e"], ["h1", "h1"]),
+                                 batch([], [])]))
+    assert [p.split("/")[0] for p in message.files] == ["time_chunk=h1", "time_chunk=h2"]
+    h1 = pq.ParquetFile(tmp_path / message.files[0])
+    assert h1.read().to_pydict() == {"id": ["a", "c", "d", "e"]}
+    assert h1.metadata.num_row_groups == 1  # buffered to the row-group size, not one per batch
+    writer.commit([message, None])
+    assert sink.committed_files(tmp_path) == sorted(message.files)
+
+
+def test_a_failing_task_leaves_nothing_and_abort_removes_committed_tasks_files(tmp_path):
+    writer = sink.ParquetSink({"path": str(tmp_path), "partitionColumn": "time_chunk"}).writer(None, False)
+
+    def failing():
+        yield batch(["a"], ["h1"])
+        raise RuntimeError("task failed")
+
+    with pytest.raises(RuntimeError):
+        writer.write(failing())
+    done = writer.write(iter([batch(["b"], ["h2"])]))
+    assert [p.name for p in tmp_path.rglob("*.parquet")] == [done.files[0].split("/")[1]]
+    writer.abort([done, None])
+    assert not list(tmp_path.rglob("*.parquet")) and sink.committed_files(tmp_path) is None
+
+
+def test_only_committed_files_are_collected_the_rest_deleted(tmp_path):
+    writer = sink.ParquetSink({"path": str(tmp_path)}).writer(None, False)
+    kept = writer.write(iter([batch(["a", "b"], ["h1", "h1"])]))
+    retried = writer.write(iter([batch(["a", "b"], ["h1", "h1"])]))  # an attempt Spark did not keep
+    writer.commit([kept])
+    files = seg._collect(tmp_path, chunked=False)
+    assert [f.path for f in files] == [str(tmp_path / kept.files[0])] and files[0].rows == 2
+    assert not (tmp_path / retried.files[0]).exists() and not (tmp_path / sink.COMMITTED).exists()
