@@ -9,7 +9,6 @@ only; the store builds them, the planner reads them.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,6 +111,3 @@ class ActualState:
     def mains(self) -> dict[str, SupervisorRecord]:
         return {k: v for k, v in self.supervisors.items() if v.kind == Kind.MAIN}
 
-
-def dumps(doc: Any) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)

@@ -217,7 +217,14 @@ class Marker:
     reason: str | None = None
 
 
+def canonical_json(doc: Any) -> str:
+    """The one canonical JSON text of a document: sorted keys, no spaces, anything else as str.
+
+    What the store writes (specs, request results, audit details) and what ``document_hash``
+    hashes, so a hash is always of the text the database holds."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def document_hash(doc: Mapping[str, Any]) -> str:
     """A stable hash of a spec document (key order and YAML formatting do not matter)."""
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

@@ -29,13 +29,12 @@ from reconciler.actual import (
     Override,
     State,
     SupervisorRecord,
-    dumps,
 )
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.requests import ResetRequest
 from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
-from reconciler.spec.model import BACKFILL_ID, SupervisorSpec, document_hash
+from reconciler.spec.model import BACKFILL_ID, SupervisorSpec, canonical_json, document_hash
 from reconciler.store.engine import create_engine
 from reconciler.store.tables import (
     audit_log,
@@ -252,7 +251,7 @@ class Store:
         """Insert a main supervisor, or bring a TERMINATED one back (checkpoints kept, unless
         ``fresh_start`` says how the source changed: then they are dropped, see ``_fresh_start``)."""
         now = now or utcnow()
-        doc = dumps(spec.document)
+        doc = canonical_json(spec.document)
         state = State.SUSPENDED if spec.suspended else State.PENDING
         with self._write() as c:
             existing = c.execute(
@@ -287,7 +286,7 @@ class Store:
         checkpoints are dropped and the epoch bumped: a batch of the old source is fenced."""
         now = now or utcnow()
         with self._write() as c:
-            values: dict[str, Any] = dict(spec=dumps(spec.document), spec_hash=spec.spec_hash, spec_path=path,
+            values: dict[str, Any] = dict(spec=canonical_json(spec.document), spec_hash=spec.spec_hash, spec_path=path,
                                           spec_error=None, last_attempted_hash=spec.spec_hash, updated_at=now)
             if fresh_start:
                 values["epoch"] = supervisors.c.epoch + 1
@@ -570,7 +569,7 @@ class Store:
         self._audit(c, row.id, request.action_kind, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
         c.execute(sa.insert(requests).values(
             token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
-            result=dumps(details), handled_at=now,
+            result=canonical_json(details), handled_at=now,
         ))
         faults.crash_point("inside-reset", row.id)
         return result
@@ -598,7 +597,7 @@ class Store:
             doc["taskCount"] = request.backfill_task_count
         ranges = outcome.backfill_ranges
         c.execute(sa.insert(supervisors).values(
-            id=bf_id, kind=Kind.BACKFILL, parent_id=main.id, spec=dumps(doc), spec_hash=document_hash(doc),
+            id=bf_id, kind=Kind.BACKFILL, parent_id=main.id, spec=canonical_json(doc), spec_hash=document_hash(doc),
             spec_path=None, state=State.PENDING, detailed_state=DetailedState.PENDING, epoch=1,
             start_offsets=json.dumps({p: start for p, (start, _) in ranges.items()}),
             end_offsets=json.dumps({p: end for p, (_, end) in ranges.items()}), created_at=now, updated_at=now,
@@ -606,7 +605,7 @@ class Store:
         c.execute(sa.insert(checkpoints), [
             {"supervisor_id": bf_id, "partition": p, "next_offset": start} for p, (start, _) in ranges.items()
         ])
-        c.execute(sa.insert(spec_versions).values(supervisor_id=bf_id, spec_hash=document_hash(doc), spec=dumps(doc), created_at=now))
+        c.execute(sa.insert(spec_versions).values(supervisor_id=bf_id, spec_hash=document_hash(doc), spec=canonical_json(doc), created_at=now))
         self._audit(c, bf_id, "create-backfill", "reconciler", f"reset of {main.id}", request.reason,
                     {"ranges": {p: list(r) for p, r in ranges.items()}}, now)
         return bf_id
@@ -638,7 +637,7 @@ class Store:
         c.execute(sa.insert(audit_log).values(
             supervisor_id=supervisor_id, at=now, action=action, actor=actor, trigger=trigger,
             reason=secrets.scrub(reason),
-            details=dumps(secrets.redact(details)) if details is not None else None,
+            details=canonical_json(secrets.redact(details)) if details is not None else None,
         ))
 
     def history(self, supervisor_id: str) -> list[dict[str, Any]]:
@@ -667,7 +666,7 @@ class Store:
     @staticmethod
     def _version(c, spec: SupervisorSpec, now) -> None:
         c.execute(sa.insert(spec_versions).values(
-            supervisor_id=spec.id, spec_hash=spec.spec_hash, spec=dumps(spec.document), created_at=now
+            supervisor_id=spec.id, spec_hash=spec.spec_hash, spec=canonical_json(spec.document), created_at=now
         ))
 
     # -- leader lease -----------------------------------------------------------------
