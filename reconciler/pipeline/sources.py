@@ -31,7 +31,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from reconciler.spec.model import KafkaSource, RabbitSource, Source
+from reconciler.spec.model import (
+    KafkaSource,
+    RabbitSource,
+    Source,
+    source_from_document,
+    source_to_document,
+)
 from reconciler.streams.base import PartitionRange
 
 RECORD_DDL = "partition STRING, offset BIGINT, key BINARY, value BINARY, stream_time TIMESTAMP"
@@ -62,33 +68,7 @@ ARROW_SCHEMA = pa.schema(
 DEFAULT_MAX_BATCH_ROWS = 65536
 
 
-# --------------------------------------------------------------------------- documents
-
-
-def source_to_document(source: Source) -> dict[str, Any]:
-    """The spec's ``source`` document for a source (references kept verbatim)."""
-    if isinstance(source, KafkaSource):
-        return {
-            "type": "kafka",
-            "bootstrapServers": source.bootstrap_servers,
-            "topic": source.topic,
-            "consumerProperties": dict(source.consumer_properties),
-        }
-    if isinstance(source, RabbitSource):
-        return {"type": "rabbitmq", "uri": source.uri, "streams": list(source.streams)}
-    raise TypeError(f"unknown source type: {source!r}")
-
-
-def source_from_document(doc: Mapping[str, Any]) -> Source:
-    if doc.get("type") == "kafka":
-        return KafkaSource(
-            bootstrap_servers=doc["bootstrapServers"],
-            topic=doc["topic"],
-            consumer_properties=dict(doc.get("consumerProperties") or {}),
-        )
-    if doc.get("type") == "rabbitmq":
-        return RabbitSource(uri=doc["uri"], streams=tuple(doc["streams"]))
-    raise ValueError(f"unknown source type: {doc.get('type')!r}")
+# --------------------------------------------------------------------------- options
 
 
 def ranges_to_json(ranges: Iterable[PartitionRange]) -> str:

@@ -92,6 +92,33 @@ class RabbitSource:
 Source = KafkaSource | RabbitSource
 
 
+def source_from_document(doc: Mapping[str, Any]) -> Source:
+    """A spec's ``source`` document as a typed source (secret references kept verbatim)."""
+    if doc.get("type") == "kafka":
+        return KafkaSource(
+            bootstrap_servers=doc["bootstrapServers"],
+            topic=doc["topic"],
+            consumer_properties=dict(doc.get("consumerProperties") or {}),
+        )
+    if doc.get("type") == "rabbitmq":
+        return RabbitSource(uri=doc["uri"], streams=tuple(doc["streams"]))
+    raise ValueError(f"unknown source type: {doc.get('type')!r}")
+
+
+def source_to_document(source: Source) -> dict[str, Any]:
+    """The spec's ``source`` document for a source (references kept verbatim)."""
+    if isinstance(source, KafkaSource):
+        return {
+            "type": "kafka",
+            "bootstrapServers": source.bootstrap_servers,
+            "topic": source.topic,
+            "consumerProperties": dict(source.consumer_properties),
+        }
+    if isinstance(source, RabbitSource):
+        return {"type": "rabbitmq", "uri": source.uri, "streams": list(source.streams)}
+    raise TypeError(f"unknown source type: {source!r}")
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
@@ -148,15 +175,7 @@ class SupervisorSpec:
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> SupervisorSpec:
-        src = doc["source"]
-        if src["type"] == "kafka":
-            source: Source = KafkaSource(
-                bootstrap_servers=src["bootstrapServers"],
-                topic=src["topic"],
-                consumer_properties=dict(src.get("consumerProperties") or {}),
-            )
-        else:
-            source = RabbitSource(uri=src["uri"], streams=tuple(src["streams"]))
+        source = source_from_document(doc["source"])
         ds = doc["dataSchema"]
         ts = ds["timestamp"]
         gran = ds.get("granularity") or {}
