@@ -29,7 +29,7 @@ from typing import Any
 from reconciler.actual import ActualState, State, SupervisorRecord
 from reconciler.requests import ResetRequest, from_marker, from_stanza
 from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
-from reconciler.spec.model import KafkaSource, RabbitSource, Source, SupervisorSpec
+from reconciler.spec.model import KafkaSource, RabbitSource, Source, SupervisorSpec, file_stem
 
 
 class ActionKind(enum.StrEnum):
@@ -131,19 +131,11 @@ def desired_from_directory(state) -> Desired:
     invalid = {sid: (path, str(state.invalid[path])) for sid, path in state.invalid_ids.items() if path in state.invalid}
     markers = [(m.path, from_marker(m)) for m in state.markers]
     rejected = {path: str(err) for path, err in state.rejected_markers.items()}
-    marker_ids = {path: _marker_id(path) for path in rejected}
+    marker_ids = {path: file_stem(path) for path in rejected}
     invalid_paths = {path: str(err) for path, err in state.invalid.items()}
     return Desired(ok=state.ok, error=getattr(state, "error", None), specs=specs, invalid=invalid,
                    markers=markers, rejected_markers=rejected, marker_ids=marker_ids,
                    invalid_paths=invalid_paths)
-
-
-def _marker_id(path: str) -> str:
-    name = path.replace("\\", "/").rsplit("/", 1)[-1]
-    for suffix in (".reset.yaml", ".reset.yml"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 def plan(

@@ -36,14 +36,19 @@ from typing import Literal
 from reconciler.errors import SpecInvalid, SpecProblem
 from reconciler.spec import permissions, secrets
 from reconciler.spec.filecache import FileCache, FileKey
-from reconciler.spec.model import Marker, Position, SupervisorSpec
+from reconciler.spec.model import (
+    MARKER_SUFFIXES,
+    SPEC_SUFFIXES,
+    Marker,
+    Position,
+    SupervisorSpec,
+    file_stem,
+)
 from reconciler.spec.validate import load_schema, sort_problems, validate_document
 from reconciler.spec.yamlsafe import ParsedYaml, format_field, parse_yaml, read_limited
 
 FileKind = Literal["spec", "marker", "ignored"]
 
-MARKER_SUFFIXES = (".reset.yaml", ".reset.yml")
-SPEC_SUFFIXES = (".yaml", ".yml")
 _ID_LINE = re.compile(r"""^id:[ \t]*["']?([^"'\s#]+)""", re.MULTILINE)
 
 
@@ -95,9 +100,8 @@ def classify(path: str | os.PathLike[str]) -> FileKind:
 def marker_supervisor_id(path: str | os.PathLike[str]) -> str:
     """``clicks.reset.yaml`` -> ``clicks``."""
     name = os.path.basename(os.fspath(path))
-    for suffix in MARKER_SUFFIXES:
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
+    if name.lower().endswith(MARKER_SUFFIXES):
+        return file_stem(name)
     raise ValueError(f"not a marker file name: {name} (expected <id>.reset.yaml)")
 
 
@@ -286,7 +290,7 @@ def _directory_state(
     invalid_ids: dict[str, str] = {}
     for r in results:
         if r.problems:
-            invalid_ids.setdefault(r.id or _stem(r.path), r.path)
+            invalid_ids.setdefault(r.id or file_stem(r.path), r.path)
     warnings = tuple(w for r in results if not r.problems and r.spec for w in r.warnings)
     return DirectoryState(
         path=shown,
@@ -434,7 +438,7 @@ def _load_spec(
         parsed = parse_yaml(data, display)
     except SpecInvalid as exc:
         result.problems = exc.problems
-        result.id = _recover_id(data) or _stem(display)
+        result.id = _recover_id(data) or file_stem(display)
         return result
     _finish(result, parsed, now)
     return result
@@ -464,7 +468,7 @@ def _note_id(result: _SpecResult, parsed: ParsedYaml) -> None:
         result.id, result.id_from_document = value, True
         result.id_line = parsed.key_position(("id",))
     else:
-        result.id = _stem(result.path)
+        result.id = file_stem(result.path)
 
 
 def _flag_duplicate_ids(results: list[_SpecResult]) -> None:
@@ -513,11 +517,3 @@ def _read(display: str, root: str | os.PathLike[str] | None) -> bytes:
 def _recover_id(data: bytes) -> str | None:
     match = _ID_LINE.search(data.decode("utf-8", errors="replace")) if data else None
     return match.group(1) if match else None
-
-
-def _stem(path: str) -> str:
-    name = os.path.basename(path)
-    for suffix in (*MARKER_SUFFIXES, *SPEC_SUFFIXES):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name

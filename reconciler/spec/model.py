@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,11 @@ RESERVED_COLUMNS = ("__time", "time_chunk")  # written by the output itself: nev
 # could collide with one (the schema refuses it, see ``properties.id.not``).
 BACKFILL_ID = re.compile(r"^(?P<parent>.+)-backfill-(?P<n>[0-9]+)$")
 
+# File names in the watched directory: ``<id>.reset.yaml`` is a marker, ``<id>.yaml`` a spec.
+# Suffixes are compared case-insensitively everywhere (``Clicks.RESET.YAML`` is a marker).
+MARKER_SUFFIXES = (".reset.yaml", ".reset.yml")
+SPEC_SUFFIXES = (".yaml", ".yml")
+
 _DURATION = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -33,6 +39,21 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
     return float(m["n"]) * _UNIT_SECONDS[m["unit"]]
+
+
+def file_stem(path: str | os.PathLike[str]) -> str:
+    """The id a spec or marker file name claims: ``specs/clicks.reset.yaml`` -> ``clicks``.
+
+    The one place that strips the suffix (the loader, its id recovery and the plan's
+    rejected markers all use it): marker suffixes first, then spec suffixes, compared
+    case-insensitively, the rest kept as written; a name with neither is returned whole.
+    """
+    name = os.fspath(path).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    lower = name.lower()
+    for suffix in (*MARKER_SUFFIXES, *SPEC_SUFFIXES):
+        if lower.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 PositionKind = Literal["earliest", "latest", "timestamp", "offsets", "shiftBy"]

@@ -19,7 +19,7 @@ from reconciler.spec.loader import (
     marker_supervisor_id,
     spec_warnings,
 )
-from reconciler.spec.model import KafkaSource, Position, RabbitSource
+from reconciler.spec.model import KafkaSource, Position, RabbitSource, file_stem
 from reconciler.spec.yamlsafe import MAX_BYTES
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -102,6 +102,25 @@ def test_marker_supervisor_id():
     assert marker_supervisor_id("specs/clicks-rollup.reset.yaml") == "clicks-rollup"
     with pytest.raises(ValueError, match="expected <id>.reset.yaml"):
         marker_supervisor_id("clicks.yaml")
+
+
+@pytest.mark.parametrize(
+    ("path", "stem"),
+    [
+        ("specs/clicks.reset.yaml", "clicks"),
+        ("clicks.reset.yml", "clicks"),
+        ("specs/Clicks.RESET.YAML", "Clicks"),  # classify calls it a marker: so does the id
+        ("specs/clicks.YML", "clicks"),
+        ("clicks.yaml", "clicks"),
+        ("specs\\clicks.Reset.Yaml", "clicks"),
+        ("notes.txt", "notes.txt"),
+    ],
+)
+def test_file_stem_is_case_insensitive_like_classify(path, stem):
+    """One suffix rule for the loader, its id recovery and the plan's rejected markers (issue 16)."""
+    assert file_stem(path) == stem
+    if classify(path) == "marker":
+        assert marker_supervisor_id(path.replace("\\", "/")) == stem
 
 
 # --- load_spec_file -------------------------------------------------------------------
