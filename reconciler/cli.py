@@ -478,7 +478,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     try:
         if dry_run:
             pos, _ = capture(rec.spec, position, datetime.now(UTC))
-            current = fill_from(c.store.checkpoints(supervisor_id), pos)  # the reset transaction's rule
+            current = fill_from(c.store.checkpoints(supervisor_id), pos, rec.spec.start_from)  # the reset transaction's rule
             outcome = compute_reset(position, current, pos, backfill=backfill, allow_rewind=allow_rewind)
             doc = {"dryRun": True, "supervisor": supervisor_id, "position": position.to_document(),
                    "partitions": [p.to_dict() for p in outcome.partitions], "backfillRecords": outcome.backfill_records,

@@ -29,7 +29,14 @@ from typing import Any
 from reconciler.actual import ActualState, State, SupervisorRecord
 from reconciler.requests import ResetRequest, from_marker, from_stanza
 from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
-from reconciler.spec.model import KafkaSource, RabbitSource, Source, SupervisorSpec, file_stem
+from reconciler.spec.model import (
+    KafkaSource,
+    Position,
+    RabbitSource,
+    Source,
+    SupervisorSpec,
+    file_stem,
+)
 
 
 class ActionKind(enum.StrEnum):
@@ -354,10 +361,11 @@ def _with_preview(action: Action, actual: ActualState, positions: Mapping[str, P
     if pos is None:
         return action
     rec = actual.supervisors.get(req.supervisor_id)
-    if pos.start_from is None and rec is not None and rec.spec.start_from.kind in ("earliest", "latest"):
-        # positions handed in without startFrom offsets: earliest/latest need no lookup
-        start = pos.latest if rec.spec.start_from.kind == "latest" else pos.earliest
-        pos = Positions(pos.earliest, pos.latest, pos.for_time, start_from=start)
-    current = fill_from(actual.checkpoints.get(req.supervisor_id, {}), pos)
+    spec = rec.spec if rec is not None else action.spec
+    start_from = spec.start_from if spec is not None else Position("earliest")
+    try:
+        current = fill_from(actual.checkpoints.get(req.supervisor_id, {}), pos, start_from)
+    except ValueError:
+        return action  # startFrom: timestamp without its captured offsets: no preview rather than a wrong one
     preview = compute_reset(req.position, current, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)
     return Action(action.kind, action.supervisor_id, action.reason, action.spec, action.path, req, preview, action.error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from reconciler import resets
 from reconciler.errors import PermanentError
 from reconciler.resets import Positions
 from reconciler.spec.model import Position, SupervisorSpec
@@ -32,13 +33,16 @@ def resolve(adapter: StreamAdapter, position: Position, now: datetime) -> dict[s
 
 
 def start_offsets(adapter: StreamAdapter, spec: SupervisorSpec, now: datetime, latest=None, earliest=None) -> dict[str, int]:
-    """Where a partition without a checkpoint starts (``startFrom``)."""
+    """Where a partition without a checkpoint starts (``startFrom``): ``resets.start_offsets``
+    with what it needs asked of the broker (only what ``startFrom`` uses, once)."""
     kind = spec.start_from.kind
-    if kind == "latest":
-        return dict(latest if latest is not None else adapter.latest())
-    if kind == "timestamp":
-        return resolve(adapter, spec.start_from, now) or {}
-    return dict(earliest if earliest is not None else adapter.earliest())
+    at_time = (resolve(adapter, spec.start_from, now) or {}) if kind == "timestamp" else None
+    if kind == "latest" and latest is None:
+        latest = adapter.latest()
+    if kind not in ("latest", "timestamp") and earliest is None:
+        earliest = adapter.earliest()
+    captured = Positions(earliest=earliest or {}, latest=latest or {}, start_from=at_time)
+    return dict(resets.start_offsets(spec.start_from, captured) or {})
 
 
 def capture(spec: SupervisorSpec, position: Position, now: datetime) -> tuple[Positions, dict[str, int]]:

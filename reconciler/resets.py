@@ -129,9 +129,31 @@ def fill_missing(checkpoint: Mapping[str, int], earliest: Mapping[str, int],
     return out
 
 
-def fill_from(checkpoint: Mapping[str, int], positions: Positions) -> dict[str, int]:
-    """``fill_missing`` with what a capture found."""
-    return fill_missing(checkpoint, positions.earliest, positions.start_from)
+def start_offsets(start_from: Position, positions: Positions) -> Mapping[str, int] | None:
+    """Where ``startFrom`` puts a partition without a checkpoint, from what a capture found.
+
+    The captured ``positions.start_from`` when there is one (``positions.capture`` always
+    fills it); else ``earliest`` or ``latest`` of the capture. A ``timestamp`` needs the
+    broker's offsets at that time, which only a capture can ask for: None without them.
+    """
+    if positions.start_from is not None:
+        return positions.start_from
+    if start_from.kind == "latest":
+        return positions.latest
+    if start_from.kind == "timestamp":
+        return None
+    return positions.earliest
+
+
+def fill_from(checkpoint: Mapping[str, int], positions: Positions, start_from: Position) -> dict[str, int]:
+    """``fill_missing`` with what a capture found and the spec's ``startFrom``: the plan
+    preview, ``reset --dry-run`` and (through ``positions.capture``) the reset transaction
+    fill alike. ``ValueError`` for a supervisor that never had a checkpoint whose
+    ``startFrom: timestamp`` offsets were not captured (no guess from earliest)."""
+    initial = start_offsets(start_from, positions)
+    if initial is None and not checkpoint:
+        raise ValueError(f"startFrom {start_from}: the offsets at that time were not captured")
+    return fill_missing(checkpoint, positions.earliest, initial)
 
 
 def _target(position: Position, partition: str, c: int, pos: Positions) -> int:

@@ -692,6 +692,14 @@ def test_preview_honours_start_from_timestamp():
     assert [(p.checkpoint, p.backfill) for p in a.preview.partitions] == [(70, 30), (20, 30)]
 
 
+def test_no_preview_of_start_from_timestamp_without_its_offsets():
+    """Positions handed in without the startFrom offsets: no preview, never one filled from earliest."""
+    s = spec("a", startFrom={"timestamp": "2026-11-20T10:00:00Z"})
+    pos = {"a": Positions(earliest={"0": 0, "1": 0}, latest={"0": 100, "1": 50})}
+    [a] = plan(desired(s), actual(record(s)), [marker("a")[1]], NOW, positions=pos).actions
+    assert a.preview is None
+
+
 def test_preview_of_a_partition_gone_is_an_error():
     pos = {"a": Positions(earliest={"0": 0}, latest={"0": 100})}
     [a] = plan(desired(A), actual(record(A), checkpoints={"a": {"0": 40, "1": 50}}), [marker("a")[1]], NOW,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.resets import PartitionReset, Positions, compute_reset
+from reconciler.resets import PartitionReset, Positions, compute_reset, fill_from, start_offsets
 from reconciler.spec.model import Position
 
 # Two partitions: "0" has records [0, 100), "1" has [10, 60).
@@ -189,3 +189,34 @@ def test_to_dict_fields():
         "partition": "0", "checkpoint": 40, "earliest": 0, "latest": 100, "new": 100,
         "backfill": 60, "skipped": 0, "reread": 0, "lost": 0,
     }
+
+
+# --------------------------------------------------------------------------- filling missing checkpoints (issue 16)
+
+CAPTURED = Positions(earliest={"0": 0, "1": 0}, latest={"0": 100, "1": 50})
+TIMESTAMP = Position("timestamp", timestamp="2026-11-20T10:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("start_from", "filled"),
+    [
+        (Position("earliest"), {"0": 0, "1": 0}),
+        (Position("latest"), {"0": 100, "1": 50}),
+    ],
+)
+def test_fill_from_a_never_started_supervisor_follows_start_from(start_from, filled):
+    assert fill_from({}, CAPTURED, start_from) == filled
+
+
+def test_fill_from_honours_captured_start_from_timestamp_offsets():
+    pos = Positions(CAPTURED.earliest, CAPTURED.latest, start_from={"0": 70, "1": 20})
+    assert start_offsets(TIMESTAMP, pos) == {"0": 70, "1": 20}
+    assert fill_from({}, pos, TIMESTAMP) == {"0": 70, "1": 20}
+
+
+def test_fill_from_never_guesses_a_timestamp_it_was_not_given():
+    assert start_offsets(TIMESTAMP, CAPTURED) is None
+    with pytest.raises(ValueError, match="not captured"):
+        fill_from({}, CAPTURED, TIMESTAMP)
+    # once started, startFrom no longer matters: a new partition is read from earliest
+    assert fill_from({"0": 40}, CAPTURED, TIMESTAMP) == {"0": 40, "1": 0}
