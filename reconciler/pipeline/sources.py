@@ -22,14 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import (
-    BinaryType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 from reconciler.spec.model import (
     KafkaSource,
@@ -38,32 +32,15 @@ from reconciler.spec.model import (
     source_from_document,
     source_to_document,
 )
-from reconciler.streams.base import PartitionRange
-
-RECORD_DDL = "partition STRING, offset BIGINT, key BINARY, value BINARY, stream_time TIMESTAMP"
-
-SPARK_RECORD_SCHEMA = StructType(
-    [
-        StructField("partition", StringType(), True),
-        StructField("offset", LongType(), True),
-        StructField("key", BinaryType(), True),
-        StructField("value", BinaryType(), True),
-        StructField("stream_time", TimestampType(), True),
-    ]
-)
+from reconciler.streams.base import PartitionRange, record_schema
 
 # What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
 # same as RECORD_SCHEMA except that Spark timestamps are microseconds, and it compares
 # with ``Schema.equals`` (types and nullability), so batches are cast to exactly this.
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("partition", pa.string()),
-        pa.field("offset", pa.int64()),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("stream_time", pa.timestamp("us", tz="UTC")),
-    ]
-)
+ARROW_SCHEMA = record_schema("us")
+
+# The data sources' Spark schema, derived from the same definition.
+SPARK_RECORD_SCHEMA = from_arrow_schema(ARROW_SCHEMA)
 
 DEFAULT_MAX_BATCH_ROWS = 65536
 

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from reconciler.spec.model import VIRTUAL_COLUMNS, DataSchema, Metric
+from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"
 SEGMENT = "time_chunk"
@@ -211,7 +212,7 @@ def parse(
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
     )
     ts_name = data_schema.timestamp_column
-    raw = ["partition", "offset", "key", "value", "stream_time"]
+    raw = list(RECORD_COLUMNS)
     if observation is None:
         with_json = df.select(*raw, F.inline(F.array(F.struct(parsed.alias(_PARSED)))))
     else:

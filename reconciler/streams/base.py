@@ -20,25 +20,38 @@ if TYPE_CHECKING:  # pyarrow costs a quarter of a second to import: status, plan
     import pyarrow as pa
 
 
-def _record_schema() -> pa.Schema:
+# The records every reader yields: the one definition of the record schema (issue 16).
+# ``RECORD_SCHEMA`` (the readers', ms timestamps), the Spark data sources' Arrow and Spark
+# schemas (``pipeline.sources``, us timestamps) and the transform's raw columns derive from it.
+_RECORD_FIELDS = (
+    ("partition", "string"),
+    ("offset", "int64"),
+    ("key", "binary"),
+    ("value", "binary"),
+    ("stream_time", "timestamp"),  # UTC
+)
+RECORD_COLUMNS = tuple(name for name, _ in _RECORD_FIELDS)
+
+
+def record_schema(time_unit: str = "ms") -> pa.Schema:
+    """The record schema in Arrow, its ``stream_time`` in ``time_unit`` (ms: the readers;
+    us: what Spark's Python data sources hand over)."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("partition", pa.string()),
-            ("offset", pa.int64()),
-            ("key", pa.binary()),
-            ("value", pa.binary()),
-            ("stream_time", pa.timestamp("ms", tz="UTC")),
-        ]
-    )
+    types = {
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "binary": pa.binary(),
+        "timestamp": pa.timestamp(time_unit, tz="UTC"),
+    }
+    return pa.schema([(name, types[kind]) for name, kind in _RECORD_FIELDS])
 
 
 def __getattr__(name: str) -> Any:
     """``RECORD_SCHEMA`` is built (and pyarrow imported) on first use: the readers and the
     Spark sources use it, the control plane (store, plan, status) never does."""
     if name == "RECORD_SCHEMA":
-        schema = globals()["RECORD_SCHEMA"] = _record_schema()
+        schema = globals()["RECORD_SCHEMA"] = record_schema("ms")
         return schema
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -20,7 +20,7 @@ from reconciler.pipeline.sources import (
     split_ranges,
 )
 from reconciler.spec.model import KafkaSource, RabbitSource
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_COLUMNS, RECORD_SCHEMA, PartitionRange
 
 R = PartitionRange
 
@@ -112,6 +112,17 @@ def test_conform_casts_to_spark_arrow_schema(fakes):
         c.column("stream_time").cast(pa.timestamp("ms", tz="UTC")).equals(b.column("stream_time"))
     )
     assert conform(c) is c
+
+
+def test_one_record_schema_the_others_derived():
+    """RECORD_SCHEMA, ARROW_SCHEMA and the Spark schema are one definition (issue 16)."""
+    assert tuple(RECORD_SCHEMA.names) == tuple(ARROW_SCHEMA.names) == RECORD_COLUMNS
+    assert tuple(sources.SPARK_RECORD_SCHEMA.fieldNames()) == RECORD_COLUMNS
+    assert ARROW_SCHEMA.field("stream_time").type == pa.timestamp("us", tz="UTC")
+    assert RECORD_SCHEMA.field("stream_time").type == pa.timestamp("ms", tz="UTC")
+    assert sources.SPARK_RECORD_SCHEMA.simpleString() == (
+        "struct<partition:string,offset:bigint,key:binary,value:binary,stream_time:timestamp>"
+    )
 
 
 # --------------------------------------------------------------------------- through Spark
