@@ -20,14 +20,8 @@ class ReconcilerError(Exception):
 
 
 class RetryableError(ReconcilerError):
-    """A transient failure: the same operation may succeed after a delay."""
-
-    def __init__(self, message: str, *, retry_after: float | None = None):
-        # ``retry_after`` is accepted and ignored: nothing ever read it (callers back off on
-        # their own schedule). Kept only until pipeline/spark.py and streams/kafka.py stop
-        # passing it; then remove the parameter.
-        del retry_after
-        super().__init__(message)
+    """A transient failure: the same operation may succeed after a delay (callers back off
+    on their own schedule)."""
 
 
 class PermanentError(ReconcilerError):

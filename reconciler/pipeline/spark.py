@@ -291,7 +291,7 @@ def _build(master: str, app_name: str, conf: dict[str, Any], shared_dir) -> Spar
         _require_connect_packages(master)
     reason = unreachable_reason(master)
     if reason:
-        raise SparkUnavailable(reason, retry_after=5.0)
+        raise SparkUnavailable(reason)
     settings: dict[str, str] = dict(SQL_CONF)
     settings["spark.sql.shuffle.partitions"] = str(2 * _cores(master))
     try:
@@ -302,7 +302,7 @@ def _build(master: str, app_name: str, conf: dict[str, Any], shared_dir) -> Spar
     except Exception as exc:  # the JVM's or gRPC's words: say which cluster, keep the detail
         gone = failure_reason(exc, master)
         if gone:
-            raise SparkUnavailable(gone, retry_after=5.0) from exc
+            raise SparkUnavailable(gone) from exc
         raise
     try:
         from reconciler.pipeline.sources import register
@@ -472,7 +472,7 @@ def translate_failure(exc: BaseException) -> BaseException:
     with _lock:
         if _session is not None:
             _lost = reason
-    return SparkUnavailable(reason, retry_after=5.0)
+    return SparkUnavailable(reason)
 
 
 def _watch(session: SparkSession, master: str) -> None:

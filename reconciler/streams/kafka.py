@@ -166,12 +166,11 @@ class _Config:
         if err is not None and err.code() in _UNREACHABLE:
             return RetryableError(
                 f"{doing}: cannot reach {where} within {self.timeout:g}s ({text}); check "
-                "bootstrapServers, that the brokers are up, and network/TLS settings",
-                retry_after=min(5.0, self.timeout),
+                "bootstrapServers, that the brokers are up, and network/TLS settings"
             )
         if err is not None and not err.retriable() and err.fatal():
             return PermanentError(f"{doing}: {where}: {text}")
-        return RetryableError(f"{doing}: {where}: {text}", retry_after=min(5.0, self.timeout))
+        return RetryableError(f"{doing}: {where}: {text}")
 
 
 def _err_text(exc: BaseException) -> str:
