@@ -144,6 +144,7 @@ def write_batch(
     data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
     if SEGMENT not in df.columns:
         raise ValueError(f"the frame has no {SEGMENT} column: {df.columns}")
+    _activate(spark)
     df.write.format(sink.NAME).mode("append").options(**sink.options(data_dir, SEGMENT)).save()
     known_dead = dead_count() if dead_count is not None else None
     if dead_df is not None and known_dead != 0:
@@ -157,6 +158,18 @@ def write_batch(
         fsync_all(paths, dirs)
     return WrittenBatch(batch_id, tuple(files), tuple(dead_files),
                         input_rows() if input_rows is not None else None)
+
+
+def _activate(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of this thread's JVM twin.
+
+    A write looks Python data sources up in the JVM thread's active session, and each
+    Python thread talks to its own JVM thread, where none is set (reads look them up in
+    the frame's session): without this a runtime thread's first write fails with
+    DATA_SOURCE_NOT_FOUND. Spark Connect sets it per request on the server."""
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is not None:
+        spark._jvm.SparkSession.setActiveSession(jsession)
 
 
 def discard(*dirs: str | os.PathLike[str]) -> None:

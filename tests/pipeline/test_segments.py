@@ -94,3 +94,16 @@ def test_written_batch_totals():
                          (seg.DataFile("/d", None, 1, 10),))
     assert (w.rows, w.dead_rows, w.bytes) == (7, 1, 80)
     assert Path(w.files[0].path).name == "a"
+
+
+@pytest.mark.spark
+def test_a_batch_written_from_a_new_thread_finds_the_sink(spark, tmp_path):
+    # Runtimes write from pool threads, each with its own JVM thread: the sink must be found there too.
+    import threading
+
+    good, dead = frames(spark, n=20)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(seg.write_batch(spark, good, dead, tmp_path / "d", tmp_path / "dl", "b3")))
+    t.start()
+    t.join()
+    assert [w.rows for w in out] == [20]
