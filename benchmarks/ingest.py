@@ -78,21 +78,27 @@ def _spec(sid: str, source: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verify(segments: Path, datasource: str, n: int) -> dict[str, Any]:
-    """Rows and distinct ids in the datasource's Parquet data files (Hive-style segments, or
-    an Iceberg table's ``data/``: a fresh run commits every file it leaves there)."""
+    """Rows and distinct ids in the datasource's table, read through the catalog (the
+    current snapshot's files only), from the SQLite database beside ``segments``."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
-    roots = [segments / datasource, *segments.glob(f"*/{datasource}")]  # pyiceberg: <warehouse>/<ns>.db/<table>
-    files = sorted(str(p) for root in roots if root.is_dir() for p in root.rglob("*.parquet")
-                   if "metadata" not in p.relative_to(root).parts)
-    table = ds.dataset(files, format="parquet").to_table(columns=["id"]) if files else None
+    from reconciler.store.engine import create_engine
+    from reconciler.table.catalog import Tables
+
+    db = segments.parent / "reconciler.db"
+    tables = Tables(create_engine(f"sqlite:///{db}"), segments)
+    try:
+        t = tables.load(datasource)
+        files = len(t.inspect.files()) if t is not None else 0
+        table = t.scan(selected_fields=("id",)).to_arrow() if t is not None else None
+    finally:
+        tables.catalog.engine.dispose()
     rows = table.num_rows if table is not None else 0
     distinct = pc.count_distinct(table["id"]).as_py() if table is not None else 0
     ok = rows == n and distinct == n
     if not ok:
         log.error("verification FAILED for %s: %d rows, %d distinct ids, expected %d", datasource, rows, distinct, n)
-    return {"rows": rows, "distinct_ids": distinct, "files": len(files), "exactly_once": ok}
+    return {"rows": rows, "distinct_ids": distinct, "files": files, "exactly_once": ok}
 
 
 # --------------------------------------------------------------------------- naive pipelines

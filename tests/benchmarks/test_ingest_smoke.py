@@ -1,0 +1,30 @@
+"""``benchmarks/ingest.py`` runs end to end (issue 12's smoke test): 100,000 records on
+Kafka, every figure reported, every product run exactly once. No speed threshold: speed
+is read from the benchmark's JSON, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_ingest_benchmark_reports_every_figure_with_exactly_once():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ingest.py"), "--records", "100000",
+                           "--system", "kafka"], cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    kafka = doc["kafka"]
+    for figure in ("raw_consume", "naive_pipeline", "product_cold", "product_warm"):
+        assert kafka[figure]["records"] == 100_000 and kafka[figure]["records_per_s"] > 0, figure
+    for run in ("product_cold", "product_warm"):
+        assert kafka[run]["verify"] == {**kafka[run]["verify"], "rows": 100_000, "distinct_ids": 100_000,
+                                        "exactly_once": True}, run
+    assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive"}
