@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import Observation
 
         from reconciler.pipeline.batch import read_ranges
-        from reconciler.pipeline.spark import get_session, stop_session
         from reconciler.pipeline.segments import write_batch
+        from reconciler.pipeline.spark import get_session, stop_session
         from reconciler.pipeline.transform import good_rows, parse
         from reconciler.spec.model import SupervisorSpec
         from reconciler.streams.base import PartitionRange

@@ -141,7 +141,11 @@ def test_killed_during_reset_and_backfill(spark, tmp_path, request, point, trigg
         if point in ("before-commit", "after-commit"):
             bf = h.batches(s, f"{SID}-backfill-1")
             assert [b["status"] for b in bf] == ([] if point == "before-commit" else ["committed"])
-            assert h.staging_leftovers(s)  # the killed batch's files (orphan, or committed but not moved)
+            if point == "before-commit":
+                assert h.staging_leftovers(s)  # the killed batch's files: written, never committed
+            else:  # committed: its files are the table's, nothing to recover for it
+                assert bf[0]["batch_id"] not in {p.split("batch=", 1)[1] for p in h.staging_leftovers(s)}
+                assert list((s.segments_dir / "default" / SID).glob(f"data/batch={bf[0]['batch_id']}/*/*.parquet"))
 
         # Restart (the daemon in this process), with more records arriving meanwhile.
         src.produce(N1 + N2, N3)
