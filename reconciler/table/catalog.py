@@ -106,11 +106,19 @@ class _StagingCatalog(SqlCatalog):
         out: list[TableCommit] | None = getattr(self._staging, "out", None)
         if out is None:
             return super().commit_table(table, requirements, updates)
-        staged = self._update_and_stage_table(table, table.name(), requirements, updates)
+        # The compare-and-swap must expect exactly the version the new metadata was built
+        # on: read both once, before staging (pyiceberg re-reads ``table`` several times).
+        base_location, base = table.metadata_location, table.metadata
+        current = Table(identifier=table.name(), metadata=base, metadata_location=base_location,
+                        io=table.io, catalog=self)
+        staged = self._update_and_stage_table(current, table.name(), requirements, updates)
+        log_ = staged.metadata.metadata_log
+        if not log_ or log_[-1].metadata_file != base_location:
+            raise TableConflict(f"table {table.name()[-1]}: staged on a version other than {base_location}")
         self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
         after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=staged.metadata_location,
                       io=staged.io, catalog=self)
-        out.append(TableCommit(table.name()[-1], table.metadata_location, staged.metadata_location, after))
+        out.append(TableCommit(table.name()[-1], base_location, staged.metadata_location, after))
         return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
 
 
@@ -143,9 +151,10 @@ class Tables:
         self._lock = threading.Lock()
         self._namespace_ready = False
         self._engine = engine
-        # name -> the table at its last known metadata location. Reading a metadata file costs
-        # more the longer the table's history; a cheap pointer query says whether it moved.
-        self._known: dict[str, Table] = {}
+        # name -> (metadata location, metadata, io) last seen: immutable, shared by threads.
+        # Reading a metadata file costs more the longer the table's history; a cheap pointer
+        # query says whether it moved.
+        self._known: dict[str, tuple] = {}
 
     # -- tables -----------------------------------------------------------------------
 
@@ -191,17 +200,22 @@ class Tables:
                 "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c AND table_namespace = :n "
                 "AND table_name = :t"), {"c": CATALOG, "n": NAMESPACE, "t": name}).scalar()
         known = self._known.get(name)
-        if known is not None and location is not None and known.metadata_location == location:
-            return known
-        table = self.catalog.load_table((NAMESPACE, name))
-        self._known[name] = table
-        return table
+        if known is None or location is None or known[0] != location:
+            table = self.catalog.load_table((NAMESPACE, name))
+            known = (table.metadata_location, table.metadata, table.io)
+            self._known[name] = known
+        # A private Table each time: pyiceberg's commit assigns the staged (not yet
+        # published) metadata to the Table it committed on, and two runtimes publish to one
+        # table from two threads. A shared Table let one stage on the other's unpublished
+        # version and compare-and-swap against it, dropping a committed snapshot.
+        return Table(identifier=(NAMESPACE, name), metadata=known[1], metadata_location=known[0], io=known[2],
+                     catalog=self.catalog)
 
     def committed(self, commits: Sequence[TableCommit]) -> None:
         """The publish of ``commits`` succeeded: their staged tables are the tables now."""
         for tc in commits:
             if tc.staged is not None:
-                self._known[tc.table] = tc.staged
+                self._known[tc.table] = (tc.new, tc.staged.metadata, tc.staged.io)
 
     def data_dir(self, table: Table, batch_id: str) -> Path:
         """Where one batch's data files are written (unreferenced until the publish)."""

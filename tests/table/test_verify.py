@@ -191,3 +191,52 @@ def test_verify_still_covers_the_offsets_of_expired_snapshots(setup):
     assert report["ok"] and report["findings"] == []
     assert report["coverage"] == [{"supervisor": "clicks", "partition": "0", "start": 0, "end": 40, "batches": 2}]
     assert report["deep"]["rows"] == 40 and report["deep"]["duplicateOffsets"] == 0
+
+
+def test_two_writers_sharing_one_catalog_never_drop_a_committed_snapshot(setup):
+    """A daemon's main and backfill runtimes publish to one table from two threads through
+    one ``Tables``. Every batch the database committed must be in the table's lineage: a
+    Table object shared between the threads once let one writer stage on the other's
+    unpublished version and compare-and-swap against it, silently dropping a snapshot."""
+    import threading
+
+    s, store, tables = setup
+    rounds = 12
+    gate = threading.Barrier(2, timeout=60)
+    errors: list[BaseException] = []
+
+    def writer(sid: str) -> None:
+        try:
+            for i in range(rounds):
+                batch, start = f"{sid}-{i}", i * 10
+                path = _write(tables, batch, "0", start, start + 10)
+                summary = {cat.SUPERVISOR: sid, cat.BATCH: batch, cat.EPOCH: "1",
+                           cat.RANGES: json.dumps([["0", start, start + 10]])}
+                gate.wait()  # both stage at the same moment: the race the daemon runs into
+                while True:
+                    commit = tables.stage_append("clicks", [path], summary, schema=SCHEMA, granularity="hour")
+                    try:
+                        store.publish(supervisor_id=sid, epoch=1, batch_id=batch, datasource="clicks",
+                                      ranges=[PartitionRange("0", start, start + 10)],
+                                      files=[SegmentFile("x", "", "", path, 10, 1)], records=10, unparseable=0,
+                                      table_commits=[commit])
+                    except TableConflict:
+                        continue
+                    tables.committed([commit])
+                    break
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            gate.abort()
+
+    threads = [threading.Thread(target=writer, args=(sid,)) for sid in ("clicks", "other")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    table = tables.load("clicks")
+    in_table = {b.batch_id for b in batch_snapshots(table)}
+    committed = {f"{sid}-{i}" for sid in ("clicks", "other") for i in range(rounds)}
+    assert store.committed_batch_ids(committed) == committed
+    assert in_table == committed, f"committed but not in the table: {sorted(committed - in_table)}"
+    assert table.scan().to_arrow().num_rows == 2 * rounds * 10
