@@ -19,7 +19,9 @@ d. ``product_warm``: the daemon in this process after a small warm-up run, so th
    SparkSession and its Python workers already exist (a long-running daemon's state).
 
 Every product run is verified: the committed Parquet holds exactly N rows and N
-distinct ids. ``ratios`` divides the product's rates by a and b.
+distinct ids. ``ratios`` divides the product's rates by a and b. ``peak_rss_mib`` is
+the largest resident memory of the daemon's process tree (Python, the Spark JVM, its
+Python workers; brokers excluded) sampled every 0.25 s during the run.
 
 Usage: ``.venv/bin/python benchmarks/ingest.py [--records N] [--system kafka|rabbitmq|both]``
 """
@@ -45,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _raw_consume import raw_kafka_consume_rate, raw_rabbit_consume_rate  # noqa: E402
+from _rss import PeakRss, descendants  # noqa: E402
 
 import devservices  # noqa: E402  (the checkout's service launchers, not part of the package)
 
@@ -207,18 +210,22 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
            "RECONCILER_HTTP": "", "RECONCILER_CONFIG": os.devnull, "RECONCILER_TICK_INTERVAL": "1",
            "PYSPARK_PYTHON": sys.executable, "RECONCILER_SPARK_CONF": ";".join(SPARK_CONF)}
     started = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).with_name("reconciler")), "run", "--until-caught-up",
-                           "--timeout", "900"], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("reconciler")), "run", "--until-caught-up",
+                             "--timeout", "900"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    with PeakRss(proc.pid) as peak:  # the daemon, its Spark JVM and the JVM's Python workers
+        _, stderr = proc.communicate()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise RuntimeError(f"reconciler run exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"reconciler run exited {proc.returncode}:\n{stderr[-4000:]}")
     batch_s = [float(m[1]) for m in re.finditer(r"published: \d+ records \(\d+ unparseable\) in ([0-9.]+)s",
-                                                 proc.stderr)]
+                                                 stderr)]
     out = _rate(n, wall)
     out["batches"] = len(batch_s)
     out["batch_seconds"] = round(sum(batch_s), 3)
     out["batch_records_per_s"] = round(n / sum(batch_s), 1) if batch_s else None
     out["outside_batches_seconds"] = round(wall - sum(batch_s), 3)
+    out["peak_rss_mib"] = peak.mib
     out["verify"] = _verify(state / "segments", sid, n)
     return out
 
@@ -242,9 +249,12 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
             raise RuntimeError(f"in-process daemon exited {code}")
         return time.perf_counter() - t, s.segments_dir
 
+    brokers = descendants(os.getpid())  # started before the daemon: not the product's memory
     run("warmup", f"{sid}-warmup", warmup_source)
-    seconds, segments = run("warm", sid, source)
+    with PeakRss(os.getpid(), exclude=brokers) as peak:
+        seconds, segments = run("warm", sid, source)
     out = _rate(n, seconds)
+    out["peak_rss_mib"] = peak.mib  # this process (with the benchmark's own data) + JVM + workers
     out["verify"] = _verify(segments, sid, n)
     return out
 

@@ -88,4 +88,5 @@ def run_batch(
         batch_id,
         dead_count=lambda: _observed(obs, "dead"),
         input_rows=lambda: _observed(obs, "records"),
+        input_bytes=lambda: _observed(obs, "bytes"),
     )

@@ -52,6 +52,7 @@ class WrittenBatch:
     files: tuple[DataFile, ...]
     dead_files: tuple[DataFile, ...]
     input_rows: int | None = None  # records read, when observed during the write
+    input_bytes: int | None = None  # their keys' and values' bytes, likewise
 
     @property
     def rows(self) -> int:
@@ -131,6 +132,7 @@ def write_batch(
     *,
     dead_count: Callable[[], int | None] | None = None,
     input_rows: Callable[[], int | None] | None = None,
+    input_bytes: Callable[[], int | None] | None = None,
     fsync: bool = True,
 ) -> WrittenBatch:
     """Write a batch's rows under ``data_dir`` and its dead letters under ``dead_dir``.
@@ -157,7 +159,8 @@ def write_batch(
         dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent}
         fsync_all(paths, dirs)
     return WrittenBatch(batch_id, tuple(files), tuple(dead_files),
-                        input_rows() if input_rows is not None else None)
+                        input_rows() if input_rows is not None else None,
+                        input_bytes() if input_bytes is not None else None)
 
 
 def _activate(spark: SparkSession) -> None:

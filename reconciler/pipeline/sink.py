@@ -27,6 +27,9 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 NAME = "reconciler_parquet"
 COMMITTED = "_committed.json"
 ROW_GROUP_ROWS = 131_072  # rows buffered per file before a row group is written
+# Rows a task holds before writing, across all its files: a batch spread over hundreds of
+# time chunks would otherwise keep each chunk's rows (under ROW_GROUP_ROWS) until the end.
+PENDING_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -113,25 +116,36 @@ class _Writer(DataSourceArrowWriter):
 class _Files:
     """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
 
-    def __init__(self, root: Path, stem: str, column: str | None):
+    def __init__(self, root: Path, stem: str, column: str | None, pending_bytes: int = PENDING_BYTES):
         self.root, self.stem, self.column = root, stem, column
         self.writers: dict[Any, Any] = {}
         self.pending: dict[Any, list] = {}
+        self.pending_rows: dict[Any, int] = {}
+        self.pending_size: dict[Any, int] = {}
         self.names: dict[Any, str] = {}
+        self.limit = pending_bytes
+        self.held = 0  # bytes buffered across all values
 
     def add(self, value: Any, batch: Any) -> None:
         if not batch.num_rows:
             return
-        pending = self.pending.setdefault(value, [])
-        pending.append(batch)
-        if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+        self.pending.setdefault(value, []).append(batch)
+        self.pending_rows[value] = self.pending_rows.get(value, 0) + batch.num_rows
+        size = batch.nbytes
+        self.pending_size[value] = self.pending_size.get(value, 0) + size
+        self.held += size
+        if self.pending_rows[value] >= ROW_GROUP_ROWS:
             self._flush(value)
+        while self.held > self.limit and self.pending:  # a smaller row group, not more memory
+            self._flush(max(self.pending_size, key=self.pending_size.__getitem__))
 
     def _flush(self, value: Any) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         batches = self.pending.pop(value, [])
+        self.pending_rows.pop(value, None)
+        self.held -= self.pending_size.pop(value, 0)
         if not batches:
             return
         table = pa.Table.from_batches(batches)

@@ -200,7 +200,7 @@ def parse(
     through a Project by substituting aliases, which would run ``from_json`` once per
     reference (3-4x slower), so the parse sits below a node it cannot push through:
     with an ``observation`` the ``CollectMetrics`` node that fills it (``records``
-    and ``dead`` counts, free of charge); without one a Generate (``inline`` of a
+    and ``dead`` counts and record ``bytes``, nearly free); without one a Generate (``inline`` of a
     one-element array), which costs about a fifth more than the plain parse.
     """
     if data_schema.format != "json":
@@ -246,6 +246,8 @@ def parse(
             observation,
             F.count(F.lit(1)).alias("records"),
             F.count(F.col(_REASON)).alias("dead"),
+            F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0)))
+            .alias("bytes"),
         )
     return out
 

@@ -4,6 +4,8 @@
 (main supervisors) or the bounded end (backfills), and the batch-wide budget
 ``maxBatchRecords`` is shared so that no partition starves: every lagging partition
 gets an equal share, and shares unused by short partitions go to the others.
+``maxBatchBytes`` becomes a record budget through the mean record size seen so far
+(``batch_budget``): offsets carry no size, so bytes can only be estimated.
 """
 
 from __future__ import annotations
@@ -11,6 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from reconciler.streams.base import PartitionRange
+
+
+ASSUMED_RECORD_BYTES = 512  # before a supervisor's first batch has measured its records
+
+
+def batch_budget(max_records: int, max_bytes: int, record_bytes: float | None) -> int:
+    """Records in the next batch: ``max_records``, or fewer when that many records of the
+    mean size seen (``record_bytes``; ``ASSUMED_RECORD_BYTES`` before any) exceed ``max_bytes``."""
+    size = record_bytes if record_bytes and record_bytes > 0 else ASSUMED_RECORD_BYTES
+    return max(1, min(max_records, int(max_bytes // size)))
 
 
 def cut_ranges(checkpoint: Mapping[str, int], target: Mapping[str, int], max_records: int) -> list[PartitionRange]:

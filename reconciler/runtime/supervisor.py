@@ -26,7 +26,7 @@ from reconciler.actual import DetailedState, State, SupervisorRecord
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
 from reconciler.positions import start_offsets
-from reconciler.runtime.batching import caught_up, cut_ranges
+from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
 
@@ -77,6 +77,7 @@ class SupervisorRuntime:
     _reported: tuple | None = None
     _retention_checked: float = 0.0
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
+    _record_bytes: float | None = None  # mean key + value bytes of the records read so far
 
     def reconsider(self) -> None:
         """The spec or the epoch changed: forget past failures and look at retention again."""
@@ -130,7 +131,8 @@ class SupervisorRuntime:
         checkpoint, blocked = self._past_retention(rec, spec, adapter, checkpoint, target)
         if blocked:
             return blocked
-        ranges = cut_ranges(checkpoint, target, spec.max_batch_records)
+        ranges = cut_ranges(checkpoint, target,
+                            batch_budget(spec.max_batch_records, spec.max_batch_bytes, self._record_bytes))
         self._report(rec, State.RUNNING, DetailedState.RUNNING, None)
         records = self._run_batch(rec, spec, ranges)
         self.failures = 0
@@ -228,6 +230,10 @@ class SupervisorRuntime:
             self._discard_unless_committed(batch_id, data_dir, dead_dir)
             raise
         faults.crash_point("after-commit", rec.id)
+        if written.input_rows and written.input_bytes is not None:
+            mean = written.input_bytes / written.input_rows
+            # weighted toward the latest batch: record sizes drift with the producers
+            self._record_bytes = mean if self._record_bytes is None else 0.3 * self._record_bytes + 0.7 * mean
         elapsed = time.monotonic() - started
         if self.ctx.metrics:
             self.ctx.metrics.batch_done(rec.id, records, written.dead_rows, elapsed)

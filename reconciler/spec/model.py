@@ -41,6 +41,22 @@ def parse_duration(text: str) -> float:
     return float(m["n"]) * _UNIT_SECONDS[m["unit"]]
 
 
+_SIZE = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>B|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)?$")
+_UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+               "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+DEFAULT_MAX_BATCH_BYTES = 512 << 20
+
+
+def parse_size(value: int | str) -> int:
+    """``"512MiB"`` -> 536870912; a plain number is bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _SIZE.match(str(value).strip())
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 64MiB, 512MiB, 2GiB, or a number of bytes)")
+    return int(float(m["n"]) * _UNIT_BYTES[m["unit"]])
+
+
 def file_stem(path: str | os.PathLike[str]) -> str:
     """The id a spec or marker file name claims: ``specs/clicks.reset.yaml`` -> ``clicks``.
 
@@ -181,6 +197,7 @@ class SupervisorSpec:
     task_count: int = 1
     task_duration: float = 30.0  # seconds
     max_batch_records: int = 1_000_000
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     backfill: BackfillStanza | None = None
     # A changed source identity (topic, cluster, vhost, removed streams) drops the old
     # checkpoints and starts from startFrom only when this says so; refused otherwise.
@@ -233,6 +250,7 @@ class SupervisorSpec:
             task_count=int(doc.get("taskCount", 1)),
             task_duration=parse_duration(str(doc.get("taskDuration", "30s"))),
             max_batch_records=int(doc.get("maxBatchRecords", 1_000_000)),
+            max_batch_bytes=parse_size(doc.get("maxBatchBytes", DEFAULT_MAX_BATCH_BYTES)),
             backfill=backfill,
             fresh_start=bool(doc.get("freshStart", False)),
             on_retention_loss=doc.get("onRetentionLoss", "unhealthy"),

@@ -28,3 +28,5 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
         assert kafka[run]["verify"] == {**kafka[run]["verify"], "rows": 100_000, "distinct_ids": 100_000,
                                         "exactly_once": True}, run
     assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive"}
+    for run in ("product_cold", "product_warm"):  # sampled, and the JVM counted (it alone is > 200 MiB)
+        assert 200 < kafka[run]["peak_rss_mib"] < 16384, (run, kafka[run]["peak_rss_mib"])

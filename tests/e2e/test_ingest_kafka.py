@@ -257,3 +257,28 @@ def test_unhealthy_after_repeated_failures_with_backoff(spark, kafka_broker, top
         assert st["state"] in ("RUNNING", "IDLE") and st["lastError"] is None and st["lag"] == 0
     finally:
         kafka_broker.delete_topic(name, timeout=10)
+
+
+def test_max_batch_bytes_bounds_batches_by_the_measured_record_size(spark, kafka_broker, topic, tmp_path):
+    """maxBatchBytes 64 KiB, ~105-byte records: the first batch assumes 512 bytes a record
+    (128 records), later batches use the mean size measured (about 620 records each). Every
+    batch stays within the bound as measured, every key once."""
+    n = 3_000
+    name = topic(partitions=2)
+    records = devservices.make_records(n)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, records)
+    s = h.make_settings(tmp_path)
+    h.write_spec(s.specs, h.spec_doc("sized", h.kafka_source(kafka_broker.bootstrap, name), task_count=2,
+                                     maxBatchBytes="64KiB"))
+
+    code, _ = h.run_daemon(s, timeout=180)
+    assert code == 0
+
+    h.assert_exactly_once(h.key_counts(spark, s, "sized"), h.keys(records))
+    size = {k: len(k) + len(v) for k, v in records}
+    mean = sum(size.values()) / n
+    done = sorted(h.batches(s, "sized"), key=lambda b: b["committed_at"])
+    assert done[0]["records"] == 65536 // 512
+    assert all(b["records"] * mean <= 65536 * 1.05 for b in done), [b["records"] for b in done]
+    assert max(b["records"] for b in done[1:]) > 65536 // 512  # measured records are smaller than assumed
+    assert sum(b["records"] for b in done) == n

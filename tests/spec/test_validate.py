@@ -46,6 +46,7 @@ startFrom: {timestamp: "-2h"}
 taskCount: 2
 taskDuration: 500ms
 maxBatchRecords: 1000000
+maxBatchBytes: 512MiB
 dataSchema:
   datasource: clicks
   format: json
@@ -108,7 +109,7 @@ def test_valid_specs(text):
             KAFKA + "colour: blue\n",
             [
                 "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, "
-                "maxBatchRecords, onRetentionLoss, source, startFrom, suspended, taskCount, taskDuration)"
+                "maxBatchBytes, maxBatchRecords, onRetentionLoss, source, startFrom, suspended, taskCount, taskDuration)"
             ],
             id="unknown-key-lists-allowed",
         ),
@@ -134,6 +135,17 @@ def test_valid_specs(text):
                 "as a non-string; put it in quotes)"
             ],
             id="norway-problem",
+        ),
+        pytest.param(
+            KAFKA + "maxBatchBytes: lots\n",
+            ["specs/clicks.yaml:9:16: maxBatchBytes: 'lots' does not match the pattern "
+             "^[0-9]+(\\.[0-9]+)?\\s*(B|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)?$"],
+            id="batch-bytes-not-a-size",
+        ),
+        pytest.param(
+            KAFKA + "maxBatchBytes: 100\n",
+            ["specs/clicks.yaml:9:16: maxBatchBytes: must be at least 1024, got 100"],
+            id="batch-bytes-too-small",
         ),
         pytest.param(
             KAFKA + "taskCount: 2x\n",
