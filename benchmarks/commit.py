@@ -32,9 +32,8 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from reconciler.spec.model import SupervisorSpec  # noqa: E402
+from reconciler.model import PartitionRange, SupervisorSpec  # noqa: E402
 from reconciler.store.store import SegmentFile, Store  # noqa: E402
-from reconciler.streams.base import PartitionRange  # noqa: E402
 from reconciler.table import catalog as cat  # noqa: E402
 
 SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()), ("user", pa.string()),

@@ -219,12 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         from pyspark.sql import Observation
 
+        from reconciler.model import PartitionRange, SupervisorSpec
         from reconciler.pipeline.batch import read_ranges
         from reconciler.pipeline.segments import write_batch
         from reconciler.pipeline.spark import get_session, stop_session
         from reconciler.pipeline.transform import good_rows, parse
-        from reconciler.spec.model import SupervisorSpec
-        from reconciler.streams.base import PartitionRange
         doc["import_seconds"] = round(time.perf_counter() - t, 3)
 
         spec = SupervisorSpec.from_document(_spec("prof", broker.bootstrap, "prof", args.task_count))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.spec.model import SupervisorSpec
+from reconciler.model import SupervisorSpec
 
 
 class State(enum.StrEnum):

@@ -24,11 +24,11 @@ from reconciler import faults
 from reconciler import positions as positions_mod
 from reconciler.actual import DetailedState, Kind, State
 from reconciler.errors import PermanentError, ReconcilerError
+from reconciler.model import Position, SupervisorSpec
 from reconciler.plan import Action, ActionKind
 from reconciler.resets import Positions, compute_reset
 from reconciler.spec import secrets
 from reconciler.spec.markerfiles import retire
-from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.store.store import ResetResult, Store
 from reconciler.streams.base import SourceMissing
 

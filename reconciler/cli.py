@@ -22,8 +22,8 @@ import click
 from reconciler import logs, render
 from reconciler import settings as settings_mod
 from reconciler.errors import ReconcilerError
+from reconciler.model import Position
 from reconciler.spec import secrets
-from reconciler.spec.model import Position
 
 if TYPE_CHECKING:  # the plan module is imported by the commands that plan (status and history do not)
     from reconciler.plan import Plan

@@ -62,3 +62,7 @@ class SpecInvalid(PermanentError):
     @property
     def first(self) -> SpecProblem:
         return self.problems[0]
+
+
+class SparkMisconfigured(PermanentError):
+    """Spark cannot work with these settings until a person changes them (the message says how)."""

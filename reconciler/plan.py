@@ -27,9 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.actual import ActualState, State, SupervisorRecord
-from reconciler.requests import ResetRequest, from_marker, from_stanza
-from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
-from reconciler.spec.model import (
+from reconciler.model import (
     KafkaSource,
     Position,
     RabbitSource,
@@ -37,6 +35,8 @@ from reconciler.spec.model import (
     SupervisorSpec,
     file_stem,
 )
+from reconciler.requests import ResetRequest, from_marker, from_stanza
+from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
 
 
 class ActionKind(enum.StrEnum):

@@ -11,8 +11,8 @@ from datetime import datetime
 
 from reconciler import resets
 from reconciler.errors import PermanentError
+from reconciler.model import Position, SupervisorSpec
 from reconciler.resets import Positions
-from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.streams import adapter_for
 from reconciler.streams.base import StreamAdapter

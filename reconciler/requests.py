@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from reconciler.spec.model import Marker, Position, SupervisorSpec
+from reconciler.model import Marker, Position, SupervisorSpec
 
 Trigger = Literal["stanza", "marker", "cli"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.spec.model import Position
+from reconciler.model import Position
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import pytest
 
 from reconciler.apply import Applier
 from reconciler.errors import RetryableError
+from reconciler.model import Position, SupervisorSpec
 from reconciler.plan import Action, ActionKind, PlanSettings, desired_from_directory, plan
 from reconciler.reconcile import reconcile_once
 from reconciler.requests import from_cli
 from reconciler.resets import Positions
 from reconciler.spec.loader import load_directory
-from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.store.store import Store
 from reconciler.streams.base import SourceMissing
 

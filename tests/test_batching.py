@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from reconciler.model import PartitionRange, SupervisorSpec, parse_size
 from reconciler.runtime.batching import ASSUMED_RECORD_BYTES, batch_budget, caught_up, cut_ranges
-from reconciler.spec.model import SupervisorSpec, parse_size
-from reconciler.streams.base import PartitionRange
 
 
 def test_the_budget_is_shared_and_short_partitions_give_theirs_away():

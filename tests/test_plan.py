@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord
+from reconciler.model import Marker, Position, SupervisorSpec
 from reconciler.plan import (
     Action,
     ActionKind,
@@ -28,7 +29,6 @@ from reconciler.plan import (
 from reconciler.requests import ResetRequest, from_cli, from_marker, from_stanza, stanza_token
 from reconciler.resets import Positions
 from reconciler.spec.loader import DirectoryState
-from reconciler.spec.model import Marker, Position, SupervisorSpec
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 BAD = "specs/{sid}.yaml:8:3: source.topc: unknown key (did you mean 'topic'?)"

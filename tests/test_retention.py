@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.actual import State
+from reconciler.model import Position, SupervisorSpec
 from reconciler.requests import from_cli
 from reconciler.resets import Positions, compute_reset
 from reconciler.runtime.supervisor import MAX_BACKOFF, RuntimeContext, SupervisorRuntime
-from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.store.store import Store
 
 

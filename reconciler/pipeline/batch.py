@@ -14,11 +14,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 
+from reconciler.model import DataSchema, PartitionRange, Source, SupervisorSpec
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.sources import SPARK_RECORD_SCHEMA, format_name, read_options
 from reconciler.pipeline.transform import SEGMENT, dead_rows, good_rows, parse
-from reconciler.spec.model import DataSchema, Source, SupervisorSpec
-from reconciler.streams.base import PartitionRange
 from reconciler.table.schema import arrow_schema_of
 
 

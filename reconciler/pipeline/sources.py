@@ -25,14 +25,15 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from reconciler.spec.model import (
+from reconciler.model import (
     KafkaSource,
+    PartitionRange,
     RabbitSource,
     Source,
     source_from_document,
     source_to_document,
 )
-from reconciler.streams.base import PartitionRange, record_schema
+from reconciler.streams.base import record_schema
 
 # What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
 # same as RECORD_SCHEMA except that Spark timestamps are microseconds, and it compares

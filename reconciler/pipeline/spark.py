@@ -39,9 +39,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from reconciler.errors import PermanentError, RetryableError
+from reconciler.errors import RetryableError, SparkMisconfigured
+from reconciler.settings import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
+from reconciler.settings import endpoints as _endpoints
 
 if TYPE_CHECKING:  # pyspark costs a second to import: status and settings do not need it
     from pyspark.sql import SparkSession
@@ -49,7 +50,6 @@ if TYPE_CHECKING:  # pyspark costs a second to import: status and settings do no
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
-CONNECT_PORT = 15002  # Spark Connect's default port
 MASTER_LOST_AFTER = 15.0  # seconds a standalone master may be unreachable before the running jobs are given up
 WATCH_EVERY = 2.0
 
@@ -130,54 +130,7 @@ class SparkUnavailable(RetryableError):
     """The Spark cluster (master, Connect server, driver) is gone for now; the session is rebuilt."""
 
 
-class SparkMisconfigured(PermanentError):
-    """Spark cannot work with these settings until a person changes them (the message says how)."""
-
-
 # --------------------------------------------------------------------------- settings
-
-
-_LOCAL = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
-
-
-def check_master(master: str) -> None:
-    """Refuse a master URL Spark would only reject later, deep in a JVM log."""
-    m = str(master or "").strip()
-    if _LOCAL.fullmatch(m) or m == "yarn" or m.startswith("k8s://https://") or m.startswith("k8s://http://"):
-        return
-    if m.startswith(("spark://", "sc://")):
-        for host, port in _endpoints(m):
-            if not host or (port is not None and not 0 < port < 65536):
-                break
-        else:
-            if m.startswith("sc://") or all(port is not None for _, port in _endpoints(m)):
-                return
-    raise SparkMisconfigured(
-        f"Spark master {m!r} is not a valid URL: use local[*] (or local[N]), spark://HOST:PORT "
-        f"(standalone, several masters as spark://h1:7077,h2:7077), sc://HOST:PORT (Spark Connect), "
-        f"yarn or k8s://https://HOST:PORT (set --spark-master / RECONCILER_SPARK_MASTER / sparkMaster)")
-
-
-def check_conf(conf: Mapping[str, Any]) -> None:
-    for key in conf:
-        if not str(key).startswith("spark."):
-            raise SparkMisconfigured(f"Spark setting {key!r} does not start with 'spark.': a typo? "
-                                     "(Spark ignores such keys)")
-
-
-def _endpoints(master: str) -> list[tuple[str, int | None]]:
-    """(host, port) of each master in spark://h1:p1,h2:p2, or the server of sc://host:port/;params."""
-    if master.startswith("sc://"):
-        try:
-            parts = urlsplit(master.split(";", 1)[0])
-            return [(parts.hostname or "", parts.port or CONNECT_PORT)]
-        except ValueError:
-            return [("", None)]
-    out = []
-    for hp in master[len("spark://"):].split(","):
-        host, _, port = hp.rpartition(":")
-        out.append((host.strip("[]"), int(port) if port.isdigit() else None))
-    return out
 
 
 def _is_remote(master: str) -> bool:

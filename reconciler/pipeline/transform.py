@@ -27,7 +27,7 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from reconciler.spec.model import VIRTUAL_COLUMNS, DataSchema, Metric
+from reconciler.model import VIRTUAL_COLUMNS, DataSchema, Metric
 from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.streams.base import PartitionRange
-
+from reconciler.model import PartitionRange
 
 ASSUMED_RECORD_BYTES = 512  # before a supervisor's first batch has measured its records
 

@@ -34,9 +34,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from reconciler.errors import SpecInvalid, SpecProblem
-from reconciler.spec import permissions, secrets
-from reconciler.spec.filecache import FileCache, FileKey
-from reconciler.spec.model import (
+from reconciler.model import (
     MARKER_SUFFIXES,
     SPEC_SUFFIXES,
     Marker,
@@ -44,6 +42,8 @@ from reconciler.spec.model import (
     SupervisorSpec,
     file_stem,
 )
+from reconciler.spec import permissions, secrets
+from reconciler.spec.filecache import FileCache, FileKey
 from reconciler.spec.validate import load_schema, sort_problems, validate_document
 from reconciler.spec.yamlsafe import ParsedYaml, format_field, parse_yaml, read_limited
 

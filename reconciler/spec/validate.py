@@ -35,7 +35,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from referencing import Registry, Resource
 
 from reconciler.errors import SpecProblem
-from reconciler.spec.model import RESERVED_COLUMNS, parse_duration
+from reconciler.model import RESERVED_COLUMNS, parse_duration
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
 

@@ -31,10 +31,16 @@ from reconciler.actual import (
     SupervisorRecord,
 )
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
+from reconciler.model import (
+    BACKFILL_ID,
+    PartitionRange,
+    SupervisorSpec,
+    canonical_json,
+    document_hash,
+)
 from reconciler.requests import ResetRequest
 from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
-from reconciler.spec.model import BACKFILL_ID, SupervisorSpec, canonical_json, document_hash
 from reconciler.store.engine import create_engine
 from reconciler.store.tables import (
     audit_log,
@@ -48,7 +54,6 @@ from reconciler.store.tables import (
     spec_versions,
     supervisors,
 )
-from reconciler.streams.base import PartitionRange
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

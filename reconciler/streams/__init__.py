@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.spec.model import KafkaSource, RabbitSource, Source
+from reconciler.model import KafkaSource, RabbitSource, Source
 from reconciler.streams.base import StreamAdapter
 
 

@@ -11,10 +11,10 @@ tight loop per system.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.errors import PermanentError
+from reconciler.model import PartitionRange  # noqa: F401  (the adapters' and readers' signatures)
 
 if TYPE_CHECKING:  # pyarrow costs a quarter of a second to import: status, plan and the store do not need it
     import pyarrow as pa
@@ -60,19 +60,6 @@ class SourceMissing(PermanentError):
     """The topic or stream is not there. Permanent once it lasts, but a broker may answer
     so for a moment (a topic just created, metadata not yet propagated, a leader moving):
     callers that act once, like a reset, ask again a few times before they give up."""
-
-
-@dataclass(frozen=True)
-class PartitionRange:
-    """Offsets ``[start, end)`` of one partition."""
-
-    partition: str
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return max(0, self.end - self.start)
 
 
 class StreamAdapter(Protocol):

@@ -35,9 +35,9 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from reconciler.errors import PermanentError, RetryableError
+from reconciler.model import KafkaSource, PartitionRange
 from reconciler.spec import secrets
-from reconciler.spec.model import KafkaSource
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange, SourceMissing
+from reconciler.streams.base import RECORD_SCHEMA, SourceMissing
 
 log = logging.getLogger(__name__)
 _rdkafka_log = logging.getLogger("reconciler.streams.kafka.librdkafka")

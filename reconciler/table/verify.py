@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.spec.model import BACKFILL_ID
+from reconciler.model import BACKFILL_ID
 from reconciler.table.files import EPOCH_START, BatchSnapshot, batch_snapshots
 
 

@@ -16,12 +16,11 @@ import pytest
 
 import devservices
 from reconciler.errors import PublishConflict
+from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.batch import output_schemas, run_batch
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
-from reconciler.spec.model import SupervisorSpec
 from reconciler.store.store import SegmentFile, Store
-from reconciler.streams.base import PartitionRange
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import devservices
-from reconciler.spec.model import RabbitSource
+from reconciler.model import RabbitSource
 from reconciler.store.store import Store
 from reconciler.streams.rabbitmq import RabbitStreamAdapter
 from tests.e2e import helpers as h

@@ -29,9 +29,9 @@ import devservices
 from reconciler import positions as positions_mod
 from reconciler.apply import Applier
 from reconciler.daemon import Daemon
+from reconciler.model import Position
 from reconciler.plan import Action, ActionKind
 from reconciler.requests import from_cli
-from reconciler.spec.model import Position
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 

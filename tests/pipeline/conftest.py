@@ -15,8 +15,9 @@ import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
+from reconciler.model import PartitionRange
 from reconciler.pipeline import sources
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_SCHEMA
 
 BASE_MS = 1_763_640_000_000  # 2025-11-20T12:00:00Z
 

@@ -12,9 +12,8 @@ import time
 import pytest
 
 import devservices
+from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.pipeline.batch import run_batch
-from reconciler.spec.model import SupervisorSpec
-from reconciler.streams.base import PartitionRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from reconciler.model import DataSchema, Metric
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.sources import ARROW_SCHEMA
 from reconciler.pipeline.transform import transform
-from reconciler.spec.model import DataSchema, Metric
 
 HOUR_MS = 3600_000
 T0_MS = 1_763_640_000_000  # 2025-11-20T12:00:00Z

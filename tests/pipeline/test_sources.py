@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.model import KafkaSource, PartitionRange, RabbitSource
 from reconciler.pipeline import sources
 from reconciler.pipeline.sources import (
     ARROW_SCHEMA,
@@ -19,8 +20,7 @@ from reconciler.pipeline.sources import (
     source_to_document,
     split_ranges,
 )
-from reconciler.spec.model import KafkaSource, RabbitSource
-from reconciler.streams.base import RECORD_COLUMNS, RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_COLUMNS, RECORD_SCHEMA
 
 R = PartitionRange
 

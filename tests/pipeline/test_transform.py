@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
+from reconciler.model import DataSchema, Metric
 from reconciler.pipeline.sources import ARROW_SCHEMA
 from reconciler.pipeline.transform import (
     DEAD_COLUMNS,
@@ -18,7 +19,6 @@ from reconciler.pipeline.transform import (
     chunk_of,
     transform,
 )
-from reconciler.spec.model import DataSchema, Metric
 
 pytestmark = pytest.mark.spark
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.model import KafkaSource, RabbitSource
 from reconciler.spec.loader import classify, load_marker_file, load_spec_file
-from reconciler.spec.model import KafkaSource, RabbitSource
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEC_FILES = sorted(p for p in EXAMPLES.iterdir() if p.is_file() and classify(p) == "spec")

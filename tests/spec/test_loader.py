@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from reconciler.errors import SpecInvalid
+from reconciler.model import KafkaSource, Position, RabbitSource, file_stem
 from reconciler.spec.loader import (
     DirectoryState,
     classify,
@@ -19,7 +20,6 @@ from reconciler.spec.loader import (
     marker_supervisor_id,
     spec_warnings,
 )
-from reconciler.spec.model import KafkaSource, Position, RabbitSource, file_stem
 from reconciler.spec.yamlsafe import MAX_BYTES
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

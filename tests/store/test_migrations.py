@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from reconciler.spec.model import SupervisorSpec
+from reconciler.model import SupervisorSpec
 from reconciler.store.store import Store
 from reconciler.store.tables import metadata
 

@@ -19,11 +19,10 @@ import sqlalchemy as sa
 
 from reconciler.actual import DetailedState, Kind, State
 from reconciler.errors import PermanentError, PublishConflict
+from reconciler.model import PartitionRange, Position, SupervisorSpec
 from reconciler.requests import ResetRequest, from_cli, from_stanza
 from reconciler.resets import Positions, compute_reset
-from reconciler.spec.model import Position, SupervisorSpec
 from reconciler.store.store import SegmentFile, Store
-from reconciler.streams.base import PartitionRange
 
 
 def make_spec(sid: str = "clicks", **over) -> SupervisorSpec:

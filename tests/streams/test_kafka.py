@@ -15,9 +15,9 @@ import pytest
 
 import devservices
 from reconciler.errors import PermanentError, RetryableError
-from reconciler.spec.model import KafkaSource
+from reconciler.model import KafkaSource, PartitionRange
 from reconciler.streams import adapter_for
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_SCHEMA
 from reconciler.streams.kafka import KafkaAdapter, KafkaRangeReader, consumer_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.integration]

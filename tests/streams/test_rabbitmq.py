@@ -21,9 +21,9 @@ import pytest
 
 import devservices
 from reconciler.errors import PermanentError, RetryableError
-from reconciler.spec.model import RabbitSource
+from reconciler.model import PartitionRange, RabbitSource
 from reconciler.streams import adapter_for
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.streams.base import RECORD_SCHEMA
 from reconciler.streams.rabbitmq import (
     RabbitRangeReader,
     RabbitStreamAdapter,

@@ -21,8 +21,8 @@ from rstream import Consumer
 
 import devservices
 from reconciler.errors import PermanentError, RetryableError
-from reconciler.spec.model import RabbitSource
-from reconciler.streams.base import RECORD_SCHEMA, PartitionRange
+from reconciler.model import PartitionRange, RabbitSource
+from reconciler.streams.base import RECORD_SCHEMA
 from reconciler.streams.rabbitmq import RabbitRangeReader, RabbitStreamAdapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]

@@ -434,9 +434,9 @@ def test_compact_and_maintain_commands(tmp_path):
 
 
 def test_compactor_runs_when_due_and_compacts_every_datasource(env, tmp_path):
+    from reconciler.model import SupervisorSpec
     from reconciler.runtime.compactor import Compactor
     from reconciler.runtime.supervisor import RuntimeContext
-    from reconciler.spec.model import SupervisorSpec
     from tests.e2e import helpers as h
 
     store, tables = env

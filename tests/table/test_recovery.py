@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.pipeline import segments
 from reconciler.runtime.recovery import recover
-from reconciler.spec.model import SupervisorSpec
 from reconciler.store.store import Store
-from reconciler.streams.base import PartitionRange
 
 
 def _batch_dir(root, table, batch):

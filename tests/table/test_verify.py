@@ -14,9 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reconciler.spec.model import SupervisorSpec
+from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.store.store import SegmentFile, Store, TableConflict
-from reconciler.streams.base import PartitionRange
 from reconciler.table import catalog as cat
 from reconciler.table.files import BatchSnapshot, batch_snapshots, data_files
 from reconciler.table.verify import check_ranges, explanations

@@ -32,8 +32,8 @@ from rstream import schema
 from rstream.constants import OffsetType
 
 from reconciler.errors import ReconcilerError
+from reconciler.model import RabbitSource
 from reconciler.spec import secrets
-from reconciler.spec.model import RabbitSource
 from reconciler.streams.base import SourceMissing
 from reconciler.streams.rabbitmq.bridge import Loop
 from reconciler.streams.rabbitmq.client import (

@@ -19,9 +19,8 @@ from rstream import schema
 from rstream.constants import OffsetType
 
 from reconciler.errors import PermanentError, RetryableError
+from reconciler.model import PartitionRange, RabbitSource
 from reconciler.spec import secrets
-from reconciler.spec.model import RabbitSource
-from reconciler.streams.base import PartitionRange
 from reconciler.streams.rabbitmq.adapter import DEFAULT_TIMEOUT
 from reconciler.streams.rabbitmq.arrow import Columns
 from reconciler.streams.rabbitmq.bridge import Loop

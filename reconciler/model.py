@@ -1,4 +1,5 @@
-"""Typed, frozen dataclasses for specs, positions and markers.
+"""The lowest floor: typed, frozen value types shared by every layer (specs, positions,
+markers, partition ranges) and the parsers of their units (durations, sizes, file names).
 
 Built from a document that already passed JSON Schema validation, so the
 constructors here only translate names and apply defaults; they do not re-check.
@@ -286,3 +287,16 @@ def canonical_json(doc: Any) -> str:
 def document_hash(doc: Mapping[str, Any]) -> str:
     """A stable hash of a spec document (key order and YAML formatting do not matter)."""
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """Offsets ``[start, end)`` of one partition."""
+
+    partition: str
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
