@@ -174,8 +174,8 @@ class Applier:
         return self._reject(a, a.error or a.reason)
 
     def _retire_marker(self, a: Action):
-        handled = self.store.request(a.request.token) or {}
-        status = handled.get("status", "applied")
+        handled = self.store.request(a.request.token)
+        status = handled.status if handled is not None else "applied"
         new = retire(a.path, status, {"note": "already handled", "status": status})
         return (f"renamed to {new}" if new else "could not rename; will retry"), {}
 

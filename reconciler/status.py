@@ -17,6 +17,7 @@ from typing import Any
 from reconciler.actual import Kind, State, SupervisorRecord
 from reconciler.errors import ReconcilerError
 from reconciler.spec import secrets
+from reconciler.store.records import NO_BATCHES, BatchTotals
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
 
@@ -27,7 +28,7 @@ _LAG_THREADS = 16
 def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[str, int], *,
                       with_latest: bool = True, now: datetime | None = None,
                       positions: tuple[dict[str, int], str | None] | None = None,
-                      totals: Mapping[str, Any] | None = None, lost: int | None = None) -> dict[str, Any]:
+                      totals: BatchTotals | None = None, lost: int | None = None) -> dict[str, Any]:
     """``positions``: (latest offsets, stream error) already asked for; else asked here.
     ``totals`` and ``lost``: its batch totals and records lost to retention, already read; else read here."""
     now = now or datetime.now(UTC)
@@ -52,7 +53,7 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
         "specError": rec.spec_error, "runtimeError": rec.runtime_error,
         "lastRequest": rec.last_request, "streamError": stream_error, "partitions": parts,
         "lag": _total_lag(parts, rec.bounded or bool(latest)),
-        "records": totals["records"], "unparseable": totals["unparseable"], "batches": totals["batches"],
+        "records": totals.records, "unparseable": totals.unparseable, "batches": totals.batches,
         "lostRecords": lost if lost is not None else store.lost_records(rec.id),
         "updatedAt": rec.updated_at.isoformat() if rec.updated_at else None,
     }
@@ -61,14 +62,14 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
     return out
 
 
-def _backfill_progress(rec: SupervisorRecord, checkpoint, totals, now) -> dict[str, Any]:
+def _backfill_progress(rec: SupervisorRecord, checkpoint, totals: BatchTotals, now) -> dict[str, Any]:
     start, end = rec.start_offsets or {}, rec.end_offsets or {}
     total = sum(end[p] - start.get(p, end[p]) for p in end)
     done = sum(min(checkpoint.get(p, start.get(p, 0)), end[p]) - start.get(p, end[p]) for p in end)
     rate = eta = None
-    if totals["first"] is not None and done > 0:
+    if totals.first is not None and done > 0:
         # a finished backfill keeps the rate it ran at (up to its last batch), not one that decays
-        until = totals["last"] if rec.state == State.COMPLETED and totals["last"] is not None else now
+        until = totals.last if rec.state == State.COMPLETED and totals.last is not None else now
         elapsed = max((until - rec.created_at).total_seconds(), 1e-3)
         rate = done / elapsed
         eta = (total - done) / rate if rate > 0 else None
@@ -105,7 +106,7 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
     now = datetime.now(UTC)
     items = [supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest, now=now,
                                positions=positions.get(r.id, ({}, None)),
-                               totals=totals.get(r.id, _NO_BATCHES) if every else None,
+                               totals=totals.get(r.id, NO_BATCHES) if every else None,
                                lost=lost.get(r.id, 0) if every else None)
              for r in recs]
     for item in items:
@@ -116,7 +117,6 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
     return items
 
 
-_NO_BATCHES: Mapping[str, Any] = {"batches": 0, "records": 0, "unparseable": 0, "first": None, "last": None}
 
 
 def _total_lag(parts: list[dict[str, Any]], known: bool) -> int | None:

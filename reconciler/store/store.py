@@ -42,6 +42,7 @@ from reconciler.requests import ResetRequest
 from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
 from reconciler.store.engine import create_engine
+from reconciler.store.records import AuditEntry, BatchTotals, HandledRequest, SegmentRow
 from reconciler.store.tables import (
     audit_log,
     batches,
@@ -475,17 +476,16 @@ class Store:
         with self._read() as c:
             return set(c.execute(sa.select(batches.c.batch_id).where(batches.c.batch_id.in_(ids))).scalars())
 
-    def batch_totals(self, supervisor_id: str) -> dict[str, Any]:
+    def batch_totals(self, supervisor_id: str) -> BatchTotals:
         with self._read() as c:
             row = c.execute(sa.select(
                 sa.func.count(), sa.func.coalesce(sa.func.sum(batches.c.records), 0),
                 sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
                 sa.func.max(batches.c.committed_at),
             ).where(batches.c.supervisor_id == supervisor_id)).one()
-        return {"batches": int(row[0]), "records": int(row[1]), "unparseable": int(row[2]),
-                "first": _aware(row[3]), "last": _aware(row[4])}
+        return BatchTotals(int(row[0]), int(row[1]), int(row[2]), _aware(row[3]), _aware(row[4]))
 
-    def all_batch_totals(self) -> dict[str, dict[str, Any]]:
+    def all_batch_totals(self) -> dict[str, BatchTotals]:
         """``batch_totals`` of every supervisor with batches, in one query (``status`` of a thousand)."""
         with self._read() as c:
             rows = c.execute(sa.select(
@@ -493,16 +493,15 @@ class Store:
                 sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
                 sa.func.max(batches.c.committed_at),
             ).group_by(batches.c.supervisor_id)).all()
-        return {r[0]: {"batches": int(r[1]), "records": int(r[2]), "unparseable": int(r[3]),
-                       "first": _aware(r[4]), "last": _aware(r[5])} for r in rows}
+        return {r[0]: BatchTotals(int(r[1]), int(r[2]), int(r[3]), _aware(r[4]), _aware(r[5])) for r in rows}
 
-    def segments(self, datasource: str) -> list[dict[str, Any]]:
+    def segments(self, datasource: str) -> list[SegmentRow]:
         with self._read() as c:
             rows = c.execute(
                 sa.select(segments, batches.c.ranges).join(batches, batches.c.batch_id == segments.c.batch_id)
                 .where(segments.c.datasource == datasource).order_by(segments.c.interval_start, segments.c.id)
             ).mappings().all()
-        return [dict(r) for r in rows]
+        return [SegmentRow(**r) for r in rows]
 
     # -- reset and backfill -----------------------------------------------------------------
 
@@ -531,8 +530,8 @@ class Store:
             # process applied the same request between our checks (belt and braces).
             done = self.request(request.token)
             if done is not None:
-                res = json.loads(done.get("result") or "{}")
-                return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
+                return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), done.result.get("backfill"),
+                                   True)
             raise RetryableError(f"reset of {request.supervisor_id} collided with a concurrent write: {_short(exc)}") from exc
 
     def _apply_reset(self, c, request: ResetRequest, compute, initial, earliest, actor: str, now) -> ResetResult:
@@ -625,10 +624,13 @@ class Store:
                                                  result=json.dumps({"reason": reason}), handled_at=now))
             self._audit(c, supervisor_id, "reject-request", actor, trigger, reason, None, now)
 
-    def request(self, token: str) -> dict[str, Any] | None:
+    def request(self, token: str) -> HandledRequest | None:
         with self._read() as c:
-            row = c.execute(sa.select(requests).where(requests.c.token == token)).mappings().first()
-        return dict(row) if row else None
+            row = c.execute(sa.select(requests).where(requests.c.token == token)).first()
+        if row is None:
+            return None
+        return HandledRequest(row.token, row.supervisor_id, row.kind, row.status,
+                              json.loads(row.result) if row.result else {}, _aware(row.handled_at))
 
     # -- audit -----------------------------------------------------------------------
 
@@ -645,28 +647,21 @@ class Store:
             details=canonical_json(secrets.redact(details)) if details is not None else None,
         ))
 
-    def history(self, supervisor_id: str) -> list[dict[str, Any]]:
+    def history(self, supervisor_id: str) -> list[AuditEntry]:
         with self._read() as c:
             rows = c.execute(
                 sa.select(audit_log).where(audit_log.c.supervisor_id == supervisor_id).order_by(audit_log.c.id)
             ).mappings().all()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["at"] = _aware(d["at"])
-            d["details"] = json.loads(d["details"]) if d["details"] else None
-            out.append(d)
-        return out
+        return [_audit_entry(r) for r in rows]
 
-    def recent_audit(self, actions: Sequence[str], limit: int = 20) -> list[dict[str, Any]]:
+    def recent_audit(self, actions: Sequence[str], limit: int = 20) -> list[AuditEntry]:
         """The newest audit entries of these actions, newest first (the status page's resets)."""
         with self._read() as c:
             rows = c.execute(
                 sa.select(audit_log).where(audit_log.c.action.in_(list(actions)))
                 .order_by(audit_log.c.id.desc()).limit(limit)
             ).mappings().all()
-        return [{**r, "at": _aware(r["at"]), "details": json.loads(r["details"]) if r["details"] else None}
-                for r in rows]
+        return [_audit_entry(r) for r in rows]
 
     @staticmethod
     def _version(c, spec: SupervisorSpec, now) -> None:
@@ -745,6 +740,10 @@ class Store:
         row = c.execute(sa.select(leases).where(leases.c.name == "leader").with_for_update(read=True)).first()
         if row is None or row.holder != holder or int(row.token) != token or _aware(row.expires_at) <= utcnow():
             raise PublishConflict(f"leader lease lost by {holder} (token {token}); publish fenced")
+
+
+def _audit_entry(r) -> AuditEntry:
+    return AuditEntry(**{**r, "at": _aware(r["at"]), "details": json.loads(r["details"]) if r["details"] else None})
 
 
 @functools.lru_cache(maxsize=16384)  # every pass reads every stored spec again: decode each text once

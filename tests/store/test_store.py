@@ -183,8 +183,8 @@ def test_publish_moves_checkpoints_and_inserts_segments(store: Store, clicks):
     assert json.loads(rows[0]["ranges"]) == [["0", 10, 15], ["1", 20, 22]]
     assert store.committed_batch_ids(["b1", "b2"]) == {"b1"}
     totals = store.batch_totals("clicks")
-    assert (totals["batches"], totals["records"], totals["unparseable"]) == (1, 7, 0)
-    assert totals["first"].tzinfo is not None
+    assert (totals.batches, totals.records, totals.unparseable) == (1, 7, 0)
+    assert totals.first.tzinfo is not None
     assert store.segments("other") == []
 
 
@@ -288,7 +288,7 @@ def test_apply_reset_creates_backfill_and_moves_checkpoint(store: Store, clicks)
     assert [h["action"] for h in store.history("clicks-backfill-1")] == ["create-backfill"]
 
     handled = store.request(req.token)
-    assert (handled["status"], handled["supervisor_id"], handled["kind"]) == ("applied", "clicks", "cli")
+    assert (handled.status, handled.supervisor_id, handled.kind) == ("applied", "clicks", "cli")
     assert req.token in store.read_actual().handled_tokens
 
 
@@ -371,7 +371,7 @@ def test_record_rejected_once(store: Store, clicks):
     store.record_rejected("marker:t1", "clicks", "marker", "bad marker", actor="test", trigger="specs/x.reset.yaml")
     store.record_rejected("marker:t1", "clicks", "marker", "bad marker", actor="test", trigger="specs/x.reset.yaml")
     handled = store.request("marker:t1")
-    assert (handled["status"], json.loads(handled["result"])) == ("rejected", {"reason": "bad marker"})
+    assert (handled.status, handled.result) == ("rejected", {"reason": "bad marker"})
     assert [h["action"] for h in store.history("clicks")].count("reject-request") == 1
     assert "marker:t1" in store.read_actual().handled_tokens
 
@@ -543,7 +543,7 @@ def test_reset_behind_retention_records_the_loss(store: Store, clicks):
     assert store.get(res.backfill_id).start_offsets == {"0": 40}
     [entry] = [e for e in store.history("clicks") if e["action"] == "reset-and-backfill"]
     assert (entry["details"]["lostRecords"], entry["details"]["lostRanges"]) == (30, {"0": [10, 40]})
-    assert json.loads(store.request(req.token)["result"])["lostRecords"] == 30
+    assert store.request(req.token).result["lostRecords"] == 30
 
 
 def test_long_request_ids_are_compared_in_full(store: Store):
