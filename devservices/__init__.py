@@ -15,7 +15,8 @@ running). Data and logs live in a private temporary directory that is removed on
 - ``rabbitmq``: :class:`RabbitNode`, a private RabbitMQ node with the stream plugin.
 - ``postgres``: :class:`PostgresCluster`, a throwaway PostgreSQL cluster.
 - ``spark``: a standalone Spark cluster and a Spark Connect server from the installed pyspark.
-- ``data``: :func:`make_records`, :func:`produce_kafka`, :func:`produce_rabbit`.
+- ``data``: :func:`make_records`, :func:`produce_kafka`, :func:`produce_rabbit` (the stream
+  protocol, rstream), :func:`publish_amqp` (AMQP 0.9.1, pika).
 - ``service``: the common lifecycle (:class:`Service`) and helpers.
 """
 
@@ -27,6 +28,7 @@ from devservices.data import (
     parse_stream_uri,
     produce_kafka,
     produce_rabbit,
+    publish_amqp,
 )
 from devservices.postgres import PostgresCluster
 from devservices.rabbitmq import RabbitNode
@@ -58,5 +60,6 @@ __all__ = [
     "parse_stream_uri",
     "produce_kafka",
     "produce_rabbit",
+    "publish_amqp",
     "tcp_open",
 ]

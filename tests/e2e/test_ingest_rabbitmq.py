@@ -20,13 +20,17 @@ from tests.e2e import helpers as h
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.spark]
 
 
-def produce_split(uri: str, streams: list[str], records) -> dict[str, list]:
-    """Publish each record to streams[crc32(key) % len]; returns what each stream got, in order."""
+def produce_split(uri: str, streams: list[str], records, *, amqp_port: int | None = None) -> dict[str, list]:
+    """Publish each record to streams[crc32(key) % len]; returns what each stream got, in order.
+    With ``amqp_port`` through AMQP 0.9.1 (pika), as most applications publish; else rstream."""
     per: dict[str, list] = {s: [] for s in streams}
     for rec in records:
         per[streams[zlib.crc32(rec[0].encode()) % len(streams)]].append(rec)
     for s, recs in per.items():
-        assert devservices.produce_rabbit(uri, s, recs) == len(recs)
+        if amqp_port is not None:
+            assert devservices.publish_amqp("127.0.0.1", amqp_port, s, recs) == len(recs)
+        else:
+            assert devservices.produce_rabbit(uri, s, recs) == len(recs)
     return per
 
 
@@ -39,11 +43,14 @@ def produce_split(uri: str, streams: list[str], records) -> dict[str, list]:
 )
 def test_every_key_exactly_once(spark, rabbit_node, stream, tmp_path, request, tasks, db):
     """12,000 keyed records over 3 streams, maxBatchRecords 5,000: several batches, every
-    key once at its (stream, offset); status and segments agree with the table's files."""
+    key once at its (stream, offset); status and segments agree with the table's files.
+    The first variant's records are published with pika (AMQP 0.9.1), the second's with
+    the stream protocol."""
     n, max_batch = 12_000, 5_000
     streams = [stream(), stream(), stream()]
     records = devservices.make_records(n)
-    per = produce_split(rabbit_node.stream_uri, streams, records)
+    per = produce_split(rabbit_node.stream_uri, streams, records,
+                        amqp_port=rabbit_node.amqp_port if tasks == 1 else None)
     s = h.make_settings(tmp_path, db=h.database(db, request))
     h.write_spec(s.specs, h.spec_doc("orders", h.rabbit_source(rabbit_node.stream_uri, streams),
                                      task_count=tasks, max_batch_records=max_batch))
