@@ -491,16 +491,17 @@ def test_a_hung_pass_silences_the_watchdog(tmp_path, monkeypatch):
     """WATCHDOG=1 comes from the loop itself: while a pass hangs, systemd hears nothing
     (and WatchdogSec= would restart the daemon); once it returns, the pings resume."""
     from reconciler import daemon as daemon_mod
+    from reconciler.daemon import tick as tick_mod
 
     hang, release = threading.Event(), threading.Event()
-    real = daemon_mod.reconcile_once
+    real = tick_mod.reconcile_once
 
     def hanging(*args, **kwargs):
         if hang.is_set():
             release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(daemon_mod, "reconcile_once", hanging)
+    monkeypatch.setattr(tick_mod, "reconcile_once", hanging)
     s = helpers.make_settings(tmp_path, tick_interval=0.2)
     with NotifySocket() as sd:
         monkeypatch.setenv("NOTIFY_SOCKET", sd.path)

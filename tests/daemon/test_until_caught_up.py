@@ -10,13 +10,14 @@ import time
 import pytest
 
 from reconciler import daemon as daemon_mod
+from reconciler.daemon import tick as tick_mod
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 
 def test_gives_up_with_exit_1_naming_a_supervisor_that_stays_unhealthy(tmp_path, kafka_broker, monkeypatch, caplog):
-    monkeypatch.setattr(daemon_mod, "UNHEALTHY_GRACE", 2.0)
+    monkeypatch.setattr(tick_mod, "UNHEALTHY_GRACE", 2.0)
     s = h.make_settings(tmp_path)
     h.write_spec(s.specs, h.spec_doc("ghost", h.kafka_source(kafka_broker.bootstrap, "no-such-topic-anywhere")))
     with caplog.at_level(logging.ERROR, logger="reconciler.daemon"):
