@@ -359,22 +359,21 @@ def status(c: Context, supervisor_id, output, no_lag):
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
         _refuse(f"no supervisor '{supervisor_id}'", output)
-    if lease:
-        lease["live"] = lease["expires_at"] > datetime.now(UTC)
-    live = bool(lease and lease["live"])
+    live = bool(lease and lease.live(datetime.now(UTC)))
     for item in items:  # without a leader nothing updates states: they are what was last seen, and when
         item["stale"] = not live
     spark = _spark_status(c.settings)
     if output == "json":
-        _echo_json({"supervisors": items, "leader": lease, "daemons": daemons, "spark": spark})
+        leader = lease.to_dict() | {"live": live} if lease else None
+        _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
-        if lease and lease["live"]:
-            click.echo(f"\nleader: {lease['holder']} (token {lease['token']}, lease until {lease['expires_at']:%H:%M:%S}Z)")
+        if lease and live:
+            click.echo(f"\nleader: {lease.holder} (token {lease.token}, lease until {lease.expires_at:%H:%M:%S}Z)")
         elif lease:
-            click.echo(f"\nleader: none (lease of {lease['holder']} expired at {lease['expires_at']:%H:%M:%S}Z)")
+            click.echo(f"\nleader: none (lease of {lease.holder} expired at {lease.expires_at:%H:%M:%S}Z)")
         for d in daemons:
-            click.echo(f"daemon: {d['daemon']} {d['role']}")
+            click.echo(f"daemon: {d.daemon} {d.role}")
         if spark.get("pid"):  # recorded by a daemon
             click.echo(f"spark: {spark['master']} application {spark['appId'] or '-'} {spark['state']}"
                        + (f" ({spark['reason']})" if spark.get("reason") else ""))

@@ -158,7 +158,8 @@ class Leadership:
 
     def _note_standby(self) -> None:
         try:
-            holder = (self.store.lease() or {}).get("holder", "nobody")
+            lease = self.store.lease()
+            holder = lease.holder if lease is not None else "nobody"
         except ReconcilerError:
             holder = "unknown (database unreachable)"
         if holder != self.leader_seen:

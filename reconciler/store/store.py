@@ -42,7 +42,14 @@ from reconciler.requests import ResetRequest
 from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
 from reconciler.store.engine import create_engine
-from reconciler.store.records import AuditEntry, BatchTotals, HandledRequest, SegmentRow
+from reconciler.store.records import (
+    AuditEntry,
+    BatchTotals,
+    DaemonBeat,
+    HandledRequest,
+    Lease,
+    SegmentRow,
+)
 from reconciler.store.tables import (
     audit_log,
     batches,
@@ -696,14 +703,10 @@ class Store:
         with self._write() as c:
             c.execute(sa.update(leases).where(leases.c.name == name, leases.c.holder == holder).values(expires_at=utcnow()))
 
-    def lease(self, *, name: str = "leader") -> dict[str, Any] | None:
+    def lease(self, *, name: str = "leader") -> Lease | None:
         with self._read() as c:
-            row = c.execute(sa.select(leases).where(leases.c.name == name)).mappings().first()
-        if not row:
-            return None
-        d = dict(row)
-        d["expires_at"] = _aware(d["expires_at"])
-        return d
+            row = c.execute(sa.select(leases).where(leases.c.name == name)).first()
+        return Lease(row.name, row.holder, int(row.token), _aware(row.expires_at)) if row else None
 
     # Daemon heartbeats share the leases table: name "daemon:<holder>", the holder
     # column holds the daemon's role ("leader" or "standby"), token is unused (0).
@@ -726,14 +729,14 @@ class Store:
         with self._write() as c:
             c.execute(sa.delete(leases).where(leases.c.name == f"daemon:{holder}"[:128]))
 
-    def daemons(self, *, now=None) -> list[dict[str, Any]]:
-        """Live daemons (heartbeat not expired): ``{"daemon", "role", "expires_at"}``, leader first."""
+    def daemons(self, *, now=None) -> list[DaemonBeat]:
+        """Live daemons (heartbeat not expired), leader first."""
         now = now or utcnow()
         with self._read() as c:
             rows = c.execute(sa.select(leases).where(leases.c.name.like("daemon:%"))).mappings().all()
-        live = [{"daemon": r["name"][len("daemon:"):], "role": r["holder"], "expires_at": _aware(r["expires_at"])}
+        live = [DaemonBeat(r["name"][len("daemon:"):], r["holder"], _aware(r["expires_at"]))
                 for r in rows if _aware(r["expires_at"]) > now]
-        return sorted(live, key=lambda d: (d["role"] != "leader", d["daemon"]))
+        return sorted(live, key=lambda d: (d.role != "leader", d.daemon))
 
     @staticmethod
     def _check_lease(c, holder: str, token: int) -> None:

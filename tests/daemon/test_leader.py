@@ -35,9 +35,11 @@ from tests.e2e import helpers
 
 
 def lease(settings) -> dict:
+    """The lease row as a document (empty without one)."""
     store = Store(settings.db_url)
     try:
-        return store.lease() or {}
+        row = store.lease()
+        return row.to_dict() if row else {}
     finally:
         store.close()
 

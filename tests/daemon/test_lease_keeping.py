@@ -138,8 +138,8 @@ def test_a_pass_longer_than_the_lease_keeps_leadership(tmp_path, monkeypatch):
 
             def sample() -> None:  # the lease row, from the first pass's start to its end
                 while not done.is_set():
-                    lease = store.lease() or {}
-                    seen.add((lease.get("holder"), lease.get("token")))
+                    lease = store.lease()
+                    seen.add((lease.holder, lease.token) if lease else (None, None))
                     time.sleep(0.05)
 
             sampler = threading.Thread(target=sample, daemon=True)
@@ -177,7 +177,7 @@ def test_a_leader_stuck_mid_pass_is_replaced_within_the_ttl_and_applies_nothing(
                 wait_until(lambda: b.lease_token is not None, TTL + 10, "the standby to take over")
                 took_over = time.monotonic() - t_hang
                 assert took_over <= TTL + 1.5, f"the standby took {took_over:.1f}s to take over"
-                assert b.lease_token == 2 and (store.lease() or {})["holder"] == b.holder
+                assert b.lease_token == 2 and store.lease().holder == b.holder
                 wait_until(lambda: len(store.read_actual().supervisors) == len(ids), 30, "the new leader's pass")
                 release.set()  # the deposed leader's pass resumes: it must apply nothing
                 wait_until(lambda: a.lease_token is None, 10, "the deposed leader to step down")
@@ -201,7 +201,7 @@ def test_a_killed_leader_is_replaced_within_the_ttl(tmp_path, daemons):  # noqa:
         wait_until(lambda: len(store.read_actual().supervisors) == len(ids), 30, "its first pass", proc=proc, log=log)
         with daemon_thread(s) as b:
             wait_until(lambda: b.status_line().startswith("standby"), 10, "a standby")
-            renewed = store.lease()["expires_at"]
+            renewed = store.lease().expires_at
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             t_kill = time.monotonic()
@@ -209,7 +209,7 @@ def test_a_killed_leader_is_replaced_within_the_ttl(tmp_path, daemons):  # noqa:
             took_over = time.monotonic() - t_kill
             assert took_over <= TTL + 1.5, f"the standby took {took_over:.1f}s to take over\n{tail(log)}"
             lease = store.lease()
-            assert lease["holder"] == b.holder and lease["token"] == 2 and lease["expires_at"] > renewed
+            assert lease.holder == b.holder and lease.token == 2 and lease.expires_at > renewed
     finally:
         store.close()
 
@@ -217,7 +217,8 @@ def test_a_killed_leader_is_replaced_within_the_ttl(tmp_path, daemons):  # noqa:
 def _leader(settings) -> str | None:
     store = Store(settings.db_url)
     try:
-        return (store.lease() or {}).get("holder")
+        lease = store.lease()
+        return lease.holder if lease else None
     except Exception:  # noqa: BLE001 (not migrated yet)
         return None
     finally:

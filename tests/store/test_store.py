@@ -385,12 +385,12 @@ def test_leases(store: Store, clicks):
     assert store.acquire_lease("a", 15, now=t0 + timedelta(seconds=5)) == 1  # renewal keeps the token
     assert store.acquire_lease("b", 15, now=t0 + timedelta(seconds=10)) is None  # standby
     lease = store.lease()
-    assert (lease["holder"], lease["token"]) == ("a", 1)
-    assert lease["expires_at"] == t0 + timedelta(seconds=20)
+    assert (lease.holder, lease.token) == ("a", 1)
+    assert lease.expires_at == t0 + timedelta(seconds=20)
     # a's lease ran out: b takes over with a new fencing token
     assert store.acquire_lease("b", 15, now=t0 + timedelta(seconds=21)) == 2
     assert store.acquire_lease("a", 15, now=t0 + timedelta(seconds=22)) is None
-    assert store.lease()["holder"] == "b"
+    assert store.lease().holder == "b"
     with pytest.raises(PublishConflict, match="leader lease lost by a"):
         publish(store, "stale", [("0", 10, 15)], lease=("a", 1))
     assert store.checkpoints("clicks") == {"0": 10, "1": 20}
@@ -410,7 +410,7 @@ def test_release_lets_a_standby_take_over(store: Store):
     assert store.acquire_lease("b", 60) is None
     store.release_lease("a")
     assert store.acquire_lease("b", 60) == 2
-    assert store.lease()["holder"] == "b"
+    assert store.lease().holder == "b"
     assert store.lease(name="other") is None
 
 
