@@ -43,16 +43,6 @@ def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> int:
     return total
 
 
-def descendants(root: int) -> frozenset[int]:
-    """The processes below ``root`` now (e.g. brokers started before the daemon)."""
-    children, out, todo = _children(), set(), list(_children().get(root, ()))
-    while todo:
-        pid = todo.pop()
-        out.add(pid)
-        todo.extend(children.get(pid, ()))
-    return frozenset(out)
-
-
 class PeakRss:
     """``with PeakRss(pid) as peak: ...`` then ``peak.mib``: the largest tree RSS seen,
     sampled every ``every`` seconds."""

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _raw_consume import raw_kafka_consume_rate, raw_rabbit_consume_rate  # noqa: E402
-from _rss import PeakRss, descendants  # noqa: E402
+from _rss import PeakRss  # noqa: E402
 
 import devservices  # noqa: E402  (the checkout's service launchers, not part of the package)
 
@@ -230,7 +230,8 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     return out
 
 
-def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_source: dict[str, Any]) -> dict[str, Any]:
+def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_source: dict[str, Any],
+                 broker_pid: int | None = None) -> dict[str, Any]:
     """The daemon in this process: a small run warms Spark up, then the timed run."""
     import yaml
 
@@ -249,7 +250,7 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
             raise RuntimeError(f"in-process daemon exited {code}")
         return time.perf_counter() - t, s.segments_dir
 
-    brokers = descendants(os.getpid())  # started before the daemon: not the product's memory
+    brokers = frozenset({broker_pid} if broker_pid else ())  # the broker's process tree is not the product's
     run("warmup", f"{sid}-warmup", warmup_source)
     with PeakRss(os.getpid(), exclude=brokers) as peak:
         seconds, segments = run("warm", sid, source)
@@ -290,7 +291,8 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
         log.info("kafka: product, cold subprocess")
         res["product_cold"] = product_cold(work, "kbench", source, n)
         log.info("kafka: product, warm in-process")
-        res["product_warm"] = product_warm(work, "kbench", source, n, {**source, "topic": "warmup"})
+        res["product_warm"] = product_warm(work, "kbench", source, n, {**source, "topic": "warmup"},
+                                           broker_pid=broker.proc.pid if broker.proc else None)
     res["ratios"] = _ratios(res)
     return res
 
@@ -323,7 +325,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         log.info("rabbitmq: product, cold subprocess")
         res["product_cold"] = product_cold(work, "rbench", source, n)
         log.info("rabbitmq: product, warm in-process")
-        res["product_warm"] = product_warm(work, "rbench", source, n, {**source, "streams": warm})
+        res["product_warm"] = product_warm(work, "rbench", source, n, {**source, "streams": warm},
+                                           broker_pid=node.proc.pid if node.proc else None)
     res["ratios"] = _ratios(res)
     return res
 
