@@ -1,0 +1,197 @@
+"""Backfill beside a running main supervisor: how long a reset's backfill of N records takes.
+
+Prints ONE JSON document on stdout (logs go to stderr). Starts a Tansu broker
+(``devservices``), produces N records (~100 bytes of JSON) to a 4-partition topic, and
+runs the daemon in this process (``Daemon.run`` in a thread, ``local[2]``) with:
+
+* ``warm``: a supervisor of another topic that ingests 20,000 records first, so the
+  SparkSession and its Python workers exist (a running daemon's state);
+* ``clicks``: the main supervisor, created suspended with no checkpoint.
+
+Then it drops ``clicks.reset.yaml`` (``resetTo: latest, backfill: true``): the reset
+moves the main supervisor to the end and creates ``clicks-backfill-1`` for ``[0, N)``.
+Once the reset is recorded, the main supervisor is resumed (``suspended: false``) and a
+producer keeps adding records, so the backfill runs beside a main supervisor that
+ingests too. Measured from the marker's drop: ``reset_s`` (the reset recorded) and
+``backfill_s`` (the backfill COMPLETED), with the records per second of the backfill and
+how many main batches committed meanwhile. At the end every record, the backfill's and
+the main's, must be in the table exactly once (read through the catalog), and the
+daemon's peak RSS (this process, its JVM and Python workers; the broker excluded) is
+reported.
+
+Usage: ``.venv/bin/python benchmarks/backfill.py [--records N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _rss import PeakRss  # noqa: E402
+from ingest import _verify  # noqa: E402
+
+import devservices  # noqa: E402
+from reconciler import logs  # noqa: E402
+from reconciler import settings as settings_mod  # noqa: E402
+from reconciler.actual import State  # noqa: E402
+from reconciler.daemon import Daemon  # noqa: E402
+from reconciler.store.store import Store  # noqa: E402
+
+log = logging.getLogger("bench")
+PARTITIONS = 4
+WARM = 20_000
+TRICKLE = 2_000  # records the producer adds every half second while the backfill runs
+
+
+def _spec(sid: str, bootstrap: str, topic: str, *, suspended: bool) -> str:
+    return f"""id: {sid}
+source: {{type: kafka, bootstrapServers: "{bootstrap}", topic: {topic}}}
+suspended: {str(suspended).lower()}
+taskCount: 2
+taskDuration: 1s
+maxBatchRecords: 1000000
+dataSchema:
+  datasource: {sid}
+  timestamp: {{column: ts, format: millis}}
+  dimensions: [id, user, page, __partition, __offset]
+  granularity: {{segment: hour, query: none, rollup: false}}
+"""
+
+
+def _wait(cond, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _open_store(s) -> Store | None:
+    if not Path(s.db_url.removeprefix("sqlite:///")).exists():
+        return None
+    store = Store(s.db_url)
+    try:
+        if store.get("clicks") is None:
+            store.close()
+            return None
+    except Exception:  # noqa: BLE001 - the daemon is still creating the schema
+        store.close()
+        return None
+    return store
+
+
+class Trickle(threading.Thread):
+    """Keeps producing to the main supervisor's topic, so it ingests beside the backfill."""
+
+    def __init__(self, bootstrap: str, topic: str, start: int):
+        super().__init__(daemon=True, name="trickle")
+        self.bootstrap, self.topic, self.produced = bootstrap, topic, start
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            devservices.produce_kafka(self.bootstrap, self.topic, devservices.make_records(TRICKLE, start=self.produced))
+            self.produced += TRICKLE
+            self._halt.wait(0.5)
+
+    def stop(self) -> int:
+        self._halt.set()
+        self.join(120)
+        return self.produced
+
+
+def run(n: int, work: Path) -> dict[str, Any]:
+    with devservices.TansuBroker() as broker:
+        broker.create_topic("clicks", PARTITIONS)
+        broker.create_topic("warm", PARTITIONS)
+        devservices.produce_kafka(broker.bootstrap, "clicks", devservices.make_records(n))
+        devservices.produce_kafka(broker.bootstrap, "warm", devservices.make_records(WARM))
+        specs = work / "specs"
+        specs.mkdir(parents=True)
+        (specs / "warm.yaml").write_text(_spec("warm", broker.bootstrap, "warm", suspended=False))
+        (specs / "clicks.yaml").write_text(_spec("clicks", broker.bootstrap, "clicks", suspended=True))
+        s = settings_mod.load({"specs": str(specs), "state_dir": str(work / "state"), "spark_master": "local[2]",
+                               "http": "", "tick_interval": 30.0}, config="/dev/null", env={})
+        daemon = Daemon(s)
+        thread = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+        with PeakRss(os.getpid(), exclude=frozenset({broker.proc.pid})) as peak:
+            thread.start()
+            store = _wait(lambda: _open_store(s), 60, "the database")
+            _wait(lambda: sum(store.checkpoints("warm").values()) >= WARM, 300, "the warm-up supervisor", every=0.2)
+            log.info("warm; dropping the marker")
+            t0 = time.monotonic()
+            (specs / "clicks.reset.yaml").write_text("resetTo: latest\nbackfill: true\nreason: backfill benchmark\n")
+            _wait(lambda: store.get("clicks-backfill-1") is not None, 60, "the reset")
+            reset_s = time.monotonic() - t0
+            main_batches_before = len(_batches(store, "clicks"))
+            (specs / "clicks.yaml").write_text(_spec("clicks", broker.bootstrap, "clicks", suspended=False))
+            trickle = Trickle(broker.bootstrap, "clicks", start=n)
+            trickle.start()
+            _wait(lambda: store.get("clicks-backfill-1").state == State.COMPLETED, 900, "the backfill", every=0.1)
+            backfill_s = time.monotonic() - t0
+            main_during = len(_batches(store, "clicks")) - main_batches_before
+            produced = trickle.stop()
+            log.info("backfill completed in %.1fs; waiting for the main supervisor", backfill_s)
+            _wait(lambda: sum(store.checkpoints("clicks").values()) >= produced, 300, "the main supervisor",
+                  every=0.2)
+            daemon.request_stop()
+            thread.join(120)
+        backfill_batches = _batches(store, "clicks-backfill-1")
+        store.close()
+    return {
+        "records": n, "partitions": PARTITIONS, "task_count": 2, "spark_master": "local[2]",
+        "reset_s": round(reset_s, 3),
+        "backfill_s": round(backfill_s, 3),
+        "backfill_records_per_s": round(n / backfill_s, 1),
+        "backfill_batches": len(backfill_batches),
+        "main_batches_during_backfill": main_during,
+        "records_after_reset": produced - n,
+        "peak_rss_mib": peak.mib,
+        "verify": _verify(s.segments_dir, "clicks", produced),
+    }
+
+
+def _batches(store: Store, supervisor_id: str) -> list:
+    import sqlalchemy as sa
+
+    from reconciler.store.tables import batches
+
+    with store.engine.connect() as c:
+        return c.execute(sa.select(batches.c.batch_id).where(batches.c.supervisor_id == supervisor_id)).all()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000, help="records to backfill (default 1,000,000)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    logs.setup("INFO")
+    work = Path(tempfile.mkdtemp(prefix="backfill-bench-"))
+    load = [round(x, 2) for x in os.getloadavg()]
+    try:
+        doc = {"load_average_at_start": load, **run(args.records, work)}
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(doc, indent=2))
+    if not doc["verify"]["exactly_once"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
