@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _rss import PeakRss  # noqa: E402
 from ingest import _verify  # noqa: E402
+from marker_latency import _store as _open_store  # noqa: E402  (waits for supervisor 'clicks')
+from marker_latency import _wait  # noqa: E402
 
 import devservices  # noqa: E402
 from reconciler import logs  # noqa: E402
@@ -69,30 +71,6 @@ dataSchema:
   dimensions: [id, user, page, __partition, __offset]
   granularity: {{segment: hour, query: none, rollup: false}}
 """
-
-
-def _wait(cond, timeout: float, what: str, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _open_store(s) -> Store | None:
-    if not Path(s.db_url.removeprefix("sqlite:///")).exists():
-        return None
-    store = Store(s.db_url)
-    try:
-        if store.get("clicks") is None:
-            store.close()
-            return None
-    except Exception:  # noqa: BLE001 - the daemon is still creating the schema
-        store.close()
-        return None
-    return store
 
 
 class Trickle(threading.Thread):

@@ -274,7 +274,7 @@ class Daemon:
 def _write_stderr(text: str) -> None:
     try:
         os.write(2, text.encode(errors="replace"))
-    except OSError:
+    except OSError:  # stderr itself is gone (a closed terminal): nowhere left to say it
         pass
 
 

@@ -176,7 +176,7 @@ class Leadership:
         try:
             self.store.heartbeat(self.holder, role, ttl)
             self._beat = (role, now)
-        except ReconcilerError:
+        except ReconcilerError:  # the database is away: the next loop beats again (status shows it stale)
             pass
 
     def stop_runtimes(self, *, wait: bool) -> None:
