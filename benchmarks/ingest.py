@@ -15,10 +15,18 @@ c. ``product_cold``: ``reconciler run --until-caught-up`` as a subprocess, wall 
    database commit are all included; ``batch_seconds`` is the daemon's own account of
    its batches (read, parse, write, publish, promote) from its log; the first batch
    includes starting the SparkSession, which the daemon does lazily;
-d. ``product_warm``: the daemon in this process after a small warm-up run, so the
-   SparkSession and its Python workers already exist (a long-running daemon's state).
+d. ``product_warm_first``: the daemon in this process after a small warm-up run, so the
+   SparkSession and its Python workers already exist, but the JVM has not yet compiled
+   the hot code of a big batch (C2 keeps compiling through the first two, PROFILE.md);
+e. ``product_warm``: the same N records again, read by a second supervisor in the same
+   process: the JIT-compiled state of a daemon that has been running a while, so the
+   marginal rate of a record;
+f. ``small_batches``: ``SMALL_RECORDS`` more records in batches of ``SMALL_BATCH``
+   (``maxBatchRecords``) in the same warm process, with each batch's phases from the
+   daemon's log: ``batch_seconds`` from cut to publish, and the fixed cost
+   ``capture + plan + publish`` against the Spark job.
 
-Every product run is verified: the committed Parquet holds exactly N rows and N
+Every product run (d, e and f too) is verified: the committed Parquet holds exactly N rows and N
 distinct ids. ``ratios`` divides the product's rates by a and b. ``peak_rss_mib`` is
 the largest resident memory of the daemon's process tree (Python, the Spark JVM, its
 Python workers; brokers excluded) sampled every 0.25 s during the run.
@@ -55,6 +63,7 @@ log = logging.getLogger("bench")
 PARTITIONS = 4
 TASK_COUNT = 2  # one reader per core of a 2-core machine; see README
 WARMUP_RECORDS = 20_000
+SMALL_RECORDS, SMALL_BATCH = 100_000, 10_000
 SPARK_CONF: list[str] = []  # --spark-conf KEY=VALUE: the product's extra Spark settings (both runs)
 
 
@@ -63,13 +72,13 @@ def _rate(records: int, seconds: float) -> dict[str, Any]:
             "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
 
 
-def _spec(sid: str, source: dict[str, Any]) -> dict[str, Any]:
+def _spec(sid: str, source: dict[str, Any], max_batch: int = 1_000_000) -> dict[str, Any]:
     return {
         "id": sid,
         "source": source,
         "taskCount": TASK_COUNT,
         "taskDuration": "1s",
-        "maxBatchRecords": 1_000_000,
+        "maxBatchRecords": max_batch,
         "dataSchema": {
             "datasource": sid,
             "timestamp": {"column": "ts", "format": "millis"},
@@ -230,18 +239,45 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     return out
 
 
+class _Phases(logging.Handler):
+    """The daemon's per-batch phases (the ``phases`` of its "published" log records)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.batches: list[dict[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        phases = getattr(record, "phases", None)
+        if phases:
+            self.batches.append(dict(phases))
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return round((xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2, 3)
+
+
+def _small_batches(batches: list[dict[str, float]]) -> dict[str, Any]:
+    cut_to_publish = [b["plan"] + b["job"] + b["publish"] for b in batches]
+    fixed = [b["capture"] + b["plan"] + b["publish"] for b in batches]
+    return {"batches": len(batches), "batch_records": SMALL_BATCH,
+            "batch_seconds_median": _median(cut_to_publish), "batch_seconds_max": round(max(cut_to_publish), 3),
+            "fixed_seconds_median": _median(fixed), "fixed_seconds_max": round(max(fixed), 3),
+            "phases_median": {k: _median([b[k] for b in batches]) for k in ("capture", "plan", "job", "publish")}}
+
+
 def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_source: dict[str, Any],
-                 broker_pid: int | None = None) -> dict[str, Any]:
-    """The daemon in this process: a small run warms Spark up, then the timed run."""
+                 small_source: dict[str, Any], broker_pid: int | None = None) -> dict[str, Any]:
+    """The daemon in this process: a small run warms Spark up, then the timed runs (d, e, f)."""
     import yaml
 
     from reconciler import settings as settings_mod
     from reconciler.daemon import Daemon
 
-    def run(tag: str, spec_id: str, src: dict[str, Any]) -> tuple[float, Path]:
+    def run(tag: str, spec_id: str, src: dict[str, Any], max_batch: int = 1_000_000) -> tuple[float, Path]:
         base = work / f"{spec_id}-{tag}"
         (base / "specs").mkdir(parents=True)
-        (base / "specs" / f"{spec_id}.yaml").write_text(yaml.safe_dump(_spec(spec_id, src)))
+        (base / "specs" / f"{spec_id}.yaml").write_text(yaml.safe_dump(_spec(spec_id, src, max_batch)))
         s = settings_mod.load({"specs": str(base / "specs"), "state_dir": str(base / "state"), "http": "",
                                "tick_interval": 1.0, "spark_conf": list(SPARK_CONF)}, config=os.devnull, env={})
         t = time.perf_counter()
@@ -252,11 +288,22 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
 
     brokers = frozenset({broker_pid} if broker_pid else ())  # the broker's process tree is not the product's
     run("warmup", f"{sid}-warmup", warmup_source)
+    out: dict[str, Any] = {}
+    seconds, segments = run("first", f"{sid}-first", source)
+    out["product_warm_first"] = {**_rate(n, seconds), "verify": _verify(segments, f"{sid}-first", n)}
     with PeakRss(os.getpid(), exclude=brokers) as peak:
         seconds, segments = run("warm", sid, source)
-    out = _rate(n, seconds)
-    out["peak_rss_mib"] = peak.mib  # this process (with the benchmark's own data) + JVM + workers
-    out["verify"] = _verify(segments, sid, n)
+    out["product_warm"] = {**_rate(n, seconds),
+                           "peak_rss_mib": peak.mib,  # this process (with the benchmark's own data) + JVM + workers
+                           "verify": _verify(segments, sid, n)}
+    phases = _Phases()
+    logging.getLogger("reconciler.runtime.supervisor").addHandler(phases)
+    try:
+        seconds, segments = run("small", f"{sid}-small", small_source, SMALL_BATCH)
+    finally:
+        logging.getLogger("reconciler.runtime.supervisor").removeHandler(phases)
+    out["small_batches"] = {**_rate(SMALL_RECORDS, seconds), **_small_batches(phases.batches),
+                            "verify": _verify(segments, f"{sid}-small", SMALL_RECORDS)}
     return out
 
 
@@ -266,7 +313,9 @@ def _ratios(res: dict[str, Any]) -> dict[str, Any]:
         return round(x / y, 3) if x and y else None
 
     return {"cold_over_raw": r("product_cold", "raw_consume"), "cold_over_naive": r("product_cold", "naive_pipeline"),
-            "warm_over_raw": r("product_warm", "raw_consume"), "warm_over_naive": r("product_warm", "naive_pipeline")}
+            "warm_over_raw": r("product_warm", "raw_consume"), "warm_over_naive": r("product_warm", "naive_pipeline"),
+            "warm_first_over_raw": r("product_warm_first", "raw_consume"),
+            "warm_first_over_naive": r("product_warm_first", "naive_pipeline")}
 
 
 # --------------------------------------------------------------------------- per system
@@ -277,11 +326,13 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
     with devservices.TansuBroker() as broker:
         broker.create_topic("bench", PARTITIONS)
         broker.create_topic("warmup", PARTITIONS)
+        broker.create_topic("small", PARTITIONS)
         log.info("kafka: producing %d records", n)
         t = time.perf_counter()
         ends = devservices.produce_kafka(broker.bootstrap, "bench", devservices.make_records(n))
         res["produce"] = _rate(n, time.perf_counter() - t)
         devservices.produce_kafka(broker.bootstrap, "warmup", devservices.make_records(WARMUP_RECORDS))
+        devservices.produce_kafka(broker.bootstrap, "small", devservices.make_records(SMALL_RECORDS))
         assert sum(ends.values()) == n, ends
         log.info("kafka: raw consume")
         res["raw_consume"] = raw_kafka_consume_rate(broker.bootstrap, "bench", ends, timeout=600)
@@ -291,8 +342,8 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
         log.info("kafka: product, cold subprocess")
         res["product_cold"] = product_cold(work, "kbench", source, n)
         log.info("kafka: product, warm in-process")
-        res["product_warm"] = product_warm(work, "kbench", source, n, {**source, "topic": "warmup"},
-                                           broker_pid=broker.proc.pid if broker.proc else None)
+        res.update(product_warm(work, "kbench", source, n, {**source, "topic": "warmup"},
+                                {**source, "topic": "small"}, broker_pid=broker.proc.pid if broker.proc else None))
     res["ratios"] = _ratios(res)
     return res
 
@@ -302,7 +353,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
     with devservices.RabbitNode() as node:
         streams = [f"bench-{i}" for i in range(PARTITIONS)]
         warm = [f"warmup-{i}" for i in range(PARTITIONS)]
-        for s in streams + warm:
+        small = [f"small-{i}" for i in range(PARTITIONS)]
+        for s in streams + warm + small:
             node.create_stream(s)
         records = devservices.make_records(n)
         per: dict[str, list] = {s: [] for s in streams}
@@ -316,6 +368,9 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         for i, s in enumerate(warm):
             devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(WARMUP_RECORDS // PARTITIONS,
                                                                                     start=i * 100_000))
+        for i, s in enumerate(small):
+            devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(SMALL_RECORDS // PARTITIONS,
+                                                                                    start=i * 100_000))
         ends = {s: len(recs) for s, recs in per.items()}
         log.info("rabbitmq: raw consume")
         res["raw_consume"] = raw_rabbit_consume_rate(node.stream_uri, streams, ends, timeout=600)
@@ -325,8 +380,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         log.info("rabbitmq: product, cold subprocess")
         res["product_cold"] = product_cold(work, "rbench", source, n)
         log.info("rabbitmq: product, warm in-process")
-        res["product_warm"] = product_warm(work, "rbench", source, n, {**source, "streams": warm},
-                                           broker_pid=node.proc.pid if node.proc else None)
+        res.update(product_warm(work, "rbench", source, n, {**source, "streams": warm},
+                                {**source, "streams": small}, broker_pid=node.proc.pid if node.proc else None))
     res["ratios"] = _ratios(res)
     return res
 

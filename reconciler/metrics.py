@@ -14,6 +14,7 @@ name                                       labels                 what
 ``reconciler_records_ingested``            supervisor             records published (incl. unparseable)
 ``reconciler_records_unparseable``         supervisor             records kept as dead letters
 ``reconciler_batch_duration_seconds``      supervisor             histogram: read, write, publish
+``reconciler_batch_phase_seconds``         supervisor, phase      histogram: capture, plan, job, publish
 ``reconciler_tick_duration_seconds``       (none)                 histogram: one reconcile pass
 ``reconciler_reconcile_passes``            outcome                changed, unchanged, deferred, aborted
 ``reconciler_publish_conflicts``           supervisor             publishes that lost the CAS (fenced)
@@ -58,6 +59,12 @@ class Metrics:
         self.unparseable = Counter("reconciler_records_unparseable", "records kept in the dead-letter set", ["supervisor"], registry=r)
         self.batch_seconds = Histogram("reconciler_batch_duration_seconds", "batch duration", ["supervisor"], registry=r,
                                        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        # A batch's fixed cost (capture, plan, publish) against its Spark job: what limits a
+        # short taskDuration.
+        self.phase_seconds = Histogram("reconciler_batch_phase_seconds",
+                                       "batch phases: capture (positions), plan, job (Spark), publish",
+                                       ["supervisor", "phase"], registry=r,
+                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2, 5, 30))
         self.tick_seconds = Histogram("reconciler_tick_duration_seconds", "reconcile pass duration", registry=r,
                                       buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30))
         self.passes = Counter("reconciler_reconcile_passes",
@@ -87,10 +94,13 @@ class Metrics:
                 self.checkpoint.labels(supervisor, p).set(cp)
                 self.lag.labels(supervisor, p).set(max(0, end - cp))
 
-    def batch_done(self, supervisor: str, records: int, unparseable: int, seconds: float) -> None:
+    def batch_done(self, supervisor: str, records: int, unparseable: int, seconds: float,
+                   phases: Mapping[str, float] | None = None) -> None:
         self.records.labels(supervisor).inc(records)
         self.unparseable.labels(supervisor).inc(unparseable)
         self.batch_seconds.labels(supervisor).observe(seconds)
+        for phase, secs in (phases or {}).items():
+            self.phase_seconds.labels(supervisor, phase).observe(secs)
 
     def records_lost(self, supervisor: str, count: int) -> None:
         self.lost.labels(supervisor).inc(count)

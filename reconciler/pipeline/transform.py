@@ -282,7 +282,10 @@ def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
                 continue
             src = _field(name)
             cols.append(src.try_cast(kind).alias(name))
-        out = ok.select(*cols)
+        # the chunk of the (query-floored) row time, in the same projection: one analysis
+        chunk = chunk_column(floor_time(F.col(TIME), data_schema.query_granularity),
+                             data_schema.segment_granularity)
+        return ok.select(*cols, chunk.alias(SEGMENT))
     return out.withColumn(SEGMENT, chunk_column(F.col(TIME), data_schema.segment_granularity))
 
 

@@ -109,6 +109,7 @@ class SupervisorRuntime:
             return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
 
     def _ingest(self, rec: SupervisorRecord, spec) -> StepOutcome:
+        captured = time.monotonic()
         adapter = self._adapter_for(rec)
         checkpoint = self.ctx.store.checkpoints(rec.id)
         if rec.bounded:
@@ -134,7 +135,7 @@ class SupervisorRuntime:
         ranges = cut_ranges(checkpoint, target,
                             batch_budget(spec.max_batch_records, spec.max_batch_bytes, self._record_bytes))
         self._report(rec, State.RUNNING, DetailedState.RUNNING, None)
-        records = self._run_batch(rec, spec, ranges)
+        records = self._run_batch(rec, spec, ranges, capture=time.monotonic() - captured)
         self.failures = 0
         more = not caught_up({r.partition: r.end for r in ranges} | {
             p: o for p, o in checkpoint.items() if p not in {r.partition for r in ranges}}, target)
@@ -185,7 +186,7 @@ class SupervisorRuntime:
         log.error("%s", message, extra={"supervisor": rec.id})
         return checkpoint, StepOutcome(MAX_BACKOFF)
 
-    def _run_batch(self, rec: SupervisorRecord, spec, ranges) -> int:
+    def _run_batch(self, rec: SupervisorRecord, spec, ranges, capture: float = 0.0) -> int:
         from reconciler.pipeline import segments
         from reconciler.pipeline.batch import output_schemas, run_batch
         from reconciler.table.catalog import deadletter_table
@@ -208,6 +209,7 @@ class SupervisorRuntime:
         table = tables.ensure(ds.datasource, schema, ds.segment_granularity)
         dead_table = tables.ensure(deadletter_table(ds.datasource), dead_schema, None)
         data_dir, dead_dir = tables.data_dir(table, batch_id), tables.data_dir(dead_table, batch_id)
+        planned = time.monotonic()
         try:
             written = run_batch(spark, spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir,
                                 task_count=spec.task_count)
@@ -221,6 +223,7 @@ class SupervisorRuntime:
                 raise translated from exc
             raise
         faults.crash_point("after-write", rec.id)
+        job_done = time.monotonic()
         try:
             self._publish(rec, spec, ranges, written, schema, dead_schema, records)
         except (PublishConflict, TableConflict):
@@ -234,11 +237,17 @@ class SupervisorRuntime:
             mean = written.input_bytes / written.input_rows
             # weighted toward the latest batch: record sizes drift with the producers
             self._record_bytes = mean if self._record_bytes is None else 0.3 * self._record_bytes + 0.7 * mean
-        elapsed = time.monotonic() - started
+        done = time.monotonic()
+        elapsed = done - started
+        # capture + plan + publish is the batch's fixed cost; the job is Spark's read and write
+        phases = {"capture": capture, "plan": planned - started, "job": job_done - planned,
+                  "publish": done - job_done}
         if self.ctx.metrics:
-            self.ctx.metrics.batch_done(rec.id, records, written.dead_rows, elapsed)
-        log.info("batch %s published: %d records (%d unparseable) in %.2fs", batch_id[:12], records,
-                 written.dead_rows, elapsed, extra={"supervisor": rec.id, "batch": batch_id})
+            self.ctx.metrics.batch_done(rec.id, records, written.dead_rows, elapsed, phases)
+        log.info("batch %s published: %d records (%d unparseable) in %.2fs (capture %.3fs, plan %.3fs, "
+                 "job %.2fs, publish %.3fs)", batch_id[:12], records, written.dead_rows, elapsed,
+                 capture, phases["plan"], phases["job"], phases["publish"],
+                 extra={"supervisor": rec.id, "batch": batch_id, "phases": phases})
         return records
 
     def _discard_unless_committed(self, batch_id: str, *dirs) -> None:

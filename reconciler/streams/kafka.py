@@ -460,10 +460,13 @@ class KafkaRangeReader:
             eof_at: int | None = None
             done = False
             while not done:
+                # Ask for exactly what is left: one more would wait for the end-of-partition
+                # event, an empty fetch the broker holds for fetch.wait.max.ms (100 ms per
+                # range per batch). EOF still ends a range whose last offsets do not exist.
                 remaining = end - position
                 try:
                     msgs = consumer.consume(
-                        num_messages=max(1, min(CONSUME_CHUNK, remaining + 1)), timeout=0.5
+                        num_messages=max(1, min(CONSUME_CHUNK, remaining)), timeout=0.5
                     )
                 except KafkaException as exc:
                     raise self._config.translate(exc, f"reading {where}") from None

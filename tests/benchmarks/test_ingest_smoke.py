@@ -22,11 +22,17 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     kafka = doc["kafka"]
-    for figure in ("raw_consume", "naive_pipeline", "product_cold", "product_warm"):
+    for figure in ("raw_consume", "naive_pipeline", "product_cold", "product_warm_first", "product_warm",
+                   "small_batches"):
         assert kafka[figure]["records"] == 100_000 and kafka[figure]["records_per_s"] > 0, figure
-    for run in ("product_cold", "product_warm"):
+    for run in ("product_cold", "product_warm_first", "product_warm", "small_batches"):
         assert kafka[run]["verify"] == {**kafka[run]["verify"], "rows": 100_000, "distinct_ids": 100_000,
                                         "exactly_once": True}, run
-    assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive"}
+    assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive",
+                                    "warm_first_over_raw", "warm_first_over_naive"}
+    small = kafka["small_batches"]  # 100,000 records in batches of 10,000, each batch's phases read from the log
+    assert small["batches"] == 10 and small["batch_records"] == 10_000, small
+    assert set(small["phases_median"]) == {"capture", "plan", "job", "publish"}, small
+    assert 0 < small["fixed_seconds_median"] < small["batch_seconds_median"] + small["phases_median"]["capture"]
     for run in ("product_cold", "product_warm"):  # sampled, and the JVM counted (it alone is > 200 MiB)
         assert 200 < kafka[run]["peak_rss_mib"] < 16384, (run, kafka[run]["peak_rss_mib"])

@@ -155,7 +155,12 @@ def test_lag_falls_to_zero_and_healthz_follows_the_broker(tmp_path, spark):
             by = (("supervisor", "clicks"),)
             assert m[("reconciler_records_ingested_total", by)] == 6005
             assert m[("reconciler_records_unparseable_total", by)] == 5
-            assert m[("reconciler_batch_duration_seconds_count", by)] >= 4
+            batches = m[("reconciler_batch_duration_seconds_count", by)]
+            assert batches >= 4
+            for phase in ("capture", "plan", "job", "publish"):  # every batch observed each phase
+                key = (("phase", phase), ("supervisor", "clicks"))
+                assert m[("reconciler_batch_phase_seconds_count", key)] == batches, phase
+                assert m[("reconciler_batch_phase_seconds_sum", key)] > 0, phase
             assert m[("reconciler_tick_duration_seconds_count", ())] >= 1
             assert m[("reconciler_reconcile_passes_total", (("outcome", "changed"),))] == 1
             assert m[("reconciler_leader", ())] == 1
