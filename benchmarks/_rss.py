@@ -1,5 +1,10 @@
 """Peak resident memory of a process tree (the daemon: Python, its Spark JVM, the JVM's
-Python workers), sampled from /proc while a benchmark runs."""
+Python workers), sampled from /proc while a benchmark runs.
+
+Two sums: RSS counts a page once per process that maps it, so the Python workers that
+Spark forks from one daemon (sharing its imported modules copy-on-write) are counted
+several times over; PSS (``/proc/<pid>/smaps_rollup``) splits each shared page among the
+processes that share it, so its sum is the memory the tree really occupies."""
 
 from __future__ import annotations
 
@@ -31,32 +36,56 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> int:
-    """Bytes resident in ``root`` and its descendants, without the subtrees of ``exclude``."""
-    children, total, todo = _children(), 0, [root]
+def _pss(pid: int) -> int:
+    try:
+        for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _tree(root: int, exclude: frozenset[int]) -> list[int]:
+    children, out, todo = _children(), [], [root]
     while todo:
         pid = todo.pop()
         if pid in exclude:
             continue
-        total += _rss(pid)
+        out.append(pid)
         todo.extend(children.get(pid, ()))
-    return total
+    return out
+
+
+def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> int:
+    """Bytes resident in ``root`` and its descendants, without the subtrees of ``exclude``."""
+    return sum(_rss(pid) for pid in _tree(root, exclude))
+
+
+def tree_pss(root: int, exclude: frozenset[int] = frozenset()) -> int:
+    """Proportional bytes (shared pages split among their sharers) of the same tree."""
+    return sum(_pss(pid) for pid in _tree(root, exclude))
 
 
 class PeakRss:
-    """``with PeakRss(pid) as peak: ...`` then ``peak.mib``: the largest tree RSS seen,
-    sampled every ``every`` seconds."""
+    """``with PeakRss(pid) as peak: ...`` then ``peak.mib`` and ``peak.pss_mib``: the
+    largest tree RSS and PSS seen, sampled every ``every`` seconds."""
 
     def __init__(self, root: int, exclude: frozenset[int] = frozenset(), every: float = 0.25):
         self.root, self.exclude, self.every = root, exclude, every
         self.peak = 0
+        self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss(self.root, self.exclude))
+            self._sample()
             self._stop.wait(self.every)
+
+    def _sample(self) -> None:
+        self.peak = max(self.peak, tree_rss(self.root, self.exclude))
+        self.peak_pss = max(self.peak_pss, tree_pss(self.root, self.exclude))
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -65,8 +94,12 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss(self.root, self.exclude))
+        self._sample()
 
     @property
     def mib(self) -> float:
         return round(self.peak / 2**20, 1)
+
+    @property
+    def pss_mib(self) -> float:
+        return round(self.peak_pss / 2**20, 1)

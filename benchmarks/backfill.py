@@ -140,6 +140,7 @@ def run(n: int, work: Path) -> dict[str, Any]:
         "main_batches_during_backfill": main_during,
         "records_after_reset": produced - n,
         "peak_rss_mib": peak.mib,
+        "peak_pss_mib": peak.pss_mib,
         "verify": _verify(s.segments_dir, "clicks", produced),
     }
 

@@ -29,7 +29,9 @@ f. ``small_batches``: ``SMALL_RECORDS`` more records in batches of ``SMALL_BATCH
 Every product run (d, e and f too) is verified: the committed Parquet holds exactly N rows and N
 distinct ids. ``ratios`` divides the product's rates by a and b. ``peak_rss_mib`` is
 the largest resident memory of the daemon's process tree (Python, the Spark JVM, its
-Python workers; brokers excluded) sampled every 0.25 s during the run.
+Python workers; brokers excluded) sampled every 0.25 s during the run, counting pages
+shared by forked workers once per process; ``peak_pss_mib`` splits shared pages among
+their sharers (the memory the tree really occupies).
 
 Usage: ``.venv/bin/python benchmarks/ingest.py [--records N] [--system kafka|rabbitmq|both]``
 """
@@ -235,6 +237,7 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     out["batch_records_per_s"] = round(n / sum(batch_s), 1) if batch_s else None
     out["outside_batches_seconds"] = round(wall - sum(batch_s), 3)
     out["peak_rss_mib"] = peak.mib
+    out["peak_pss_mib"] = peak.pss_mib
     out["verify"] = _verify(state / "segments", sid, n)
     return out
 
@@ -295,6 +298,7 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
         seconds, segments = run("warm", sid, source)
     out["product_warm"] = {**_rate(n, seconds),
                            "peak_rss_mib": peak.mib,  # this process (with the benchmark's own data) + JVM + workers
+                           "peak_pss_mib": peak.pss_mib,
                            "verify": _verify(segments, sid, n)}
     phases = _Phases()
     logging.getLogger("reconciler.runtime.supervisor").addHandler(phases)

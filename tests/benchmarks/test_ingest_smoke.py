@@ -36,3 +36,5 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
     assert 0 < small["fixed_seconds_median"] < small["batch_seconds_median"] + small["phases_median"]["capture"]
     for run in ("product_cold", "product_warm"):  # sampled, and the JVM counted (it alone is > 200 MiB)
         assert 200 < kafka[run]["peak_rss_mib"] < 16384, (run, kafka[run]["peak_rss_mib"])
+        # sampled just after the RSS: at most the RSS, give or take what grew in between
+        assert 200 < kafka[run]["peak_pss_mib"] < 1.1 * kafka[run]["peak_rss_mib"], (run, kafka[run])
