@@ -82,8 +82,9 @@ STATIC_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     # No _SUCCESS markers: staging directories hold only what we move.
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-    # The 1g default makes Parquet's writers shrink their row groups (and say so on
-    # stderr) as soon as a batch spans several time chunks.
+    # The JVM no longer writes Parquet (the pyarrow sink does), but a 1g heap still ran a
+    # warm 1M-record batch ~8% slower (GC); with 2g the whole daemon's peak stays near
+    # 2.1 GiB (PSS, benchmarks/ingest.py).
     "spark.driver.memory": "2g",
     # Hadoop's checksummed local filesystem writes a .crc beside every file, and without
     # Hadoop's native library every file it creates costs a forked `chmod` (from a 2 GB
