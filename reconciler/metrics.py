@@ -14,7 +14,7 @@ name                                       labels                 what
 ``reconciler_records_ingested``            supervisor             records published (incl. unparseable)
 ``reconciler_records_unparseable``         supervisor             records kept as dead letters
 ``reconciler_batch_duration_seconds``      supervisor             histogram: read, write, publish
-``reconciler_batch_phase_seconds``         supervisor, phase      histogram: capture, plan, job, publish
+``reconciler_batch_phase_seconds``         supervisor, phase      histogram: capture, plan (+ session start), job, publish
 ``reconciler_tick_duration_seconds``       (none)                 histogram: one reconcile pass
 ``reconciler_reconcile_passes``            outcome                changed, unchanged, deferred, aborted
 ``reconciler_publish_conflicts``           supervisor             publishes that lost the CAS (fenced)

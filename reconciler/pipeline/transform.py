@@ -275,18 +275,17 @@ def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
             out = grouped.agg(F.count(F.lit(1)).alias("__rows")).drop("__rows")
         else:
             out = grouped.agg(*metrics)
-    else:
-        cols = [qtime, *dims]
-        for name, kind in _metric_field_types(data_schema).items():
-            if name in data_schema.dimensions:
-                continue
-            src = _field(name)
-            cols.append(src.try_cast(kind).alias(name))
-        # the chunk of the (query-floored) row time, in the same projection: one analysis
-        chunk = chunk_column(floor_time(F.col(TIME), data_schema.query_granularity),
-                             data_schema.segment_granularity)
-        return ok.select(*cols, chunk.alias(SEGMENT))
-    return out.withColumn(SEGMENT, chunk_column(F.col(TIME), data_schema.segment_granularity))
+        return out.withColumn(SEGMENT, chunk_column(F.col(TIME), data_schema.segment_granularity))
+    cols = [qtime, *dims]
+    for name, kind in _metric_field_types(data_schema).items():
+        if name in data_schema.dimensions:
+            continue
+        src = _field(name)
+        cols.append(src.try_cast(kind).alias(name))
+    # The chunk of the (query-floored) row time in the same projection: every DataFrame
+    # step is analysed in the JVM at once, so one step fewer per batch.
+    chunk = chunk_column(floor_time(F.col(TIME), data_schema.query_granularity), data_schema.segment_granularity)
+    return ok.select(*cols, chunk.alias(SEGMENT))
 
 
 def dead_rows(parsed: DataFrame) -> DataFrame:
