@@ -55,7 +55,7 @@ def runtime(store: Store, sid: str, broker: Broker, tmp_path: Path) -> tuple[Sup
     ran: list = []
     rt = SupervisorRuntime(sid, RuntimeContext(store=store, segments_dir=tmp_path, spark=lambda: None))
     rt._adapter_for = lambda rec: broker  # noqa: SLF001 - the stand-in broker
-    rt._run_batch = lambda rec, spec, ranges: ran.append([(r.partition, r.start, r.end) for r in ranges]) or 0
+    rt._run_batch = lambda rec, spec, ranges, **_: ran.append([(r.partition, r.start, r.end) for r in ranges]) or 0
     return rt, ran
 
 
