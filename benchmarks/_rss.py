@@ -41,7 +41,7 @@ def _pss(pid: int) -> int:
         for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
+    except (OSError, IndexError, ValueError):  # exited between the listing and the read
         pass
     return 0
 

@@ -44,6 +44,7 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -256,8 +257,7 @@ class _Phases(logging.Handler):
 
 
 def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return round((xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2, 3)
+    return round(statistics.median(xs), 3)
 
 
 def _small_batches(batches: list[dict[str, float]]) -> dict[str, Any]:
