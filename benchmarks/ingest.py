@@ -20,7 +20,9 @@ d. ``product_warm_first``: the daemon in this process after a small warm-up run,
    the hot code of a big batch (C2 keeps compiling through the first two, PROFILE.md);
 e. ``product_warm``: the same N records again, read by a second supervisor in the same
    process: the JIT-compiled state of a daemon that has been running a while, so the
-   marginal rate of a record;
+   marginal rate of a record; d and e carry ``batch_phases`` (capture, plan, job and
+   publish of the run's one batch, from the daemon's log), so the rest of the wall time
+   is the daemon's own start and its ticks;
 f. ``small_batches``: ``SMALL_RECORDS`` more records in batches of ``SMALL_BATCH``
    (``maxBatchRecords``) in the same warm process, with each batch's phases from the
    daemon's log: ``batch_seconds`` from cut to publish, and the fixed cost
@@ -260,6 +262,11 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 3)
 
 
+def _phases_of(batches: list[dict[str, float]]) -> dict[str, float]:
+    """One run's batch phases, summed over its batches (a 1M-record run is one batch)."""
+    return {k: round(sum(b[k] for b in batches), 3) for k in ("capture", "plan", "job", "publish")}
+
+
 def _small_batches(batches: list[dict[str, float]]) -> dict[str, Any]:
     cut_to_publish = [b["plan"] + b["job"] + b["publish"] for b in batches]
     fixed = [b["capture"] + b["plan"] + b["publish"] for b in batches]
@@ -277,14 +284,21 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
     from reconciler import settings as settings_mod
     from reconciler.daemon import Daemon
 
+    phases = _Phases()
+
     def run(tag: str, spec_id: str, src: dict[str, Any], max_batch: int = 1_000_000) -> tuple[float, Path]:
+        phases.batches.clear()
         base = work / f"{spec_id}-{tag}"
         (base / "specs").mkdir(parents=True)
         (base / "specs" / f"{spec_id}.yaml").write_text(yaml.safe_dump(_spec(spec_id, src, max_batch)))
         s = settings_mod.load({"specs": str(base / "specs"), "state_dir": str(base / "state"), "http": "",
                                "tick_interval": 1.0, "spark_conf": list(SPARK_CONF)}, config=os.devnull, env={})
         t = time.perf_counter()
-        code = Daemon(s).run(until_caught_up=True, timeout=900)
+        logging.getLogger("reconciler.runtime.supervisor").addHandler(phases)
+        try:
+            code = Daemon(s).run(until_caught_up=True, timeout=900)
+        finally:
+            logging.getLogger("reconciler.runtime.supervisor").removeHandler(phases)
         if code != 0:
             raise RuntimeError(f"in-process daemon exited {code}")
         return time.perf_counter() - t, s.segments_dir
@@ -293,19 +307,15 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
     run("warmup", f"{sid}-warmup", warmup_source)
     out: dict[str, Any] = {}
     seconds, segments = run("first", f"{sid}-first", source)
-    out["product_warm_first"] = {**_rate(n, seconds), "verify": _verify(segments, f"{sid}-first", n)}
+    out["product_warm_first"] = {**_rate(n, seconds), "batch_phases": _phases_of(phases.batches),
+                                 "verify": _verify(segments, f"{sid}-first", n)}
     with PeakRss(os.getpid(), exclude=brokers) as peak:
         seconds, segments = run("warm", sid, source)
-    out["product_warm"] = {**_rate(n, seconds),
+    out["product_warm"] = {**_rate(n, seconds), "batch_phases": _phases_of(phases.batches),
                            "peak_rss_mib": peak.mib,  # this process (with the benchmark's own data) + JVM + workers
                            "peak_pss_mib": peak.pss_mib,
                            "verify": _verify(segments, sid, n)}
-    phases = _Phases()
-    logging.getLogger("reconciler.runtime.supervisor").addHandler(phases)
-    try:
-        seconds, segments = run("small", f"{sid}-small", small_source, SMALL_BATCH)
-    finally:
-        logging.getLogger("reconciler.runtime.supervisor").removeHandler(phases)
+    seconds, segments = run("small", f"{sid}-small", small_source, SMALL_BATCH)
     out["small_batches"] = {**_rate(SMALL_RECORDS, seconds), **_small_batches(phases.batches),
                             "verify": _verify(segments, f"{sid}-small", SMALL_RECORDS)}
     return out

@@ -33,7 +33,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import CommitTableResponse, Table, TableProperties, Transaction
 from pyiceberg.table.update import update_table_metadata
+from pyiceberg.utils.properties import property_as_bool
 
+from reconciler.table.datafiles import describe
 from reconciler.table.schema import partition_transform
 
 if TYPE_CHECKING:
@@ -95,11 +97,16 @@ def local_path(location: str) -> Path:
 class _StagingCatalog(SqlCatalog):
     """``SqlCatalog`` on our engine, whose commit can stop before the pointer move."""
 
-    def __init__(self, engine: sa.Engine, warehouse: str):
+    def __init__(self, engine: sa.Engine, warehouse: str, ddl_engine: sa.Engine | None = None):
         MetastoreCatalog.__init__(self, CATALOG, uri=engine.url.render_as_string(hide_password=True),
                                   warehouse=warehouse)
-        self.engine = engine
+        # Creating the catalog's tables writes after reading. On SQLite a deferred (read)
+        # transaction that then writes cannot wait for another writer: it fails at once
+        # with "database is locked" (seen when a daemon's first batch met its lease
+        # renewal). The writable engine begins IMMEDIATE, which waits its busy timeout.
+        self.engine = ddl_engine if ddl_engine is not None else engine
         self._init_catalog()
+        self.engine = engine
         self._staging = threading.local()
 
     def commit_table(self, table, requirements, updates) -> CommitTableResponse:
@@ -147,7 +154,7 @@ class Tables:
         self.warehouse = root
         # Reads take no write lock on SQLite (see store.engine); pyiceberg's own writes
         # (create table, compaction commits) upgrade under busy_timeout.
-        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), root.as_uri())
+        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), root.as_uri(), ddl_engine=engine)
         self._lock = threading.Lock()
         self._namespace_ready = False
         self._engine = engine
@@ -240,12 +247,28 @@ class Tables:
                                          tx.table_metadata.schema().name_mapping.model_dump_json()})
                 if granularity is not None:
                     _evolve_partitioning(tx, granularity)
-                tx.add_files(list(files), snapshot_properties=dict(properties), check_duplicate_files=False)
+                _append(tx, files, properties)
         finally:
             self.catalog._staging.out = None
         if len(out) != 1:
             raise RuntimeError(f"staging {name}: expected one metadata change, got {len(out)}")
         return out[0]
+
+
+def _append(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]) -> None:
+    """``tx.add_files(files)`` without its per-file schema work (``datafiles``): the
+    files are a batch's, written where nothing else references them, so no duplicate
+    check either."""
+    if tx.table_metadata.name_mapping() is None:
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                             tx.table_metadata.schema().name_mapping.model_dump_json()})
+    entries = describe(tx.table_metadata, list(files))
+    update = tx.update_snapshot(snapshot_properties=dict(properties))
+    merge = property_as_bool(tx.table_metadata.properties, TableProperties.MANIFEST_MERGE_ENABLED,
+                             TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT)
+    with (update.merge_append() if merge else update.fast_append()) as producer:
+        for entry in entries:
+            producer.append_data_file(entry)
 
 
 def granularity_name(granularity: str) -> str:

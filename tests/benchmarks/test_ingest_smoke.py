@@ -30,6 +30,10 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
                                         "exactly_once": True}, run
     assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive",
                                     "warm_first_over_raw", "warm_first_over_naive"}
+    for run in ("product_warm_first", "product_warm"):  # the run's one batch, its phases from the log
+        phases = kafka[run]["batch_phases"]
+        assert set(phases) == {"capture", "plan", "job", "publish"} and phases["job"] > 0, (run, phases)
+        assert sum(phases.values()) <= kafka[run]["seconds"], (run, kafka[run])
     small = kafka["small_batches"]  # 100,000 records in batches of 10,000, each batch's phases read from the log
     assert small["batches"] == 10 and small["batch_records"] == 10_000, small
     assert set(small["phases_median"]) == {"capture", "plan", "job", "publish"}, small

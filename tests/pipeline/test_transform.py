@@ -89,6 +89,14 @@ def ts_of(spark, value, fmt):
         (1_000, "millis", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)),
         (1_000, "seconds", datetime(1970, 1, 1, 0, 16, 40, tzinfo=UTC)),
         (1_000, "auto", datetime(1970, 1, 1, 0, 16, 40, tzinfo=UTC)),  # small: seconds
+        # integers take the exact long path; fractions and exponents the double path
+        (-1_000, "auto", datetime(1969, 12, 31, 23, 43, 20, tzinfo=UTC)),
+        (-T0_MS, "auto", datetime(1970, 1, 1, tzinfo=UTC) - (T0 - datetime(1970, 1, 1, tzinfo=UTC))),
+        ("1.5", "millis", datetime(1970, 1, 1, 0, 0, 0, 1500, tzinfo=UTC)),
+        ("1.0", "seconds", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)),
+        ("1e3", "millis", datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)),
+        (str(T0_MS / 1000), "auto", T0),  # seconds with a fraction, in a string
+        (int(T0.timestamp()) * 1000, "millis", T0.replace(microsecond=0)),
     ],
 )
 def test_timestamp_formats(spark, value, fmt, expected):
@@ -105,6 +113,10 @@ def test_timestamp_formats(spark, value, fmt, expected):
         ({"a": 1}, "auto"),
         ("NaN", "seconds"),
         (1e300, "seconds"),
+        # out of a long's range as micros: null, never an overflow error that fails the batch
+        (9_223_372_036_854_775_807, "millis"),
+        (-9_223_372_036_854_775_808, "auto"),
+        (9_223_372_036_854_775, "seconds"),
     ],
 )
 def test_unparseable_timestamps_are_dead(spark, value, fmt):
