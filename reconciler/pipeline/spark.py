@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.errors import RetryableError, SparkMisconfigured
-from reconciler.pipeline import sparkhome
+from reconciler.pipeline import sparkcds, sparkhome
 from reconciler.settings import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
 from reconciler.settings import endpoints as _endpoints
 
@@ -122,6 +122,10 @@ STATIC_CONF: dict[str, str] = {
 # lookup, creation and partitioning, with ``pyspark.daemon`` whatever this setting says:
 # ``sparkhome`` gives local sessions a SPARK_HOME without the zip for those.)
 # Local masters only: there the workers are this interpreter, with this package, for certain.
+# Local sessions map the class archive that ``sparkcds`` built, when there is one (off
+# while building one: a JVM cannot record an archive while mapping another).
+ARCHIVE_OPTIONS_ENABLED = True
+
 DAEMON_MODULE = "reconciler.pipeline.spark"
 LOCAL_CONF: dict[str, str] = {
     "spark.python.daemon.module": DAEMON_MODULE,
@@ -304,6 +308,9 @@ def _classic(master: str, app_name: str, settings: dict[str, str], conf: dict[st
     settings.update(STATIC_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
+        archive = sparkcds.java_options() if ARCHIVE_OPTIONS_ENABLED else None
+        if archive:  # Spark's classes pre-parsed: the JVM starts in ~4 s instead of ~6.5 s
+            settings["spark.driver.defaultJavaOptions"] = f"{settings['spark.driver.defaultJavaOptions']} {archive}"
     settings.update({k: str(v) for k, v in conf.items()})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in settings.items():
