@@ -2,9 +2,9 @@
 
 Most of a SparkSession's start is the JVM loading and verifying Spark's classes. A
 dynamic CDS archive (JDK 13+) holds them pre-parsed; the JVM maps it at start. The
-archive is built once, by a throwaway JVM that starts a session, runs a small job
-through the product's sink and exits (``-XX:ArchiveClassesAtExit``), written under a
-temporary name and renamed into place. ``scripts/setup.sh`` builds it; by hand::
+archive is built once, by a process of its own whose JVM starts a session, runs a small
+job through the product's sink and exits (``-XX:ArchiveClassesAtExit``), written under
+a temporary name and renamed into place. ``scripts/setup.sh`` builds it; by hand::
 
     .venv/bin/python -m reconciler.pipeline.sparkcds
 
@@ -21,7 +21,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,22 +66,26 @@ def java_options(prefix: str | os.PathLike[str] | None = None) -> str | None:
     return f"-XX:SharedArchiveFile={path} -Xshare:auto {_QUIET}"
 
 
-def build(prefix: str | os.PathLike[str] | None = None, timeout: float = 300) -> Path:
-    """Build the archive (in a child process with its own JVM) and return its path;
-    raises ``RuntimeError`` with the child's output when it could not be built."""
+def build(prefix: str | os.PathLike[str] | None = None) -> Path:
+    """Build the archive and return its path. The JVM that records it is this process's
+    own, started here and stopped before returning, so call it where no SparkSession runs
+    (``python -m reconciler.pipeline.sparkcds``). Raises ``RuntimeError`` when it could
+    not be built."""
+    from reconciler.pipeline import spark as spark_mod
+
+    if spark_mod.current_session() is not None:
+        raise RuntimeError("a SparkSession already runs in this process: build the archive in a fresh one")
     path = archive_path(prefix)
     if path is None:
         raise RuntimeError("no java found: install Java 17 (scripts/setup.sh) first")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     os.close(fd)
-    os.unlink(tmp)  # the JVM creates it at exit
+    os.unlink(tmp)  # the JVM creates it as it exits
     try:
-        done = subprocess.run([sys.executable, "-m", "reconciler.pipeline.sparkcds", "--dump", tmp], capture_output=True, text=True,
-                              timeout=timeout)
-        if done.returncode != 0 or not Path(tmp).is_file() or Path(tmp).stat().st_size == 0:
-            raise RuntimeError(f"building the Spark class archive failed (exit {done.returncode}):\n"
-                               f"{(done.stdout + done.stderr)[-3000:]}")
+        _dump(tmp)
+        if not Path(tmp).is_file() or Path(tmp).stat().st_size == 0:
+            raise RuntimeError("the JVM exited without writing the class archive")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -91,25 +94,24 @@ def build(prefix: str | os.PathLike[str] | None = None, timeout: float = 300) ->
 
 
 def _dump(target: str) -> None:
-    """In the child: a session whose JVM writes its loaded classes to ``target`` at exit,
-    after the kinds of work a batch does (JSON parse, an Arrow write to a Python sink)."""
+    """A session whose JVM writes its loaded classes to ``target`` as it exits, after the
+    kinds of work a batch does (JSON parse, an Arrow write to the Python sink)."""
     from reconciler.pipeline import spark as spark_mod
 
     spark_mod.STATIC_CONF["spark.driver.extraJavaOptions"] = f"-XX:ArchiveClassesAtExit={target}"
     spark_mod.ARCHIVE_OPTIONS_ENABLED = False  # never record while mapping an older archive
     session = spark_mod.get_session(master="local[1]")
+    from pyspark import SparkContext
     from pyspark.sql import functions as F
 
     from reconciler.pipeline import sink
 
+    jvm = SparkContext._gateway.proc  # the JVM writes the archive as it exits: wait for that
     with tempfile.TemporaryDirectory() as out:
         df = session.range(100).select(
             F.from_json(F.to_json(F.struct(F.col("id").cast("string").alias("a"))), "a string").alias("j"))
         (df.select(F.col("j.a").alias("a"), F.lit("x").alias("chunk")).write.format(sink.NAME).mode("append")
          .options(**sink.options(out, "chunk")).save())
-    from pyspark import SparkContext
-
-    jvm = SparkContext._gateway.proc  # the JVM writes the archive as it exits: wait for that
     spark_mod.stop_session()
     jvm.stdin.close()  # its end of input is the JVM's signal to exit
     jvm.wait(timeout=240)
@@ -117,11 +119,11 @@ def _dump(target: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--dump"] and len(args) == 2:
-        _dump(args[1])
-        return 0
+    if args and (args[0] != "--prefix" or len(args) != 2):
+        print("usage: python -m reconciler.pipeline.sparkcds [--prefix DIR]", file=sys.stderr)
+        return 2
     try:
-        path = build()
+        path = build(args[1] if args else None)
     except RuntimeError as exc:
         print(f"sparkcds: {exc}", file=sys.stderr)
         return 1

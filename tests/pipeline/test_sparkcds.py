@@ -23,7 +23,12 @@ def test_no_archive_no_options(tmp_path):
 
 @pytest.mark.integration
 def test_a_built_archive_is_mapped_by_a_session_jvm(tmp_path):
-    path = sparkcds.build(tmp_path)
+    # built by a process of its own, as scripts/setup.sh does (this one already runs a JVM)
+    built = subprocess.run([sys.executable, "-m", "reconciler.pipeline.sparkcds", "--prefix", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+    path = sparkcds.archive_path(tmp_path)
+    assert f"Spark class archive: {path}" in built.stdout
     assert path.is_file() and path.stat().st_size > 1_000_000
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary leftovers
     options = sparkcds.java_options(tmp_path)
@@ -38,6 +43,12 @@ def test_a_built_archive_is_mapped_by_a_session_jvm(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and "rows 3" in done.stdout, (done.stdout + done.stderr)[-3000:]
+
+
+def test_building_beside_a_running_session_is_refused(spark, tmp_path):
+    with pytest.raises(RuntimeError, match="already runs"):
+        sparkcds.build(tmp_path)
+    assert not (tmp_path / "share").exists() or not any((tmp_path / "share").rglob("*.jsa"))
 
 
 def test_local_sessions_map_the_installed_archive(spark):
