@@ -18,7 +18,6 @@ starts without it (``-Xshare:auto``), as it would with no archive: only slower.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import sys
@@ -26,8 +25,6 @@ import tempfile
 from pathlib import Path
 
 from reconciler.pipeline import sparkhome
-
-log = logging.getLogger(__name__)
 
 # The JVM reports a rejected archive on its standard output; a daemon's output is its log.
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
