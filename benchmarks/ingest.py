@@ -18,17 +18,24 @@ c. ``product_cold``: ``reconciler run --until-caught-up`` as a subprocess, wall 
 d. ``product_warm_first``: the daemon in this process after a small warm-up run, so the
    SparkSession and its Python workers already exist, but the JVM has not yet compiled
    the hot code of a big batch (C2 keeps compiling through the first two, PROFILE.md);
-e. ``product_warm``: the same N records again, read by a second supervisor in the same
-   process: the JIT-compiled state of a daemon that has been running a while, so the
-   marginal rate of a record; d and e carry ``batch_phases`` (capture, plan, job and
-   publish of the run's one batch, from the daemon's log), so the rest of the wall time
-   is the daemon's own start and its ticks;
+e. ``product_warm``: the same N records again, read by new supervisors in the same
+   process, ``WARM_RUNS`` times; e is the last run, in the JIT-compiled state of a daemon
+   that has been running a while (``earlier_runs_records_per_s`` gives the ones before
+   it). Each run is a whole ``Daemon.run(until_caught_up=True)``: the daemon's start, a
+   new supervisor and its tables, the batch, the publish and the ticks until it sees it
+   is caught up. d and e carry ``batch_phases`` (capture, plan, job and publish of the
+   run's one batch, from the daemon's log), so the rest of the wall time is the daemon's
+   own start and its ticks;
+g. ``product_warm_marginal``: the marginal rate of a record, issue 12's "warm" goal: the
+   same daemon reads N/4 records (``product_warm_part``) right after e, and the slope
+   (N - N/4) / (e's seconds - that run's seconds) takes out what both runs pay alike
+   (the daemon's start and stop, the new supervisor's tables and analysis, the ticks);
 f. ``small_batches``: ``SMALL_RECORDS`` more records in batches of ``SMALL_BATCH``
    (``maxBatchRecords``) in the same warm process, with each batch's phases from the
    daemon's log: ``batch_seconds`` from cut to publish, and the fixed cost
    ``capture + plan + publish`` against the Spark job.
 
-Every product run (d, e and f too) is verified: the committed Parquet holds exactly N rows and N
+Every product run (d to g) is verified: the committed Parquet holds exactly N rows and N
 distinct ids. ``ratios`` divides the product's rates by a and b. ``peak_rss_mib`` is
 the largest resident memory of the daemon's process tree (Python, the Spark JVM, its
 Python workers; brokers excluded) sampled every 0.25 s during the run, counting pages
@@ -69,6 +76,8 @@ PARTITIONS = 4
 TASK_COUNT = 2  # one reader per core of a 2-core machine; see README
 WARMUP_RECORDS = 20_000
 SMALL_RECORDS, SMALL_BATCH = 100_000, 10_000
+WARM_RUNS = 2  # e is the last: C2 keeps compiling through a process's first two big batches
+PART = 4  # g's second run reads 1/PART of N records
 SPARK_CONF: list[str] = []  # --spark-conf KEY=VALUE: the product's extra Spark settings (both runs)
 
 
@@ -277,8 +286,9 @@ def _small_batches(batches: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_source: dict[str, Any],
-                 small_source: dict[str, Any], broker_pid: int | None = None) -> dict[str, Any]:
-    """The daemon in this process: a small run warms Spark up, then the timed runs (d, e, f)."""
+                 small_source: dict[str, Any], part_source: dict[str, Any], part_n: int,
+                 broker_pid: int | None = None) -> dict[str, Any]:
+    """The daemon in this process: a small run warms Spark up, then the timed runs (d, e, g, f)."""
     import yaml
 
     from reconciler import settings as settings_mod
@@ -309,12 +319,24 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
     seconds, segments = run("first", f"{sid}-first", source)
     out["product_warm_first"] = {**_rate(n, seconds), "batch_phases": _phases_of(phases.batches),
                                  "verify": _verify(segments, f"{sid}-first", n)}
-    with PeakRss(os.getpid(), exclude=brokers) as peak:
-        seconds, segments = run("warm", sid, source)
-    out["product_warm"] = {**_rate(n, seconds), "batch_phases": _phases_of(phases.batches),
-                           "peak_rss_mib": peak.mib,  # this process (with the benchmark's own data) + JVM + workers
-                           "peak_pss_mib": peak.pss_mib,
-                           "verify": _verify(segments, sid, n)}
+    warm_runs: list[dict[str, Any]] = []
+    for i in range(WARM_RUNS):
+        with PeakRss(os.getpid(), exclude=brokers) as peak:
+            seconds, segments = run("warm", f"{sid}-{i}" if i else sid, source)
+        warm_runs.append({**_rate(n, seconds), "batch_phases": _phases_of(phases.batches),
+                          "peak_rss_mib": peak.mib,  # this process (with the benchmark's own data) + JVM + workers
+                          "peak_pss_mib": peak.pss_mib,
+                          "verify": _verify(segments, f"{sid}-{i}" if i else sid, n)})
+    # e: the last run, as JIT-warm as a daemon that has run a while; the earlier ones beside it
+    out["product_warm"] = {**warm_runs[-1], "earlier_runs_records_per_s": [r["records_per_s"] for r in warm_runs[:-1]]}
+    seconds_part, segments = run("part", f"{sid}-part", part_source)
+    out["product_warm_part"] = {**_rate(part_n, seconds_part), "batch_phases": _phases_of(phases.batches),
+                                "verify": _verify(segments, f"{sid}-part", part_n)}
+    # g: what one more record costs a warm daemon, with its start, the new supervisor's tables
+    # and the run's ticks (the same in both runs) taken out
+    extra = warm_runs[-1]["seconds"] - seconds_part
+    out["product_warm_marginal"] = {"records": n - part_n, "seconds": round(extra, 3),
+                                    "records_per_s": round((n - part_n) / extra, 1) if extra > 0 else None}
     seconds, segments = run("small", f"{sid}-small", small_source, SMALL_BATCH)
     out["small_batches"] = {**_rate(SMALL_RECORDS, seconds), **_small_batches(phases.batches),
                             "verify": _verify(segments, f"{sid}-small", SMALL_RECORDS)}
@@ -329,7 +351,9 @@ def _ratios(res: dict[str, Any]) -> dict[str, Any]:
     return {"cold_over_raw": r("product_cold", "raw_consume"), "cold_over_naive": r("product_cold", "naive_pipeline"),
             "warm_over_raw": r("product_warm", "raw_consume"), "warm_over_naive": r("product_warm", "naive_pipeline"),
             "warm_first_over_raw": r("product_warm_first", "raw_consume"),
-            "warm_first_over_naive": r("product_warm_first", "naive_pipeline")}
+            "warm_first_over_naive": r("product_warm_first", "naive_pipeline"),
+            "marginal_over_raw": r("product_warm_marginal", "raw_consume"),
+            "marginal_over_naive": r("product_warm_marginal", "naive_pipeline")}
 
 
 # --------------------------------------------------------------------------- per system
@@ -341,12 +365,14 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
         broker.create_topic("bench", PARTITIONS)
         broker.create_topic("warmup", PARTITIONS)
         broker.create_topic("small", PARTITIONS)
+        broker.create_topic("part", PARTITIONS)
         log.info("kafka: producing %d records", n)
         t = time.perf_counter()
         ends = devservices.produce_kafka(broker.bootstrap, "bench", devservices.make_records(n))
         res["produce"] = _rate(n, time.perf_counter() - t)
         devservices.produce_kafka(broker.bootstrap, "warmup", devservices.make_records(WARMUP_RECORDS))
         devservices.produce_kafka(broker.bootstrap, "small", devservices.make_records(SMALL_RECORDS))
+        devservices.produce_kafka(broker.bootstrap, "part", devservices.make_records(n // PART))
         assert sum(ends.values()) == n, ends
         log.info("kafka: raw consume")
         res["raw_consume"] = raw_kafka_consume_rate(broker.bootstrap, "bench", ends, timeout=600)
@@ -357,7 +383,8 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
         res["product_cold"] = product_cold(work, "kbench", source, n)
         log.info("kafka: product, warm in-process")
         res.update(product_warm(work, "kbench", source, n, {**source, "topic": "warmup"},
-                                {**source, "topic": "small"}, broker_pid=broker.proc.pid if broker.proc else None))
+                                {**source, "topic": "small"}, {**source, "topic": "part"}, n // PART,
+                                broker_pid=broker.proc.pid if broker.proc else None))
     res["ratios"] = _ratios(res)
     return res
 
@@ -368,7 +395,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         streams = [f"bench-{i}" for i in range(PARTITIONS)]
         warm = [f"warmup-{i}" for i in range(PARTITIONS)]
         small = [f"small-{i}" for i in range(PARTITIONS)]
-        for s in streams + warm + small:
+        part = [f"part-{i}" for i in range(PARTITIONS)]
+        for s in streams + warm + small + part:
             node.create_stream(s)
         records = devservices.make_records(n)
         per: dict[str, list] = {s: [] for s in streams}
@@ -385,6 +413,9 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         for i, s in enumerate(small):
             devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(SMALL_RECORDS // PARTITIONS,
                                                                                     start=i * 100_000))
+        for i, s in enumerate(part):
+            devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(n // PART // PARTITIONS,
+                                                                                    start=i * n), batch_size=1000)
         ends = {s: len(recs) for s, recs in per.items()}
         log.info("rabbitmq: raw consume")
         res["raw_consume"] = raw_rabbit_consume_rate(node.stream_uri, streams, ends, timeout=600)
@@ -395,7 +426,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         res["product_cold"] = product_cold(work, "rbench", source, n)
         log.info("rabbitmq: product, warm in-process")
         res.update(product_warm(work, "rbench", source, n, {**source, "streams": warm},
-                                {**source, "streams": small}, broker_pid=node.proc.pid if node.proc else None))
+                                {**source, "streams": small}, {**source, "streams": part},
+                                n // PART // PARTITIONS * PARTITIONS, broker_pid=node.proc.pid if node.proc else None))
     res["ratios"] = _ratios(res)
     return res
 

@@ -21,9 +21,12 @@ class Waker:
         os.set_blocking(self._write, False)
 
     def ring(self) -> None:
-        """Wake the loop (idempotent: a full pipe already says "wake up")."""
+        """Wake the loop (idempotent: a full pipe already says "wake up"); after ``close``, nothing."""
+        fd = self._write
+        if fd < 0:  # closed: the number may already name someone else's file
+            return
         try:
-            os.write(self._write, b"!")
+            os.write(fd, b"!")
         except (BlockingIOError, OSError):
             pass
 
@@ -47,7 +50,9 @@ class Waker:
             pass
 
     def close(self) -> None:
-        for fd in (self._read, self._write):
+        fds = (self._read, self._write)
+        self._write = -1  # first: a late ring (a runtime thread, a signal) must not write to a reused number
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:

@@ -123,7 +123,8 @@ class Daemon:
         def current() -> Settings:  # SIGHUP swaps the settings whole: the parts ask at each use
             return self.settings
 
-        leadership = self._leadership = Leadership(self.store, current, self.holder, self.metrics, ping=self._ping)
+        leadership = self._leadership = Leadership(self.store, current, self.holder, self.metrics, ping=self._ping,
+                                                    wake=self.wake.ring)
         tick = self._tick = Tick(self.store, current, self.holder, self.metrics, leadership)
         catch_up = CatchUp(self.store, leadership)
         http = self._http = HttpEndpoint(self.store, self.metrics)

@@ -39,15 +39,17 @@ class Leadership:
     runtimes of its term (``manager``) and who leads when it does not (``leader_seen``).
 
     ``settings`` is asked at each use, so a SIGHUP's new lease TTL applies at once;
-    ``ping`` is the loop's WATCHDOG=1, sent while a long pass makes progress."""
+    ``ping`` is the loop's WATCHDOG=1, sent while a long pass makes progress; ``wake``
+    rings the loop's bell when a runtime's step ends."""
 
     def __init__(self, store: Store, settings: Callable[[], Settings], holder: str, metrics: Metrics,
-                 ping: Callable[[], None]):
+                 ping: Callable[[], None], wake: Callable[[], None] | None = None):
         self.store = store
         self._settings = settings
         self.holder = holder
         self._metrics = metrics
         self._ping = ping
+        self._wake = wake
         self.lease_token: int | None = None
         self.manager: RuntimeManager | None = None
         self.leader_seen: str | None = None
@@ -151,7 +153,8 @@ class Leadership:
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
-                                      snapshot_retention=settings.snapshot_retention)
+                                      snapshot_retention=settings.snapshot_retention,
+                                      on_step_done=self._wake)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")

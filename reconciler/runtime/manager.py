@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from reconciler.runtime.supervisor import RUNNABLE, RuntimeContext, StepOutcome, SupervisorRuntime
@@ -21,13 +22,15 @@ log = logging.getLogger(__name__)
 class RuntimeManager:
     def __init__(self, ctx: RuntimeContext, *, workers: int = 2, refresh: float = 1.0,
                  compact_every: float = 0.0, compact_lateness: float = 3600.0,
-                 maintain_every: float = 0.0, snapshot_retention: float = 3600.0):
+                 maintain_every: float = 0.0, snapshot_retention: float = 3600.0,
+                 on_step_done: Callable[[], None] | None = None):
         from reconciler.runtime.compactor import Compactor
 
         self.ctx = ctx
         self.compactor = Compactor(ctx, every=compact_every, lateness=compact_lateness,
                                    maintain_every=maintain_every, snapshot_retention=snapshot_retention)
         self.refresh = refresh
+        self._on_step_done = on_step_done  # the daemon's bell: a step's end may mean it is caught up
         self.runtimes: dict[str, SupervisorRuntime] = {}
         self.due: dict[str, float] = {}
         self._versions: dict[str, tuple] = {}  # (spec hash, epoch) each runtime last saw
@@ -125,3 +128,5 @@ class RuntimeManager:
                 self.due.pop(sid, None)
         if outcome.records or outcome.done:
             self._poke.set()
+        if self._on_step_done is not None:
+            self._on_step_done()

@@ -28,8 +28,15 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
     for run in ("product_cold", "product_warm_first", "product_warm", "small_batches"):
         assert kafka[run]["verify"] == {**kafka[run]["verify"], "rows": 100_000, "distinct_ids": 100_000,
                                         "exactly_once": True}, run
+    part = kafka["product_warm_part"]  # g: the same daemon, a quarter of the records
+    assert part["records"] == 25_000 and part["verify"]["exactly_once"] and part["verify"]["rows"] == 25_000, part
+    marginal = kafka["product_warm_marginal"]  # the slope between e and that run
+    assert marginal["records"] == 75_000, marginal
+    assert marginal["seconds"] == pytest.approx(kafka["product_warm"]["seconds"] - part["seconds"], abs=0.002)
+    assert len(kafka["product_warm"]["earlier_runs_records_per_s"]) == 1, kafka["product_warm"]
     assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive",
-                                    "warm_first_over_raw", "warm_first_over_naive"}
+                                    "warm_first_over_raw", "warm_first_over_naive", "marginal_over_raw",
+                                    "marginal_over_naive"}
     for run in ("product_warm_first", "product_warm"):  # the run's one batch, its phases from the log
         phases = kafka[run]["batch_phases"]
         assert set(phases) == {"capture", "plan", "job", "publish"} and phases["job"] > 0, (run, phases)

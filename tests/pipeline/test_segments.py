@@ -107,3 +107,36 @@ def test_a_batch_written_from_a_new_thread_finds_the_sink(spark, tmp_path):
     t.start()
     t.join()
     assert [w.rows for w in out] == [20]
+
+
+def test_fsync_all_makes_every_file_durable_before_the_directories(tmp_path, monkeypatch):
+    """Hundreds of files are fsynced a few at a time; every directory entry only after
+    every file it may name (a directory fsynced first could name a file not yet on disk)."""
+    import os
+    import threading
+
+    dirs = [tmp_path / f"time_chunk={h:02d}" for h in range(40)]
+    files = []
+    for d in dirs:
+        d.mkdir()
+        for k in range(3):
+            (d / f"part-{k}.parquet").write_bytes(b"x" * 10)
+            files.append(d / f"part-{k}.parquet")
+    synced: list[str] = []
+    lock = threading.Lock()
+    real = os.fsync
+
+    def recording(fd):
+        real(fd)
+        with lock:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", recording)
+    seg.fsync_all(files, [*dirs, tmp_path / "absent"])
+    assert sorted(synced[:len(files)]) == sorted(str(f) for f in files)
+    assert sorted(synced[len(files):]) == sorted(str(d) for d in dirs)
+
+
+def test_fsync_all_reports_a_failed_fsync(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        seg.fsync_all([tmp_path / "gone.parquet"], [tmp_path])
