@@ -413,9 +413,11 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         for i, s in enumerate(small):
             devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(SMALL_RECORDS // PARTITIONS,
                                                                                     start=i * 100_000))
-        for i, s in enumerate(part):
-            devservices.produce_rabbit(node.stream_uri, s, devservices.make_records(n // PART // PARTITIONS,
-                                                                                    start=i * n), batch_size=1000)
+        part_per: dict[str, list] = {s: [] for s in part}  # the same shape as N: spread like it over time
+        for rec in devservices.make_records(n // PART):
+            part_per[part[zlib.crc32(rec[0].encode()) % PARTITIONS]].append(rec)
+        for s, recs in part_per.items():
+            devservices.produce_rabbit(node.stream_uri, s, recs, batch_size=1000, timeout=600)
         ends = {s: len(recs) for s, recs in per.items()}
         log.info("rabbitmq: raw consume")
         res["raw_consume"] = raw_rabbit_consume_rate(node.stream_uri, streams, ends, timeout=600)
@@ -426,8 +428,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         res["product_cold"] = product_cold(work, "rbench", source, n)
         log.info("rabbitmq: product, warm in-process")
         res.update(product_warm(work, "rbench", source, n, {**source, "streams": warm},
-                                {**source, "streams": small}, {**source, "streams": part},
-                                n // PART // PARTITIONS * PARTITIONS, broker_pid=node.proc.pid if node.proc else None))
+                                {**source, "streams": small}, {**source, "streams": part}, n // PART,
+                                broker_pid=node.proc.pid if node.proc else None))
     res["ratios"] = _ratios(res)
     return res
 
