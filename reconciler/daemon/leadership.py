@@ -40,7 +40,7 @@ class Leadership:
 
     ``settings`` is asked at each use, so a SIGHUP's new lease TTL applies at once;
     ``ping`` is the loop's WATCHDOG=1, sent while a long pass makes progress; ``wake``
-    rings the loop's bell when a runtime's step ends."""
+    rings the loop's bell when a runtime published a batch or finished."""
 
     def __init__(self, store: Store, settings: Callable[[], Settings], holder: str, metrics: Metrics,
                  ping: Callable[[], None], wake: Callable[[], None] | None = None):
@@ -154,7 +154,7 @@ class Leadership:
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
                                       snapshot_retention=settings.snapshot_retention,
-                                      on_step_done=self._wake)
+                                      on_progress=self._wake)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")

@@ -23,14 +23,14 @@ class RuntimeManager:
     def __init__(self, ctx: RuntimeContext, *, workers: int = 2, refresh: float = 1.0,
                  compact_every: float = 0.0, compact_lateness: float = 3600.0,
                  maintain_every: float = 0.0, snapshot_retention: float = 3600.0,
-                 on_step_done: Callable[[], None] | None = None):
+                 on_progress: Callable[[], None] | None = None):
         from reconciler.runtime.compactor import Compactor
 
         self.ctx = ctx
         self.compactor = Compactor(ctx, every=compact_every, lateness=compact_lateness,
                                    maintain_every=maintain_every, snapshot_retention=snapshot_retention)
         self.refresh = refresh
-        self._on_step_done = on_step_done  # the daemon's bell: a step's end may mean it is caught up
+        self._on_progress = on_progress  # the daemon's bell: a batch or a backfill done may mean caught up
         self.runtimes: dict[str, SupervisorRuntime] = {}
         self.due: dict[str, float] = {}
         self._versions: dict[str, tuple] = {}  # (spec hash, epoch) each runtime last saw
@@ -128,5 +128,5 @@ class RuntimeManager:
                 self.due.pop(sid, None)
         if outcome.records or outcome.done:
             self._poke.set()
-        if self._on_step_done is not None:
-            self._on_step_done()
+            if self._on_progress is not None:  # only then: idle steps of many supervisors would keep it awake
+                self._on_progress()

@@ -43,3 +43,27 @@ def test_a_stop_before_catching_up_exits_1_and_says_what_is_left(tmp_path, kafka
         thread.join(60)
     assert result == [1]
     assert any("before catching up" in r.getMessage() for r in caplog.records)
+
+
+def test_the_loop_wakes_when_the_last_batch_published(tmp_path, kafka_broker, topic, spark, monkeypatch):
+    """The loop sleeps a minute between its own checks here, so only the runtime's bell
+    after the publish can end the run in time: it must not wait for the next check."""
+    import devservices
+
+    monkeypatch.setattr(tick_mod.Tick, "sleep_for", lambda self, *args: 60.0)
+    name = topic(partitions=2)
+    records = devservices.make_records(1500)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, records)
+    s = h.make_settings(tmp_path, lease_ttl=600.0)  # the sleeping loop renews no lease meanwhile
+    h.write_spec(s.specs, h.spec_doc("bell", h.kafka_source(kafka_broker.bootstrap, name)))
+    d = daemon_mod.Daemon(s)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(d.run(until_caught_up=True, timeout=300)), daemon=True)
+    thread.start()
+    thread.join(45)  # a sleeping loop would wake only after 60 s
+    if thread.is_alive():
+        d.request_stop()
+        thread.join(60)
+        pytest.fail("--until-caught-up did not wake after its last batch published")
+    assert result == [0]
+    h.assert_exactly_once(h.key_counts(spark, s, "bell"), h.keys(records))
