@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pyspy", metavar="DIR", help="py-spy record the first batch (driver and workers) into DIR")
     ap.add_argument("--pyspy-seconds", type=float, default=40)
     ap.add_argument("--max-batch-rows", type=int, default=None)
+    ap.add_argument("--parse-in", choices=("reader", "spark", "alternate"), default="reader",
+                    help="where the JSON fields are parsed: the readers (as run_batch does), "
+                         "Spark's from_json only, or alternately (A = reader, B = spark)")
     ap.add_argument("--step-ms", type=int, default=1000,
                     help="event time between records (1000: 1M records span 278 hourly chunks; 1: one)")
     ap.add_argument("--alternate", action="append", default=[], metavar="KEY=VALUE",
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.pyspy).mkdir(parents=True, exist_ok=True)
                 spy = _pyspy(os.getpid(), Path(args.pyspy) / "batch0.txt", args.pyspy_seconds)
                 time.sleep(1.0)
-            variant = "B" if args.alternate and i % 2 else "A"
+            variant = "B" if (args.alternate or args.parse_in == "alternate") and i % 2 else "A"
             if args.alternate:
                 hc = spark.sparkContext._jsc.hadoopConfiguration()
                 hc.set("fs.file.impl.disable.cache", "true")
@@ -254,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             # The product's one job (``run_batch``'s row write): read, parse with the
             # observation, (roll up), write one file per (task, time chunk) through the sink.
-            records = read_ranges(spark, spec.source, ranges, args.task_count, args.max_batch_rows)
+            in_reader = args.parse_in == "reader" or (args.parse_in == "alternate" and variant == "A")
+            records = read_ranges(spark, spec.source, ranges, args.task_count, args.max_batch_rows,
+                                  data_schema=spec.data_schema if in_reader else None)
             t_load = time.perf_counter() - t
             obs = Observation(f"b{i}")
             good = good_rows(parse(records, spec.data_schema, observation=obs), spec.data_schema)

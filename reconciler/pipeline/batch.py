@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from reconciler.model import DataSchema, PartitionRange, Source, SupervisorSpec
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.sources import SPARK_RECORD_SCHEMA, format_name, read_options
-from reconciler.pipeline.transform import SEGMENT, dead_rows, good_rows, parse
+from reconciler.pipeline.transform import CORRUPT_COLUMN, SEGMENT, dead_rows, good_rows, json_fields, parse
 from reconciler.table.schema import arrow_schema_of
 
 
@@ -27,9 +27,16 @@ def read_ranges(
     ranges: Sequence[PartitionRange],
     task_count: int,
     max_batch_rows: int | None = None,
+    data_schema: DataSchema | None = None,
 ) -> DataFrame:
-    """The records of ``ranges`` as a DataFrame (``RECORD_SCHEMA`` columns)."""
-    extra = {"maxBatchRows": max_batch_rows} if max_batch_rows else {}
+    """The records of ``ranges`` as a DataFrame (``RECORD_SCHEMA`` columns).
+
+    With a ``data_schema``, the readers also parse its JSON fields
+    (``reconciler.pipeline.jsonfields``), which ``transform.parse`` then uses.
+    """
+    extra: dict[str, object] = {"maxBatchRows": max_batch_rows} if max_batch_rows else {}
+    if data_schema is not None:
+        extra.update(json_fields=json_fields(data_schema), json_corrupt_column=CORRUPT_COLUMN)
     return (
         spark.read.format(format_name(source))
         .options(**read_options(source, ranges, task_count, **extra))
@@ -76,7 +83,8 @@ def run_batch(
     live = [r for r in ranges if r.size > 0]
     if not live:
         return seg.WrittenBatch(batch_id, (), (), input_rows=0)
-    records = read_ranges(spark, spec.source, live, tasks, max_batch_rows)
+    parse_in_reader = ds if ds.format == "json" else None
+    records = read_ranges(spark, spec.source, live, tasks, max_batch_rows, data_schema=parse_in_reader)
     obs = Observation(f"batch-{batch_id}-{uuid.uuid4().hex[:8]}")
     return seg.write_batch(
         spark,

@@ -9,6 +9,10 @@
 * ``taskCount``: how many Spark tasks (readers) share the ranges; each gets roughly
   the same number of offsets, so a big partition range may be cut into sub-ranges.
 * ``maxBatchRows`` (optional): rows per Arrow batch handed to Spark.
+* ``jsonFields`` (optional): JSON list of top-level JSON fields to parse in the reader
+  (``reconciler.pipeline.jsonfields``); the records then carry ``FAST`` and one string
+  column per field after ``RECORD_SCHEMA``'s, and ``jsonCorruptColumn`` names the
+  key that makes a record go to Spark's ``from_json``.
 
 ``read()`` yields ``pyarrow.RecordBatch`` objects straight from the stream readers
 (``reconciler.streams.base.RECORD_SCHEMA``), so there is no per-record Python work here.
@@ -33,6 +37,7 @@ from reconciler.model import (
     source_from_document,
     source_to_document,
 )
+from reconciler.pipeline.jsonfields import FieldParser, arrow_fields
 from reconciler.streams.base import record_schema
 
 # What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
@@ -63,7 +68,12 @@ def ranges_from_json(text: str) -> list[PartitionRange]:
 
 
 def read_options(
-    source: Source, ranges: Iterable[PartitionRange], task_count: int, **extra: Any
+    source: Source,
+    ranges: Iterable[PartitionRange],
+    task_count: int,
+    json_fields: Sequence[str] | None = None,
+    json_corrupt_column: str = "",
+    **extra: Any,
 ) -> dict[str, str]:
     """Spark options for ``spark.read.format(...).options(**read_options(...))``."""
     opts = {
@@ -71,6 +81,9 @@ def read_options(
         "ranges": ranges_to_json(ranges),
         "taskCount": str(int(task_count)),
     }
+    if json_fields is not None:
+        opts["jsonFields"] = json.dumps(list(json_fields))
+        opts["jsonCorruptColumn"] = json_corrupt_column
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
 
@@ -139,6 +152,23 @@ def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.cast(ARROW_SCHEMA)
 
 
+def _json_fields(options: Mapping[str, str]) -> list[str] | None:
+    text = options.get("jsonFields")
+    if text is None:
+        return None
+    fields = json.loads(text)
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise ValueError("range data source: option jsonFields must be a JSON list of strings")
+    return fields
+
+
+def arrow_schema(json_fields: Sequence[str] | None) -> pa.Schema:
+    """The Arrow schema of the batches a reader yields (what Spark checks them against)."""
+    if json_fields is None:
+        return ARROW_SCHEMA
+    return pa.schema([*ARROW_SCHEMA, *arrow_fields(len(json_fields))])
+
+
 class _RangeReader(DataSourceReader):
     reader_class: str = ""  # "module:Class", imported on the worker
 
@@ -146,8 +176,11 @@ class _RangeReader(DataSourceReader):
         try:
             self.source_doc = json.loads(options["source"])
             self.ranges = ranges_from_json(options.get("ranges", "[]"))
+            self.json_fields = _json_fields(options)
         except (KeyError, ValueError) as exc:
             raise ValueError(f"range data source: bad or missing option: {exc}") from None
+        self.json_corrupt_column = options.get("jsonCorruptColumn", "")
+        self.schema = arrow_schema(self.json_fields)
         self.task_count = max(1, int(options.get("taskCount", "1")))
         self.max_batch_rows = max(1, int(options.get("maxBatchRows", DEFAULT_MAX_BATCH_ROWS)))
 
@@ -171,11 +204,20 @@ class _RangeReader(DataSourceReader):
 
     def _read(self, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
         reader = self._make_reader()
+        fields = None
+        if self.json_fields is not None:
+            fields = FieldParser(self.json_fields, self.json_corrupt_column)
         try:
             for rng in ranges:
                 for batch in reader.read(rng, self.max_batch_rows):
-                    if batch.num_rows:
-                        yield conform(batch)
+                    if not batch.num_rows:
+                        continue
+                    batch = conform(batch)
+                    if fields is not None:
+                        batch = pa.RecordBatch.from_arrays(
+                            [*batch.columns, *fields.columns(batch.column("value"))], schema=self.schema
+                        )
+                    yield batch
         finally:
             close = getattr(reader, "close", None)
             if close is not None:
@@ -194,7 +236,10 @@ class _RangeDataSource(DataSource):
     reader_type: type[_RangeReader] = _RangeReader
 
     def schema(self) -> StructType:
-        return SPARK_RECORD_SCHEMA
+        fields = _json_fields(self.options)
+        if fields is None:
+            return SPARK_RECORD_SCHEMA
+        return from_arrow_schema(arrow_schema(fields))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return self.reader_type(self.options)

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from reconciler.model import VIRTUAL_COLUMNS, DataSchema, Metric
+from reconciler.pipeline.jsonfields import FAST, field_column
 from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"
@@ -184,8 +185,8 @@ def _metric_field_types(data_schema: DataSchema) -> dict[str, str]:
     return out
 
 
-def json_schema(data_schema: DataSchema) -> StructType:
-    """The ``from_json`` schema: every field that the data schema reads, as strings."""
+def json_fields(data_schema: DataSchema) -> list[str]:
+    """The top-level JSON fields the data schema reads, in ``json_schema``'s order."""
     names: list[str] = []
     for name in (
         data_schema.timestamp_column,
@@ -194,9 +195,37 @@ def json_schema(data_schema: DataSchema) -> StructType:
     ):
         if name and name not in VIRTUAL_COLUMNS and name not in names:
             names.append(name)
-    fields = [StructField(n, StringType(), True) for n in names]
+    return names
+
+
+def json_schema(data_schema: DataSchema) -> StructType:
+    """The ``from_json`` schema: every field that the data schema reads, as strings."""
+    fields = [StructField(n, StringType(), True) for n in json_fields(data_schema)]
     fields.append(StructField(_CORRUPT, StringType(), True))
     return StructType(fields)
+
+
+CORRUPT_COLUMN = _CORRUPT
+
+
+def _parsed_struct(df: DataFrame, data_schema: DataSchema) -> Column:
+    """The parsed JSON struct: ``from_json``'s, or for a record whose reader already
+    parsed it (``jsonfields.FAST``) the same struct built from the reader's columns."""
+    schema = json_schema(data_schema)
+    from_json = F.from_json(
+        F.col("value").cast("string"),
+        schema,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
+    )
+    if FAST not in df.columns:
+        return from_json
+    names = json_fields(data_schema)
+    fast = F.struct(
+        *(F.col(field_column(i)).alias(n) for i, n in enumerate(names)),
+        F.lit(None).cast("string").alias(_CORRUPT),
+    )
+    # CASE evaluates only the branch it takes: from_json runs for the other records only.
+    return F.when(F.col(FAST), fast).otherwise(from_json)
 
 
 def _field(name: str) -> Column:
@@ -222,12 +251,7 @@ def parse(
     """
     if data_schema.format != "json":
         raise ValueError(f"unsupported format: {data_schema.format!r}")
-    schema = json_schema(data_schema)
-    parsed = F.from_json(
-        F.col("value").cast("string"),
-        schema,
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
-    )
+    parsed = _parsed_struct(df, data_schema)
     ts_name = data_schema.timestamp_column
     raw = list(RECORD_COLUMNS)
     if observation is None:

@@ -5,22 +5,74 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute in with_reader_fields
 import pytest
 
 from reconciler.model import DataSchema, Metric
-from reconciler.pipeline.sources import ARROW_SCHEMA
+from reconciler.pipeline.jsonfields import FAST, FieldParser
+from reconciler.pipeline.sources import ARROW_SCHEMA, arrow_schema
 from reconciler.pipeline.transform import (
+    CORRUPT_COLUMN,
     DEAD_COLUMNS,
     chunk_interval,
     chunk_of,
-    transform,
+    json_fields,
 )
+from reconciler.pipeline.transform import transform as spark_transform
 
 pytestmark = pytest.mark.spark
+
+# Every test here runs three ways: with Spark's from_json only, and with the readers'
+# JSON fields (reconciler.pipeline.jsonfields) computed one record per batch (each record
+# parsed on its own, by a fresh parser: pyarrow infers) and two records per batch (one
+# parser for all, as a reader task has: explicit types after the first batch). Each must
+# give exactly the same rows and dead letters.
+PARSE_MODES = ("spark", "reader-record", "reader-pairs")
+FAST_ROWS: list[int] = []  # fast records per transform() call, for the tests that check it
+
+
+def with_reader_fields(df, ds: DataSchema, per_batch: int, shared_parser: bool):
+    """``df`` plus the columns a range reader adds for ``ds`` (batches of ``per_batch``)."""
+    table = df.toArrow()
+    fields = json_fields(ds)
+    schema = arrow_schema(fields)
+    parser = FieldParser(fields, CORRUPT_COLUMN)
+    parts = []
+    for start in range(0, table.num_rows, per_batch):
+        chunk = table.slice(start, per_batch)
+        if not shared_parser:
+            parser = FieldParser(fields, CORRUPT_COLUMN)
+        extra = parser.columns(chunk.column("value").combine_chunks())
+        parts.append(pa.table([*(c.combine_chunks() for c in chunk.columns), *extra], schema=schema))
+    out = pa.concat_tables(parts) if parts else schema.empty_table()
+    FAST_ROWS.append(pa.compute.sum(out.column(FAST)).as_py() or 0)
+    return df.sparkSession.createDataFrame(out)
+
+
+@pytest.fixture(autouse=True, params=PARSE_MODES)
+def parse_mode(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _transform_by_mode(parse_mode, monkeypatch):
+    def by_mode(df, ds):
+        if parse_mode == "reader-record":
+            df = with_reader_fields(df, ds, 1, shared_parser=False)
+        elif parse_mode == "reader-pairs":
+            df = with_reader_fields(df, ds, 2, shared_parser=True)
+        return spark_transform(df, ds)
+
+    monkeypatch.setattr(sys.modules[__name__], "transform", by_mode)
+
+
+def transform(df, ds):  # replaced per test by _transform_by_mode
+    raise AssertionError("the parse_mode fixture did not run")
 
 T0 = datetime(2025, 11, 20, 12, 34, 56, 789000, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)

@@ -1,0 +1,226 @@
+"""The readers' JSON fields (reconciler.pipeline.jsonfields): what goes to Spark's from_json
+instead, and that a record parsed either way gives exactly the same rows and dead letters."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from reconciler.model import KafkaSource, Metric, PartitionRange
+from reconciler.pipeline.jsonfields import FAST, FieldParser, field_column
+from reconciler.pipeline.sources import read_options
+from reconciler.pipeline.transform import CORRUPT_COLUMN, json_fields, transform
+from tests.pipeline.test_transform import T0_MS, records, rows, schema, with_reader_fields
+
+FIELDS = ["ts", "d", "n"]
+
+
+def parse(values, parser=None):
+    parser = parser or FieldParser(FIELDS, CORRUPT_COLUMN)
+    raw = [v.encode() if isinstance(v, str) else v for v in values]
+    return parser.parse(pa.array(raw, pa.binary()))
+
+
+def texts(values, parser=None):
+    out = parse(values, parser)
+    assert out is not None, values
+    return out[0].to_pylist(), [c.to_pylist() for c in out[1:]]
+
+
+# --------------------------------------------------------------------------- without Spark
+
+
+def test_clean_records_are_parsed_to_from_json_text():
+    fast, (ts, d, n) = texts(
+        [
+            '{"ts": 1795500000000, "d": "a\\u00e9\\ud83d\\ude00", "n": 5, "other": {"x": [1.5]}}',
+            '{"d": null, "n": -12}',
+            None,
+            '{"ts": 9223372036854775807, "d": "x\\u0000y"}',
+        ]
+    )
+    assert fast == [True, True, False, True]
+    assert ts == ["1795500000000", None, None, "9223372036854775807"]
+    assert d == ["aé😀", None, None, "x\x00y"]
+    assert n == ["5", "-12", None, None]
+    # Integers and booleans under any field come as Jackson writes them back.
+    assert texts(['{"ts": -0, "d": true, "n": false}'])[1] == [["0"], ["true"], ["false"]]
+
+
+def test_a_field_of_two_types_in_one_batch_goes_to_spark():
+    assert parse(['{"d": "a"}', '{"d": 1}']) is None
+    assert texts(['{"d": "a"}'])[1][1] == ["a"] and texts(['{"d": 1}'])[1][1] == ["1"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"d": "\xff"}',  # invalid UTF-8: Spark reads U+FFFD
+        b'\xef\xbb\xbf{"d": "bom"}',
+        ' {"d": "leading space"}',
+        '{"d":\n"line break"}',
+        '{"d": "cr"}\r',
+        '{"d": "\\ud800"}',  # a lone surrogate: Spark gives "?"
+        '{"d": "a", "d": "b"}',  # Spark keeps the last
+        '{"d": 1.5}',  # Jackson re-renders floats through a double
+        '{"d": 1e3}',
+        '{"d": 12345678901234567890}',
+        '{"d": {"x": 1}}',
+        '{"d": [1]}',
+        '{"d": NaN}',
+        "{'d': 'single quotes'}",
+        '{"d": 012}',
+        '{"d": "a"} trailing',
+        '{"d": "a"} {"d": "b"}',
+        '{"d": "tab\there"}',
+        "[1, 2]",
+        "42",
+        "",
+        "not json",
+        '{"ts": 1',
+        '{"__reconciler_corrupt_record": "x"}',
+    ],
+)
+def test_records_spark_must_read_go_to_spark(value):
+    assert parse(['{"ts": 1, "d": "ok"}', value]) is None
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    assert parser.columns(pa.array([value.encode() if isinstance(value, str) else value], pa.binary()))[0].to_pylist() == [False]
+
+
+def test_an_iso_timestamp_goes_to_spark_once_then_is_read_as_text():
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    iso = ['{"ts": "2026-11-24T10:00:00Z", "d": "a"}']
+    assert parse(iso, parser) is None  # pyarrow's inference turned it into a timestamp
+    fast, (ts, d, _) = texts(iso, parser)  # now read with ts as a string
+    assert fast == [True] and ts == ["2026-11-24T10:00:00Z"] and d == ["a"]
+
+
+def test_types_change_between_batches():
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    assert texts(['{"ts": 1, "d": 7}'], parser)[1][1] == ["7"]
+    assert texts(['{"ts": 2, "d": "seven"}'], parser)[1][1] == ["seven"]
+    assert texts(['{"ts": "3", "d": false}'], parser)[1] == [["3"], ["false"], [None]]
+
+
+def test_a_reader_stops_trying_after_batches_that_went_to_spark():
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    floats = pa.array([b'{"ts": 1, "d": 1.5}'], pa.binary())
+    clean = pa.array([b'{"ts": 1, "d": "x"}'], pa.binary())
+    for _ in range(3):
+        assert parser.columns(floats)[0].to_pylist() == [False]
+    assert parser.columns(clean)[0].to_pylist() == [False]  # given up
+    assert FieldParser(FIELDS, CORRUPT_COLUMN).columns(clean)[0].to_pylist() == [True]
+
+
+def test_the_columns_fit_the_fields():
+    parser = FieldParser(["a", "b"], CORRUPT_COLUMN)
+    cols = parser.columns(pa.array([b'{"a": "x"}', b"bad"], pa.binary()))
+    assert [c.type for c in cols] == [pa.bool_(), pa.string(), pa.string()]
+    assert cols[0].to_pylist() == [False, False] and cols[1].null_count == 2
+
+
+# --------------------------------------------------------------------------- through Spark
+
+# Values for a data schema reading "ts", "d" (a dimension), "n" (a long metric) and
+# "x" (a double metric): each is a record Spark reads in its own way, or a clean one.
+CORPUS = [
+    {"ts": T0_MS, "d": "plain", "n": 3, "x": 2},
+    {"ts": T0_MS, "d": "é😀\u0000\\\"/", "n": "4", "x": "2.5"},
+    '{"ts": %d, "d": "\\ud83d\\ude00 \\u00e9 \\/"}' % T0_MS,
+    '{"ts": %d, "d": -0, "n": -0}' % T0_MS,
+    '{"ts": %d, "d": true, "n": false}' % T0_MS,
+    '{"ts": %d, "d": 1.50, "x": 1e3}' % T0_MS,
+    '{"ts": %d, "d": 9223372036854775808}' % T0_MS,
+    '{"ts": %d, "d": {"k": [1, 2.0, "x"]}}' % T0_MS,
+    '{"ts": %d, "d": "\\ud800"}' % T0_MS,
+    '{"ts": %d, "d": "a", "d": "b"}' % T0_MS,
+    '{"ts": %d, "x": NaN, "d": "nan"}' % T0_MS,
+    '{"ts": %d, "x": 1e999}' % T0_MS,
+    "{'ts': %d, 'd': 'quotes'}" % T0_MS,
+    '{"ts": %d, "d": "bom"}' % T0_MS,
+    '\ufeff{"ts": %d, "d": "bom"}' % T0_MS,
+    '  {"ts": %d, "d": "spaces"}  ' % T0_MS,
+    '{"ts":\n%d, "d": "newline"}' % T0_MS,
+    '{"ts": %d, "d": "tab\there"}' % T0_MS,
+    b'{"ts": 1795500000000, "d": "\xff\xfe"}',
+    '{"ts": %d, "__reconciler_corrupt_record": "sneaky"}' % T0_MS,
+    '{"ts": %d, "D": "case", "us\\u0065r": "escaped key", "d": "k"}' % T0_MS,
+    '{"ts": "2025-11-20T12:34:56.789Z", "d": "iso"}',
+    '{"ts": "%d", "d": "string ts"}' % T0_MS,
+    '{"ts": %d.5, "d": "float ts"}' % T0_MS,
+    '{"ts": -9223372036854775808, "d": "min long"}',
+    '{"ts": null, "d": "null ts"}',
+    '{"d": "no ts"}',
+    '{"ts": %d} trailing' % T0_MS,
+    '{"ts": %d, "d": 012}' % T0_MS,
+    "{}",
+    "[]",
+    "null",
+    "",
+    None,
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("per_batch, shared", [(1, False), (2, True), (len(CORPUS), True)])
+def test_reader_fields_give_exactly_what_from_json_gives(spark, per_batch, shared):
+    ds = schema(
+        dimensions=("d", "__offset"),
+        metrics=(Metric("n", "longSum", "n"), Metric("x", "doubleMax", "x")),
+    )
+    assert json_fields(ds) == ["ts", "d", "n", "x"]
+    plain = records(spark, CORPUS)
+    with_fields = with_reader_fields(plain, ds, per_batch, shared_parser=shared)
+    good_a, dead_a = transform(plain, ds)
+    good_b, dead_b = transform(with_fields, ds)
+    assert FAST in with_fields.columns and FAST not in plain.columns
+    assert rows(good_b, ["__offset"]) == rows(good_a, ["__offset"])
+    assert rows(dead_b, ["offset"]) == rows(dead_a, ["offset"])
+    fast = [r[FAST] for r in with_fields.orderBy("offset").select(FAST).collect()]
+    if per_batch == 1:
+        # Exactly the records pyarrow reads as Spark does took the fast path.
+        fast_offsets = {i for i, f in enumerate(fast) if f}
+        assert fast_offsets == {0, 1, 2, 3, 4, 13, 20, 21, 22, 24, 25, 26, 29}, fast_offsets
+    else:
+        # A batch with an odd record goes to Spark whole (and a reader gives up after three).
+        assert not any(fast)
+
+
+@pytest.mark.spark
+def test_a_clean_batch_takes_the_fast_path_whole(spark):
+    values = [
+        {"ts": T0_MS + i, "d": f"u{i % 7}", "n": i, "x": i % 3} for i in range(500)
+    ] + [None]
+    ds = schema(dimensions=("d",), metrics=(Metric("n", "longSum", "n"), Metric("x", "doubleMax", "x")))
+    plain = records(spark, values)
+    with_fields = with_reader_fields(plain, ds, 128, shared_parser=True)
+    assert with_fields.where(FAST).count() == 500
+    good_a, dead_a = transform(plain, ds)
+    good_b, dead_b = transform(with_fields, ds)
+    assert rows(good_b, ["__time"]) == rows(good_a, ["__time"])
+    assert [r["reason"] for r in rows(dead_b)] == ["null value"]
+
+
+@pytest.mark.spark
+def test_the_range_data_source_adds_the_fields(spark, fakes):
+    fakes.register(spark)
+    opts = read_options(
+        KafkaSource("unused:1", "t"),
+        [PartitionRange("0", 0, 300), PartitionRange("1", 0, 200)],
+        2,
+        json_fields=["ts", "user", "bytes", "absent"],
+        json_corrupt_column=CORRUPT_COLUMN,
+        maxBatchRows=64,
+    )
+    df = spark.read.format("fake_range").options(**opts).load()
+    assert df.columns[-5:] == [FAST, *(field_column(i) for i in range(4))]
+    got = df.toArrow().to_pylist()
+    assert len(got) == 500 and all(r[FAST] for r in got)
+    for r in got:
+        value = json.loads(r["value"])
+        assert r[field_column(0)] == str(value["ts"])
+        assert r[field_column(1)] == value["user"]
+        assert r[field_column(2)] == str(value["bytes"])
+        assert r[field_column(3)] is None
