@@ -64,6 +64,7 @@ def test_a_field_of_two_types_in_one_batch_goes_to_spark():
         '{"d": "cr"}\r',
         '{"d": "\\ud800"}',  # a lone surrogate: Spark gives "?"
         '{"d": "a", "d": "b"}',  # Spark keeps the last
+        '{"d": "a", "\\u0064": "b"}',  # the same key, escaped
         '{"d": 1.5}',  # Jackson re-renders floats through a double
         '{"d": 1e3}',
         '{"d": 12345678901234567890}',
@@ -160,6 +161,8 @@ CORPUS = [
     "null",
     "",
     None,
+    '{"ts": %d, "\\u0064": "escaped key"}' % T0_MS,
+    '{"ts": %d, "d": "a", "\\u0064": "b"}' % T0_MS,
 ]
 
 
@@ -182,7 +185,7 @@ def test_reader_fields_give_exactly_what_from_json_gives(spark, per_batch, share
     if per_batch == 1:
         # Exactly the records pyarrow reads as Spark does took the fast path.
         fast_offsets = {i for i, f in enumerate(fast) if f}
-        assert fast_offsets == {0, 1, 2, 3, 4, 13, 20, 21, 22, 24, 25, 26, 29}, fast_offsets
+        assert fast_offsets == {0, 1, 2, 3, 4, 13, 20, 21, 22, 24, 25, 26, 29, 34}, fast_offsets
     else:
         # A batch with an odd record goes to Spark whole (and a reader gives up after three).
         assert not any(fast)
