@@ -7,7 +7,9 @@ session, the later ones warm) and prints one JSON document: the session start, e
 batch's wall time, and from the event log each Spark job and stage (wall time, task
 count, executor run time, the tasks' summed CPU and deserialisation time, records
 read). ``--conf key=value`` adds Spark settings (for experiments);
-``--pyspy DIR`` records a py-spy flame graph of the driver and its Python workers
+``--parse-in spark`` leaves the JSON parse to Spark's ``from_json`` (the product's readers
+parse it, ``reconciler.pipeline.jsonfields``), ``--parse-in alternate`` alternates the two
+(A readers, B ``from_json``); ``--pyspy DIR`` records a py-spy flame graph of the driver and its Python workers
 during the first batch (needs ``pip install py-spy``).
 
 Usage: ``.venv/bin/python benchmarks/profile_batch.py --records 200000 [--repeat 3]``
