@@ -11,24 +11,37 @@ one of its records is one Spark would read the same way, and otherwise goes to S
 whole (``FieldParser.parse`` returns ``None``):
 
 * every value is valid UTF-8 (Spark would read invalid bytes as U+FFFD), starts with
-  ``{`` (no BOM, array, scalar or leading space) and has no line break (records are
-  joined by ``\\n`` for pyarrow, and a record's own line break could split it);
-* pyarrow reads one object per record; it rejects lone surrogates (Spark gives
-  ``?``), duplicate keys of a read field (Spark keeps the last), single quotes,
-  leading zeros, unescaped control characters and trailing garbage;
+  ``{`` and ends with ``}`` (no BOM, array, scalar or surrounding space) and has no line
+  break. Records are joined by ``\n`` for pyarrow, which reads that as whitespace: a
+  record cut off after ``:`` could run into the next one, but not one that ends with
+  ``}`` (after a ``}`` only ``,``, ``]`` or ``}`` may follow, never the next record's
+  ``{``, and a string cannot span lines). So no record yields zero rows or swallows
+  another, and "as many rows as records" means one row per record (a record holding
+  two objects makes one row too many);
+* pyarrow rejects the rest of what Jackson rejects or reads otherwise: lone surrogates
+  (Spark gives ``?``), a read key given twice, even through an escape (Spark keeps the
+  last), single quotes, leading zeros, unescaped control characters, trailing text;
+* what pyarrow accepts and Jackson does not goes to Spark: ``-NaN``, ``Inf``, ``-Inf``
+  (Spark's ``allowNonNumericNumbers`` takes ``NaN``, ``Infinity`` and ``-Infinity``),
+  and anything past the limits Spark gives Jackson (nesting depth 1,000, numbers of
+  1,000 characters, names of 50,000), even in fields the data schema does not read;
 * every read field is a string, an integer that fits 64 bits, a boolean or null.
-  Spark renders a number or boolean under a string field as Jackson writes it back:
-  an integer's digits (``-0`` as ``0``), ``true``, ``false``; that is what Arrow's
-  casts give. A float (Jackson re-renders it through a double), an object or an
-  array goes to Spark, as does a string pyarrow reads as a timestamp;
+  Spark renders a number or boolean under a string field as Jackson writes it back
+  (``copyCurrentStructure``): an integer's digits (``-0`` as ``0``), ``true``,
+  ``false``; that is what Arrow's casts give. A float (Jackson re-renders it through a
+  double), an object or an array goes to Spark, as does a string pyarrow reads as a
+  timestamp;
 * no record has the corrupt-record column's own name as a key.
 
 Null values (tombstones) are never parsed here: their flag is false.
+``tests/pipeline/test_jsonfields.py`` runs a hostile corpus through both paths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +55,17 @@ _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
 # After this many batches in a row that had to go to Spark, a reader stops trying:
 # a source whose fields are floats or objects should not pay pyarrow's parse as well.
 _GIVE_UP_AFTER = 3
+# Spark's limits on Jackson (``JSONOptions.buildJsonFactory``) and Jackson's default name
+# limit. A value shorter than the smallest cannot pass any of them, so only longer ones
+# are looked at.
+_JACKSON_DEPTH = 1000
+_JACKSON_NUMBER = 1000
+_JACKSON_NAME = 50_000
+_LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % _JACKSON_NUMBER)
+# Non-numeric numbers pyarrow reads and Spark's Jackson rejects: -NaN, Inf and -Inf
+# (it takes NaN, Infinity, -Infinity), as a value: after ":", "[" or ",", up to a
+# delimiter (inside a string such text only costs the batch its fast path).
+_ODD_NON_NUMERIC = re.compile(rb"[:\[,][ \t]*(?:-NaN|-?Inf)[ \t,\]}]")
 
 
 def field_column(index: int) -> str:
@@ -76,13 +100,20 @@ class FieldParser:
     def columns(self, values: pa.Array) -> list[pa.Array]:
         """``[FAST, field 0, field 1, ...]`` for ``values`` (binary); all-false and
         all-null when the batch goes to Spark."""
-        parsed = None if self._misses >= _GIVE_UP_AFTER else self.parse(values)
+        n = len(values)
+        if values.null_count == n:  # tombstones only: nothing to parse, nothing learnt
+            return self._unparsed(n)
+        if self._misses >= _GIVE_UP_AFTER:
+            return self._unparsed(n)
+        parsed = self.parse(values)
         if parsed is None:
             self._misses += 1
-            n = len(values)
-            return [pa.repeat(pa.scalar(False), n), *(pa.nulls(n, pa.string()) for _ in self.fields)]
+            return self._unparsed(n)
         self._misses = 0
         return parsed
+
+    def _unparsed(self, n: int) -> list[pa.Array]:
+        return [pa.repeat(pa.scalar(False), n), *(pa.nulls(n, pa.string()) for _ in self.fields)]
 
     def parse(self, values: pa.Array) -> list[pa.Array] | None:
         n = len(values)
@@ -95,12 +126,16 @@ class FieldParser:
         present = text.is_valid()
         if text.null_count:
             text = text.fill_null("{}")
-        if not pc.all(pc.starts_with(text, "{")).as_py():
+        if not pc.all(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}"))).as_py():
+            return None
+        if pc.max(pc.binary_length(values)).as_py() >= min(_JACKSON_DEPTH, _JACKSON_NUMBER) and not _within_limits(values):
             return None
         joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), text), "\n")
         buf = joined[0].as_buffer()
         raw = buf.to_pybytes()
         if raw.count(b"\n") != n - 1 or b"\r" in raw:
+            return None
+        if (b"-NaN" in raw or b"Inf" in raw) and _ODD_NON_NUMERIC.search(raw):
             return None
         table = self._read(buf)
         if table is None or table.num_rows != n:
@@ -151,3 +186,16 @@ def _next_schema(inferred: pa.Schema, fields: Sequence[str]) -> pa.Schema:
             kind = pa.string()
         out.append(pa.field(name, kind))
     return pa.schema(out)
+
+
+def _within_limits(values: pa.Array) -> bool:
+    """Whether every value long enough to matter stays within Spark's limits on Jackson
+    (conservatively: brackets counted, not nesting measured)."""
+    long_ones = values.filter(pc.greater_equal(pc.binary_length(values), min(_JACKSON_DEPTH, _JACKSON_NUMBER)))
+    for scalar in long_ones:
+        v = scalar.as_py()
+        if len(v) >= _JACKSON_NAME:
+            return False
+        if v.count(b"{") + v.count(b"[") >= _JACKSON_DEPTH or _LONG_NUMBER.search(v):
+            return False
+    return True

@@ -158,7 +158,7 @@ def _json_fields(options: Mapping[str, str]) -> list[str] | None:
         return None
     fields = json.loads(text)
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-        raise ValueError("range data source: option jsonFields must be a JSON list of strings")
+        raise ValueError("option jsonFields must be a JSON list of strings")
     return fields
 
 
@@ -236,7 +236,10 @@ class _RangeDataSource(DataSource):
     reader_type: type[_RangeReader] = _RangeReader
 
     def schema(self) -> StructType:
-        fields = _json_fields(self.options)
+        try:
+            fields = _json_fields(self.options)
+        except ValueError as exc:
+            raise ValueError(f"range data source: bad option: {exc}") from None
         if fields is None:
             return SPARK_RECORD_SCHEMA
         return from_arrow_schema(arrow_schema(fields))

@@ -37,6 +37,7 @@ DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
 
 _PARSED = "__json"
 _CORRUPT = "__reconciler_corrupt_record"
+CORRUPT_COLUMN = _CORRUPT  # the readers' parse leaves a record with this key to from_json
 _TS = "__ts_text"
 _REASON = "__reason"
 
@@ -203,9 +204,6 @@ def json_schema(data_schema: DataSchema) -> StructType:
     fields = [StructField(n, StringType(), True) for n in json_fields(data_schema)]
     fields.append(StructField(_CORRUPT, StringType(), True))
     return StructType(fields)
-
-
-CORRUPT_COLUMN = _CORRUPT
 
 
 def _parsed_struct(df: DataFrame, data_schema: DataSchema) -> Column:

@@ -82,12 +82,55 @@ def test_a_field_of_two_types_in_one_batch_goes_to_spark():
         "not json",
         '{"ts": 1',
         '{"__reconciler_corrupt_record": "x"}',
+        '{"d": "a"} ',
+        '{"d": "x", "o": Inf}',  # pyarrow reads these, Spark's Jackson does not
+        '{"d": "x", "o": [-Inf]}',
+        '{"d": "x", "o": -NaN}',
+        '{"d": "x", "o": ' + "[" * 1000 + "]" * 1000 + "}",  # Spark's nesting limit
+        '{"d": "x", "o": ' + '{"a":' * 1000 + "1" + "}" * 1000 + "}",
+        '{"d": "x", "o": ' + "1" * 1001 + "}",  # Spark's number length limit
+        '{"d": "x", "' + "k" * 50_001 + '": 1}',  # Jackson's name length limit
     ],
 )
-def test_records_spark_must_read_go_to_spark(value):
-    assert parse(['{"ts": 1, "d": "ok"}', value]) is None
+@pytest.mark.parametrize("primed", [False, True])
+def test_records_spark_must_read_go_to_spark(value, primed):
     parser = FieldParser(FIELDS, CORRUPT_COLUMN)
-    assert parser.columns(pa.array([value.encode() if isinstance(value, str) else value], pa.binary()))[0].to_pylist() == [False]
+    if primed:  # the reader has read a batch: the next is read with an explicit schema
+        assert texts(['{"ts": 1, "d": "ok"}'], parser)[0] == [True]
+    assert parse(['{"ts": 1, "d": "ok"}', value], parser) is None
+    raw = value.encode() if isinstance(value, str) else value
+    assert parser.columns(pa.array([raw], pa.binary()))[0].to_pylist() == [False]
+
+
+def test_a_cut_record_cannot_swallow_the_next():
+    # Joined by "\n", the first would run into the second; the second holds two objects,
+    # so the row count alone would come out right.
+    batch = ['{"ts": 1, "d": "a", "o":', '{"x": 1}}{"ts": 2, "d": "b"}']
+    assert parse(batch) is None
+    primed = FieldParser(FIELDS, CORRUPT_COLUMN)
+    texts(['{"ts": 1, "d": "ok"}'], primed)
+    assert parse(batch, primed) is None
+
+
+@pytest.mark.parametrize(
+    "value, d",
+    [
+        ('{"ts": 1, "d": "%s", "o": [[[1]]]}' % ("x" * 5000), "x" * 5000),
+        ('{"ts": 2, "d": "Information: Infinite -NaNs", "o": NaN}', "Information: Infinite -NaNs"),
+        ('{"ts": 3, "d": "y", "o": [Infinity, -Infinity]}', "y"),
+    ],
+)
+def test_within_the_limits_and_look_alikes_stay_fast(value, d):
+    assert texts([value])[1][1] == [d]
+
+
+def test_tombstones_teach_the_reader_nothing():
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    assert texts(['{"ts": 1, "d": "a"}'], parser)[0] == [True]
+    schema = parser._schema
+    cols = parser.columns(pa.array([None, None], pa.binary()))
+    assert cols[0].to_pylist() == [False, False] and cols[1].null_count == 2
+    assert parser._schema == schema
 
 
 def test_an_iso_timestamp_goes_to_spark_once_then_is_read_as_text():
@@ -163,6 +206,17 @@ CORPUS = [
     None,
     '{"ts": %d, "\\u0064": "escaped key"}' % T0_MS,
     '{"ts": %d, "d": "a", "\\u0064": "b"}' % T0_MS,
+    '{"ts": %d, "d": "cut", "o":' % T0_MS,
+    '{"x": 1}}{"ts": %d, "d": "two objects"}' % T0_MS,
+    '{"ts": %d, "d": "deep", "o": %s}' % (T0_MS, "[" * 1001 + "]" * 1001),
+    '{"ts": %d, "d": "long number", "o": %s}' % (T0_MS, "1" * 1001),
+    '{"ts": %d, "d": "long name", "%s": 1}' % (T0_MS, "k" * 50_001),
+    '{"ts": %d, "d": "nan", "o": NaN}' % T0_MS,
+    '{"ts": %d, "d": "infinity", "o": [Infinity, -Infinity]}' % T0_MS,
+    '{"ts": %d, "d": "inf", "o": Inf}' % T0_MS,
+    '{"ts": %d, "d": "-nan", "o": -NaN}' % T0_MS,
+    '{"ts": %d, "d": "Information: Inf"}' % T0_MS,
+    '{"ts": %d, "d": "%s"}' % (T0_MS, "long " * 400),
 ]
 
 
@@ -185,7 +239,7 @@ def test_reader_fields_give_exactly_what_from_json_gives(spark, per_batch, share
     if per_batch == 1:
         # Exactly the records pyarrow reads as Spark does took the fast path.
         fast_offsets = {i for i, f in enumerate(fast) if f}
-        assert fast_offsets == {0, 1, 2, 3, 4, 13, 20, 21, 22, 24, 25, 26, 29, 34}, fast_offsets
+        assert fast_offsets == {0, 1, 2, 3, 4, 13, 20, 21, 22, 24, 25, 26, 29, 34, 41, 42, 45, 46}, fast_offsets
     else:
         # A batch with an odd record goes to Spark whole (and a reader gives up after three).
         assert not any(fast)
