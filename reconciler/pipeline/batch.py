@@ -17,7 +17,14 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from reconciler.model import DataSchema, PartitionRange, Source, SupervisorSpec
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline.sources import SPARK_RECORD_SCHEMA, format_name, read_options
-from reconciler.pipeline.transform import CORRUPT_COLUMN, SEGMENT, dead_rows, good_rows, json_fields, parse
+from reconciler.pipeline.transform import (
+    CORRUPT_COLUMN,
+    SEGMENT,
+    dead_rows,
+    good_rows,
+    json_fields,
+    parse,
+)
 from reconciler.table.schema import arrow_schema_of
 
 

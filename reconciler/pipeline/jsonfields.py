@@ -39,9 +39,8 @@ Null values (tombstones) are never parsed here: their flag is false.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import re
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,6 +60,7 @@ _GIVE_UP_AFTER = 3
 _JACKSON_DEPTH = 1000
 _JACKSON_NUMBER = 1000
 _JACKSON_NAME = 50_000
+_LONG = min(_JACKSON_DEPTH, _JACKSON_NUMBER)
 _LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % _JACKSON_NUMBER)
 # Non-numeric numbers pyarrow reads and Spark's Jackson rejects: -NaN, Inf and -Inf
 # (it takes NaN, Infinity, -Infinity), as a value: after ":", "[" or ",", up to a
@@ -74,13 +74,12 @@ def field_column(index: int) -> str:
     return f"{_FIELD_PREFIX}{index}"
 
 
-def column_names(field_count: int) -> list[str]:
-    return [FAST, *(field_column(i) for i in range(field_count))]
-
-
 def arrow_fields(field_count: int) -> list[pa.Field]:
     """The columns the readers add to every record batch."""
-    return [pa.field(FAST, pa.bool_()), *(pa.field(field_column(i), pa.string()) for i in range(field_count))]
+    return [
+        pa.field(FAST, pa.bool_()),
+        *(pa.field(field_column(i), pa.string()) for i in range(field_count)),
+    ]
 
 
 class FieldParser:
@@ -128,7 +127,7 @@ class FieldParser:
             text = text.fill_null("{}")
         if not pc.all(pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}"))).as_py():
             return None
-        if pc.max(pc.binary_length(values)).as_py() >= min(_JACKSON_DEPTH, _JACKSON_NUMBER) and not _within_limits(values):
+        if pc.max(pc.binary_length(values)).as_py() >= _LONG and not _within_limits(values):
             return None
         joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), text), "\n")
         buf = joined[0].as_buffer()
@@ -161,13 +160,17 @@ class FieldParser:
                 return pj.read_json(
                     pa.BufferReader(buf),
                     read_options=read,
-                    parse_options=pj.ParseOptions(explicit_schema=self._schema, unexpected_field_behavior="ignore"),
+                    parse_options=pj.ParseOptions(
+                        explicit_schema=self._schema, unexpected_field_behavior="ignore"
+                    ),
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 pass
         try:
             table = pj.read_json(
-                pa.BufferReader(buf), read_options=read, parse_options=pj.ParseOptions(unexpected_field_behavior="infer")
+                pa.BufferReader(buf),
+                read_options=read,
+                parse_options=pj.ParseOptions(unexpected_field_behavior="infer"),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
@@ -182,7 +185,7 @@ def _next_schema(inferred: pa.Schema, fields: Sequence[str]) -> pa.Schema:
     for name in fields:
         idx = inferred.get_field_index(name)
         kind = inferred.field(idx).type if idx >= 0 else pa.null()
-        if pa.types.is_timestamp(kind) or kind not in _AS_TEXT:
+        if kind not in _AS_TEXT:  # a timestamp, a double, a struct, a list
             kind = pa.string()
         out.append(pa.field(name, kind))
     return pa.schema(out)
@@ -191,7 +194,7 @@ def _next_schema(inferred: pa.Schema, fields: Sequence[str]) -> pa.Schema:
 def _within_limits(values: pa.Array) -> bool:
     """Whether every value long enough to matter stays within Spark's limits on Jackson
     (conservatively: brackets counted, not nesting measured)."""
-    long_ones = values.filter(pc.greater_equal(pc.binary_length(values), min(_JACKSON_DEPTH, _JACKSON_NUMBER)))
+    long_ones = values.filter(pc.greater_equal(pc.binary_length(values), _LONG))
     for scalar in long_ones:
         v = scalar.as_py()
         if len(v) >= _JACKSON_NAME:

@@ -2,7 +2,9 @@
 
 No Python UDFs: per-record Python is the bottleneck of the whole pipeline, so JSON
 parsing (``from_json``), timestamp handling, truncation and rollup are Spark SQL
-expressions.
+expressions. Where the range readers already parsed a record's fields in bulk with
+pyarrow (``reconciler.pipeline.jsonfields``), the parsed struct is built from their
+columns instead, with exactly the text ``from_json`` would give.
 
 * Every non-virtual dimension is read as a string: ``from_json`` hands back a JSON
   number, boolean, object or array under a string field as its JSON text.
