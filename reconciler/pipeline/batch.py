@@ -91,7 +91,9 @@ def run_batch(
     if not live:
         return seg.WrittenBatch(batch_id, (), (), input_rows=0)
     parse_in_reader = ds if ds.format == "json" else None
-    records = read_ranges(spark, spec.source, live, tasks, max_batch_rows, data_schema=parse_in_reader)
+    records = read_ranges(
+        spark, spec.source, live, tasks, max_batch_rows, data_schema=parse_in_reader
+    )
     obs = Observation(f"batch-{batch_id}-{uuid.uuid4().hex[:8]}")
     return seg.write_batch(
         spark,

@@ -65,6 +65,10 @@ _LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % _JACKSON_NUMBER)
 # Non-numeric numbers pyarrow reads and Spark's Jackson rejects: -NaN, Inf and -Inf
 # (it takes NaN, Infinity, -Infinity), as a value: after ":", "[" or ",", up to a
 # delimiter (inside a string such text only costs the batch its fast path).
+# pyarrow's error when a record contradicts a column's type, and the JSON kinds it names
+# that a read field may have (a "number" that is not an integer fails the int64 parse).
+_CHANGED = re.compile(r"Column\((/.*)\) changed from \w+ to (\w+) in row")
+_KINDS = {"string": pa.string(), "number": pa.int64(), "boolean": pa.bool_()}
 _ODD_NON_NUMERIC = re.compile(rb"[:\[,][ \t]*(?:-NaN|-?Inf)[ \t,\]}]")
 
 
@@ -87,7 +91,8 @@ class FieldParser:
 
     It remembers the types the last parsed batch had, so the next one is read with an
     explicit schema (unknown keys ignored, not inferred); a batch that does not match
-    them is inferred once more.
+    them is inferred once more, and where inference fails (a field of two types), the
+    read fields' types are found one error at a time (``_learn``).
     """
 
     def __init__(self, fields: Sequence[str], corrupt_column: str):
@@ -173,9 +178,46 @@ class FieldParser:
                 parse_options=pj.ParseOptions(unexpected_field_behavior="infer"),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
+            return self._learn(buf, read)
         self._schema = _next_schema(table.schema, [*self.fields, self.corrupt_column])
         return table
+
+    def _learn(self, buf: pa.Buffer, read: pj.ReadOptions) -> pa.Table | None:
+        """Find the read fields' types with explicit schemas (unknown keys ignored) when
+        inference failed, which it does when any field, read or not, has two types in the
+        batch. pyarrow's error names the read field whose type a record contradicts; each
+        field is given each type at most once. A parse that succeeds proves every read
+        value has its declared type, so nothing here is a guess that could change text."""
+        types = {name: pa.string() for name in self.fields}
+        tried: set[tuple[str, str]] = set()
+        for _ in range(len(_KINDS) * len(self.fields) + 1):
+            schema = pa.schema(
+                [
+                    *(pa.field(n, types[n]) for n in self.fields),
+                    pa.field(self.corrupt_column, pa.null()),
+                ]
+            )
+            try:
+                table = pj.read_json(
+                    pa.BufferReader(buf),
+                    read_options=read,
+                    parse_options=pj.ParseOptions(
+                        explicit_schema=schema, unexpected_field_behavior="ignore"
+                    ),
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                changed = _CHANGED.search(str(exc))
+                if changed is None or changed.group(2) not in _KINDS:
+                    return None
+                name = changed.group(1)[1:]  # "/ts" -> "ts"
+                if name not in types or (name, changed.group(2)) in tried:
+                    return None  # the corrupt-record key, or a read field of two types
+                tried.add((name, changed.group(2)))
+                types[name] = _KINDS[changed.group(2)]
+                continue
+            self._schema = schema
+            return table
+        return None
 
 
 def _next_schema(inferred: pa.Schema, fields: Sequence[str]) -> pa.Schema:

@@ -214,8 +214,9 @@ class _RangeReader(DataSourceReader):
                         continue
                     batch = conform(batch)
                     if fields is not None:
+                        parsed = fields.columns(batch.column("value"))
                         batch = pa.RecordBatch.from_arrays(
-                            [*batch.columns, *fields.columns(batch.column("value"))], schema=self.schema
+                            [*batch.columns, *parsed], schema=self.schema
                         )
                     yield batch
         finally:

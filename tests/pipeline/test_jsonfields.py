@@ -52,7 +52,34 @@ def test_clean_records_are_parsed_to_from_json_text():
 
 def test_a_field_of_two_types_in_one_batch_goes_to_spark():
     assert parse(['{"d": "a"}', '{"d": 1}']) is None
+    assert parse(['{"d": "a", "o": 1}', '{"d": 1, "o": "x"}']) is None  # also when learning
     assert texts(['{"d": "a"}'])[1][1] == ["a"] and texts(['{"d": 1}'])[1][1] == ["1"]
+
+
+def test_an_unread_field_of_two_types_does_not_stop_the_parse():
+    # pyarrow's inference fails on "o"; the read fields' types are learnt one error at a time.
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    batch = [
+        '{"ts": 1, "d": true, "n": "x", "o": 1}',
+        '{"ts": 2, "d": false, "o": "one"}',
+        '{"ts": 3, "o": [1, {"a": 2}]}',
+    ]
+    fast, (ts, d, n) = texts(batch, parser)
+    assert fast == [True, True, True]
+    assert (ts, d, n) == (["1", "2", "3"], ["true", "false", None], ["x", None, None])
+    assert texts(['{"ts": 4, "d": true, "o": null}'], parser)[1][1] == ["true"]  # remembered
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        '{"ts": 2.5, "o": "x"}',  # a float where an integer was learnt
+        '{"ts": 2, "__reconciler_corrupt_record": "x", "o": "x"}',
+        '{"ts": 2, "d": {"k": 1}, "o": "x"}',
+    ],
+)
+def test_learning_still_leaves_odd_records_to_spark(odd):
+    assert parse(['{"ts": 1, "d": "a", "o": 1}', odd]) is None
 
 
 @pytest.mark.parametrize(
@@ -259,6 +286,26 @@ def test_a_clean_batch_takes_the_fast_path_whole(spark):
     good_b, dead_b = transform(with_fields, ds)
     assert rows(good_b, ["__time"]) == rows(good_a, ["__time"])
     assert [r["reason"] for r in rows(dead_b)] == ["null value"]
+
+
+@pytest.mark.spark
+def test_a_batch_whose_unread_field_has_two_types_is_parsed_the_same(spark):
+    values = [
+        {"ts": T0_MS + i, "d": [f"u{i}", i, True][i % 3], "o": [1, "one", [1.5], None][i % 4]}
+        for i in range(40)
+    ]
+    ds = schema(dimensions=("d",))
+    plain = records(spark, values)
+    with_fields = with_reader_fields(plain, ds, 40, shared_parser=False)
+    assert with_fields.where(FAST).count() == 0  # "d" has three types: left to Spark
+    values = [{"ts": T0_MS + i, "d": f"u{i}", "o": [1, "one", [1.5], None][i % 4]} for i in range(40)]
+    plain = records(spark, values)
+    with_fields = with_reader_fields(plain, ds, 40, shared_parser=False)
+    assert with_fields.where(FAST).count() == 40
+    good_a, dead_a = transform(plain, ds)
+    good_b, dead_b = transform(with_fields, ds)
+    assert rows(good_b, ["__time"]) == rows(good_a, ["__time"])
+    assert rows(dead_b) == rows(dead_a) == []
 
 
 @pytest.mark.spark
