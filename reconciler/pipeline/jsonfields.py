@@ -69,6 +69,9 @@ _LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % _JACKSON_NUMBER)
 # that a read field may have (a "number" that is not an integer fails the int64 parse).
 _CHANGED = re.compile(r"Column\((/.*)\) changed from \w+ to (\w+) in row")
 _KINDS = {"string": pa.string(), "number": pa.int64(), "boolean": pa.bool_()}
+# Each learning step is one more parse (up to the contradicting record): past a few, the
+# batch is cheaper in Spark.
+_LEARN_READS = 5
 _ODD_NON_NUMERIC = re.compile(rb"[:\[,][ \t]*(?:-NaN|-?Inf)[ \t,\]}]")
 
 
@@ -186,11 +189,15 @@ class FieldParser:
         """Find the read fields' types with explicit schemas (unknown keys ignored) when
         inference failed, which it does when any field, read or not, has two types in the
         batch. pyarrow's error names the read field whose type a record contradicts; each
-        field is given each type at most once. A parse that succeeds proves every read
+        field is given each type at most once, starting from the types remembered from the
+        last batch (else strings), for at most ``_LEARN_READS`` parses. A parse that succeeds proves every read
         value has its declared type, so nothing here is a guess that could change text."""
-        types = {name: pa.string() for name in self.fields}
-        tried: set[tuple[str, str]] = set()
-        for _ in range(len(_KINDS) * len(self.fields) + 1):
+        kind_of = {t: k for k, t in _KINDS.items()}
+        known = {f.name: f.type for f in self._schema} if self._schema is not None else {}
+        # A field absent from the last batch (null) starts as a string like an unknown one.
+        types = {n: known[n] if known.get(n) in kind_of else pa.string() for n in self.fields}
+        tried = {(name, kind_of[t]) for name, t in types.items()}
+        for _ in range(_LEARN_READS):
             schema = pa.schema(
                 [
                     *(pa.field(n, types[n]) for n in self.fields),

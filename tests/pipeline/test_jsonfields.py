@@ -70,6 +70,13 @@ def test_an_unread_field_of_two_types_does_not_stop_the_parse():
     assert texts(['{"ts": 4, "d": true, "o": null}'], parser)[1][1] == ["true"]  # remembered
 
 
+def test_learning_starts_from_the_remembered_types():
+    parser = FieldParser(FIELDS, CORRUPT_COLUMN)
+    assert texts(['{"ts": 1, "n": true}'], parser)[0] == [True]  # "d" absent: remembered as null
+    batch = ['{"ts": 2, "d": "a", "n": false, "o": 1}', '{"ts": 3, "d": "b", "o": "one"}']
+    assert texts(batch, parser)[1] == [["2", "3"], ["a", "b"], ["false", None]]
+
+
 @pytest.mark.parametrize(
     "odd",
     [
