@@ -173,7 +173,7 @@ class FieldParser:
                     ),
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pass
+                pass  # this batch's types differ from the last one's: infer them again
         try:
             table = pj.read_json(
                 pa.BufferReader(buf),
