@@ -329,7 +329,9 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
                           "verify": _verify(segments, f"{sid}-{i}" if i else sid, n)})
     # e: the last run, as JIT-warm as a daemon that has run a while; the earlier ones beside it
     out["product_warm"] = {**warm_runs[-1], "earlier_runs_records_per_s": [r["records_per_s"] for r in warm_runs[:-1]]}
-    seconds_part, segments = run("part", f"{sid}-part", part_source)
+    # sampled like e, so the slope g compares two runs measured alike
+    with PeakRss(os.getpid(), exclude=brokers):
+        seconds_part, segments = run("part", f"{sid}-part", part_source)
     out["product_warm_part"] = {**_rate(part_n, seconds_part), "batch_phases": _phases_of(phases.batches),
                                 "verify": _verify(segments, f"{sid}-part", part_n)}
     # g: what one more record costs a warm daemon, with its start, the new supervisor's tables

@@ -10,7 +10,7 @@ read). ``--conf key=value`` adds Spark settings (for experiments);
 ``--parse-in spark`` leaves the JSON parse to Spark's ``from_json`` (the product's readers
 parse it, ``reconciler.pipeline.jsonfields``), ``--parse-in alternate`` alternates the two
 (A readers, B ``from_json``); ``--pyspy DIR`` records a py-spy flame graph of the driver and its Python workers
-during the first batch (needs ``pip install py-spy``).
+during one batch (``--pyspy-batch``, the first by default) (needs ``pip install py-spy``).
 
 Usage: ``.venv/bin/python benchmarks/profile_batch.py --records 200000 [--repeat 3]``
 """
@@ -176,9 +176,9 @@ def _kind(pid: int, root: int) -> str:
     return "py:" + (text[-1].rsplit(".", 1)[-1] if text else "?")
 
 
-def _pyspy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
+def _pyspy(pid: int, out: Path, seconds: float, idle: bool = True) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("py-spy")
-    return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--subprocesses", "--idle", "-r", "50",
+    return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--subprocesses", *(["--idle"] if idle else []), "-r", "50",
                              "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -190,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-count", type=int, default=2)
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
-    ap.add_argument("--pyspy", metavar="DIR", help="py-spy record the first batch (driver and workers) into DIR")
+    ap.add_argument("--pyspy", metavar="DIR", help="py-spy record one batch (driver and workers) into DIR")
+    ap.add_argument("--pyspy-batch", type=int, default=0, help="which batch --pyspy records (0: the cold one)")
     ap.add_argument("--pyspy-seconds", type=float, default=40)
+    ap.add_argument("--pyspy-busy", action="store_true",
+                    help="leave out the samples of threads waiting in a system call (py-spy's default)")
     ap.add_argument("--max-batch-rows", type=int, default=None)
     ap.add_argument("--parse-in", choices=("reader", "spark", "alternate"), default="reader",
                     help="where the JSON fields are parsed: the readers (as run_batch does), "
@@ -239,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         batches = []
         for i in range(args.repeat):
             spy = None
-            if args.pyspy and i == 0:
+            if args.pyspy and i == args.pyspy_batch:
                 Path(args.pyspy).mkdir(parents=True, exist_ok=True)
-                spy = _pyspy(os.getpid(), Path(args.pyspy) / "batch0.txt", args.pyspy_seconds)
+                spy = _pyspy(os.getpid(), Path(args.pyspy) / f"batch{i}.txt", args.pyspy_seconds,
+                             idle=not args.pyspy_busy)
                 time.sleep(1.0)
             variant = "B" if (args.alternate or args.parse_in == "alternate") and i % 2 else "A"
             if args.alternate:

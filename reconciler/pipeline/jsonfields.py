@@ -41,10 +41,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.json as pj
+
+if TYPE_CHECKING:
+    import pyarrow.json as pj
+
+# pyarrow.compute and pyarrow.json are imported where they are used: Spark's four
+# planner workers (a fresh Python process each, one after another, in a cold batch)
+# import this module only to unpickle the data source, and those two modules cost
+# each of them 40 ms.
 
 FAST = "__json_fast"  # bool column: the record's fields were parsed here
 _FIELD_PREFIX = "__json_f"
@@ -123,6 +130,7 @@ class FieldParser:
         return [pa.repeat(pa.scalar(False), n), *(pa.nulls(n, pa.string()) for _ in self.fields)]
 
     def parse(self, values: pa.Array) -> list[pa.Array] | None:
+        import pyarrow.compute as pc
         n = len(values)
         if n == 0:
             return None
@@ -162,6 +170,7 @@ class FieldParser:
         return out
 
     def _read(self, buf: pa.Buffer) -> pa.Table | None:
+        import pyarrow.json as pj
         read = pj.ReadOptions(use_threads=False, block_size=buf.size + 1)
         if self._schema is not None:
             try:
@@ -192,6 +201,7 @@ class FieldParser:
         field is given each type at most once, starting from the types remembered from the
         last batch (else strings), for at most ``_LEARN_READS`` parses. A parse that succeeds proves every read
         value has its declared type, so nothing here is a guess that could change text."""
+        import pyarrow.json as pj
         kind_of = {t: k for k, t in _KINDS.items()}
         known = {f.name: f.type for f in self._schema} if self._schema is not None else {}
         # A field absent from the last batch (null) starts as a string like an unknown one.
@@ -243,6 +253,7 @@ def _next_schema(inferred: pa.Schema, fields: Sequence[str]) -> pa.Schema:
 def _within_limits(values: pa.Array) -> bool:
     """Whether every value long enough to matter stays within Spark's limits on Jackson
     (conservatively: brackets counted, not nesting measured)."""
+    import pyarrow.compute as pc
     long_ones = values.filter(pc.greater_equal(pc.binary_length(values), _LONG))
     for scalar in long_ones:
         v = scalar.as_py()
