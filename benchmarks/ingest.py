@@ -38,7 +38,7 @@ f. ``small_batches``: ``SMALL_RECORDS`` more records in batches of ``SMALL_BATCH
 Every product run (d to g) is verified: the committed Parquet holds exactly N rows and N
 distinct ids. ``ratios`` divides the product's rates by a and b. ``peak_rss_mib`` is
 the largest resident memory of the daemon's process tree (Python, the Spark JVM, its
-Python workers; brokers excluded) sampled every 0.25 s during the run, counting pages
+Python workers; brokers excluded) sampled every 0.25 s (PSS every second) during the run, counting pages
 shared by forked workers once per process; ``peak_pss_mib`` splits shared pages among
 their sharers (the memory the tree really occupies).
 

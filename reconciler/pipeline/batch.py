@@ -98,7 +98,7 @@ def run_batch(
     return seg.write_batch(
         spark,
         good_rows(parse(records, ds, observation=obs), ds),
-        dead_rows(parse(records, ds)),
+        lambda: dead_rows(parse(records, ds)),  # built only for a batch with dead letters
         data_dir,
         dead_dir,
         batch_id,

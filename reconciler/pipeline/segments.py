@@ -131,7 +131,7 @@ def _collect(root: Path, chunked: bool) -> list[DataFile]:
 def write_batch(
     spark: SparkSession,
     df: DataFrame,
-    dead_df: DataFrame | None,
+    dead_df: DataFrame | Callable[[], DataFrame] | None,
     data_dir: str | os.PathLike[str],
     dead_dir: str | os.PathLike[str],
     batch_id: str,
@@ -146,7 +146,9 @@ def write_batch(
     ``df`` must have a ``time_chunk`` column (see ``transform``): one file per (task,
     chunk). ``dead_count``, when given, is asked after the row write (an ``Observation``
     filled during it): if it answers 0 the dead-letter write, a second Spark job over
-    the same input, is skipped.
+    the same input, is skipped. ``dead_df`` may be a function that builds the frame:
+    Spark analyses a frame as it is built (about 0.1 s of py4j calls for a parse), so a
+    batch without dead letters then never builds it.
     """
     check_batch_id(batch_id)
     data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
@@ -156,6 +158,8 @@ def write_batch(
     df.write.format(sink.NAME).mode("append").options(**sink.options(data_dir, SEGMENT)).save()
     known_dead = dead_count() if dead_count is not None else None
     if dead_df is not None and known_dead != 0:
+        if callable(dead_df):
+            dead_df = dead_df()
         dead_df.write.format(sink.NAME).mode("append").options(**sink.options(dead_dir)).save()
     files = _collect(data_dir, chunked=True)
     dead_files = _collect(dead_dir, chunked=False)

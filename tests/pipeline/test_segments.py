@@ -69,6 +69,24 @@ def test_no_dead_letters_no_dead_files(spark, tmp_path):
     assert written.dead_files == () and not (tmp_path / "dl").exists() and written.rows == 50
 
 
+@pytest.mark.spark
+def test_dead_letter_frame_is_built_only_when_there_are_dead_letters(spark, tmp_path):
+    built = []
+
+    def build(frame):
+        def dead():
+            built.append(1)
+            return frame
+        return dead
+
+    good, dead = frames(spark, n=50)
+    written = seg.write_batch(spark, good, build(dead), tmp_path / "d", tmp_path / "dl", "b4", dead_count=lambda: 0)
+    assert built == [] and written.dead_files == () and written.rows == 50
+    good, dead = frames(spark, n=50, bad={3})
+    written = seg.write_batch(spark, good, build(dead), tmp_path / "d2", tmp_path / "dl2", "b5", dead_count=lambda: 1)
+    assert built == [1] and written.rows == 49 and written.dead_rows == 1
+
+
 def test_discard_and_batch_dirs(tmp_path):
     table = tmp_path / "clicks"
     for b in ("b1", "b2"):
