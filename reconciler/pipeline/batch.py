@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -59,12 +60,21 @@ def output_schemas(spark: SparkSession, data_schema: DataSchema) -> tuple[pa.Sch
     return arrow_schema_of(good.schema), arrow_schema_of(dead_rows(parse(empty, data_schema)).schema)
 
 
-def _observed(obs: Observation, key: str) -> int | None:
-    try:
-        value = obs.get.get(key)
-    except Exception:  # noqa: BLE001 - an observation the optimizer pruned away
-        return None
-    return None if value is None else int(value)
+class _Observed:
+    """An observation's metrics, fetched once (each fetch is a few py4j calls)."""
+
+    def __init__(self, obs: Observation):
+        self._obs = obs
+        self._metrics: dict[str, Any] | None = None
+
+    def __call__(self, key: str) -> int | None:
+        if self._metrics is None:
+            try:
+                self._metrics = self._obs.get
+            except Exception:  # noqa: BLE001 - an observation the optimizer pruned away
+                self._metrics = {}
+        value = self._metrics.get(key)
+        return None if value is None else int(value)
 
 
 def run_batch(
@@ -95,6 +105,7 @@ def run_batch(
         spark, spec.source, live, tasks, max_batch_rows, data_schema=parse_in_reader
     )
     obs = Observation(f"batch-{batch_id}-{uuid.uuid4().hex[:8]}")
+    observed = _Observed(obs)
     return seg.write_batch(
         spark,
         good_rows(parse(records, ds, observation=obs), ds),
@@ -102,7 +113,7 @@ def run_batch(
         data_dir,
         dead_dir,
         batch_id,
-        dead_count=lambda: _observed(obs, "dead"),
-        input_rows=lambda: _observed(obs, "records"),
-        input_bytes=lambda: _observed(obs, "bytes"),
+        dead_count=lambda: observed("dead"),
+        input_rows=lambda: observed("records"),
+        input_bytes=lambda: observed("bytes"),
     )
