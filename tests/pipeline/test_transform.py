@@ -500,3 +500,27 @@ def test_day_boundaries_across_segments(spark):
 def test_column_clashes_are_errors(spark, kw):
     with pytest.raises(ValueError, match="appears twice"):
         transform(records(spark, [{"ts": T0_MS}]), schema(**kw))
+
+
+def test_expressions_are_built_once_per_session_and_reused(spark):
+    """The second batch of a data schema reuses the first one's expressions (one build per
+    session) and gives its own rows, dead letters and observation, not the first's."""
+    from pyspark.sql import Observation
+
+    from reconciler.pipeline import transform as tr
+
+    ds = schema(dimensions=("user",), datasource="reused-expressions")
+    first = [{"ts": T0_MS, "user": "a"}, "not json"]
+    second = [{"ts": T0_MS + 1, "user": "b"}, {"ts": T0_MS + 2, "user": "c"}, {"ts": "soon"}, None]
+    got = []
+    for values in (first, second):
+        obs = Observation()
+        parsed = tr.parse(records(spark, values), ds, observation=obs)
+        good = rows(tr.good_rows(parsed, ds), ["user"])
+        dead = rows(tr.dead_rows(tr.parse(records(spark, values), ds)), ["offset"])
+        got.append(([r["user"] for r in good], [r["reason"] for r in dead], obs.get))
+    assert got[0] == (["a"], ["invalid JSON: not a JSON object"], {"records": 2, "dead": 1, "bytes": got[0][2]["bytes"]})
+    assert got[1][0] == ["b", "c"] and got[1][1] == ["unparseable timestamp (auto): soon", "null value"]
+    assert got[1][2]["records"] == 4 and got[1][2]["dead"] == 2
+    built = [k for k in tr._BUILT[spark] if ds in k]
+    assert sorted(k[0] for k in built) == ["good", "parse", "parse"]  # observed and not: once each
