@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -246,11 +246,17 @@ _T = TypeVar("_T")
 # 0.07 s of a 10,000-record batch's 0.5 s. A Column is an unresolved expression that any
 # frame of its session can use; a new session (or a Spark Connect one) gets its own.
 _BUILT: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+_BUILT_PER_SESSION = 1024  # the oldest go first: a daemon's specs change over months
 
 
-def _built(df: DataFrame, key: tuple[Any, ...], build: Callable[[], _T]) -> _T:
+def _built(df: DataFrame, kind: str, data_schema: DataSchema, *variant: Any,
+           build: Callable[[], _T]) -> _T:
     per_session = _BUILT.setdefault(df.sparkSession, {})
+    # The table's name plays no part in the expressions: supervisors alike share them.
+    key = (kind, replace(data_schema, datasource=""), *variant)
     if key not in per_session:
+        if len(per_session) >= _BUILT_PER_SESSION:
+            per_session.pop(next(iter(per_session)), None)
         per_session[key] = build()  # two threads may both build it: the same expression
     return per_session[key]
 
@@ -317,8 +323,8 @@ def parse(
         raise ValueError(f"unsupported format: {data_schema.format!r}")
     observed = observation is not None
     fast_columns = FAST in df.columns
-    c = _built(df, ("parse", data_schema, fast_columns, observed),
-               lambda: _parse_columns(data_schema, fast_columns, observed))
+    c = _built(df, "parse", data_schema, fast_columns, observed,
+               build=lambda: _parse_columns(data_schema, fast_columns, observed))
     with_json = df.select(*RECORD_COLUMNS, c.parsed)
     with_time = with_json.withColumn(_TS, c.ts_text).withColumn(TIME, c.time)
     out = with_time.withColumn(_REASON, c.reason)
@@ -359,7 +365,7 @@ def _good_columns(data_schema: DataSchema) -> tuple[Column, list[Column], list[C
 def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
     """Segment rows from a ``parse`` frame's good records (with ``time_chunk``)."""
     output_columns(data_schema)  # fail early on a clash (e.g. a dimension "time_chunk")
-    ok, cols, metrics, chunk = _built(parsed, ("good", data_schema), lambda: _good_columns(data_schema))
+    ok, cols, metrics, chunk = _built(parsed, "good", data_schema, build=lambda: _good_columns(data_schema))
     good = parsed.where(ok)
     if data_schema.rollup:
         out = good.groupBy(*cols).agg(*metrics)
