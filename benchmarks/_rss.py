@@ -58,22 +58,12 @@ def _tree(root: int, exclude: frozenset[int]) -> list[int]:
     return out
 
 
-def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> int:
-    """Bytes resident in ``root`` and its descendants, without the subtrees of ``exclude``."""
-    return sum(_rss(pid) for pid in _tree(root, exclude))
-
-
-def tree_pss(root: int, exclude: frozenset[int] = frozenset()) -> int:
-    """Proportional bytes (shared pages split among their sharers) of the same tree."""
-    return sum(_pss(pid) for pid in _tree(root, exclude))
-
-
 class PeakRss:
     """``with PeakRss(pid) as peak: ...`` then ``peak.mib`` and ``peak.pss_mib``: the
     largest tree RSS and PSS seen.
 
     The sampler shares the machine with what it measures, so it keeps its own cost down
-    (about 1% of a core instead of 7-10%): RSS (one ``statm`` read per process) every
+    (about 1.5% of a core instead of 7-10%): RSS (one ``statm`` read per process) every
     ``every`` seconds; the process tree (a read of every ``/proc/<pid>/stat``) and PSS
     (``smaps_rollup``, which walks the page tables: ~14 ms for a Spark JVM) every
     ``slow_every`` seconds. Spark reuses its Python workers, so a tree a second old
@@ -96,12 +86,15 @@ class PeakRss:
                 self._sample()
                 last_slow = now
             else:
-                self.peak = max(self.peak, sum(_rss(pid) for pid in self._pids))
+                self._sample_rss()
             self._stop.wait(self.every)
+
+    def _sample_rss(self) -> None:
+        self.peak = max(self.peak, sum(_rss(pid) for pid in self._pids))
 
     def _sample(self) -> None:
         self._pids = _tree(self.root, self.exclude)
-        self.peak = max(self.peak, sum(_rss(pid) for pid in self._pids))
+        self._sample_rss()
         self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in self._pids))
 
     def __enter__(self) -> PeakRss:

@@ -538,8 +538,8 @@ def test_expressions_are_built_once_per_session_and_reused(spark):
 def test_expression_cache_is_bounded_and_per_session(monkeypatch):
     from reconciler.pipeline import transform as tr
 
-    class Session:  # only its identity matters here
-        pass
+    class Session:
+        """Only its identity matters here."""
 
     class Frame:
         def __init__(self, session):
