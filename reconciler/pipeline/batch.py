@@ -40,11 +40,15 @@ def read_ranges(
     """The records of ``ranges`` as a DataFrame (``RECORD_SCHEMA`` columns).
 
     With a ``data_schema``, the readers also parse its JSON fields
-    (``reconciler.pipeline.jsonfields``), which ``transform.parse`` then uses.
+    (``reconciler.pipeline.jsonfields``), which ``transform.parse`` then uses, and shed
+    the values of parsed records that cannot be dead letters (``shed_values``).
     """
     extra: dict[str, object] = {"maxBatchRows": max_batch_rows} if max_batch_rows else {}
     if data_schema is not None:
-        extra.update(json_fields=json_fields(data_schema), json_corrupt_column=CORRUPT_COLUMN)
+        fields = json_fields(data_schema)
+        extra.update(json_fields=fields, json_corrupt_column=CORRUPT_COLUMN)
+        if fields and fields[0] == data_schema.timestamp_column:
+            extra.update(json_timestamp_format=data_schema.timestamp_format)
     return (
         spark.read.format(format_name(source))
         .options(**read_options(source, ranges, task_count, **extra))

@@ -34,6 +34,14 @@ whole (``FieldParser.parse`` returns ``None``):
 * no record has the corrupt-record column's own name as a key.
 
 Null values (tombstones) are never parsed here: their flag is false.
+
+Once a record is parsed here, Spark needs its raw value only to write it as a dead
+letter, and copying it into the JVM's rows was a tenth of a warm batch. So
+``shed_values`` drops the value of a parsed record that cannot become a dead letter
+(``VALUE_BYTES`` keeps its length for the batch's byte count): its timestamp is an
+integer short enough that ``transform.parse_timestamp`` converts it in the data
+schema's format without overflow (``SAFE_TIMESTAMP_DIGITS``). Any other record keeps
+its value: a missing, textual, fractional or ISO timestamp is left to Spark's verdict.
 ``tests/pipeline/test_jsonfields.py`` runs a hostile corpus through both paths.
 """
 
@@ -54,7 +62,13 @@ if TYPE_CHECKING:
 # each of them 40 ms.
 
 FAST = "__json_fast"  # bool column: the record's fields were parsed here
+VALUE_BYTES = "__json_value_bytes"  # int32 column: the length of a value the reader shed
 _FIELD_PREFIX = "__json_f"
+# The most digits of an integer timestamp that ``transform.parse_timestamp`` turns into a
+# time, never null, in each format: millis (and auto above 1e11) multiply the long by 1,000,
+# seconds (and auto up to 1e11) by 1,000,000, and 10^15 * 1,000 and 10^12 * 1,000,000 are
+# within a long. An ISO timestamp is never shed: its verdict is Spark's parser's.
+SAFE_TIMESTAMP_DIGITS = {"millis": 15, "auto": 15, "seconds": 12}
 
 # Types whose Arrow cast to string is the text from_json gives for that JSON value.
 _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
@@ -93,7 +107,44 @@ def arrow_fields(field_count: int) -> list[pa.Field]:
     return [
         pa.field(FAST, pa.bool_()),
         *(pa.field(field_column(i), pa.string()) for i in range(field_count)),
+        pa.field(VALUE_BYTES, pa.int32()),
     ]
+
+
+def shed_values(
+    values: pa.Array, fast: pa.Array, timestamp: pa.Array | None, timestamp_format: str | None
+) -> tuple[pa.Array, pa.Array]:
+    """``(values, VALUE_BYTES)``: each parsed record's value nulled where it cannot be a dead
+    letter, and the shed values' lengths (null elsewhere).
+
+    ``timestamp`` is the parsed timestamp field's text (``FieldParser.columns``), in
+    ``timestamp_format``; without either, nothing is shed. A value is shed only when its
+    record was parsed here (so its JSON is an object) and its timestamp is plain ASCII
+    digits, optionally after one ``-``, no more than ``SAFE_TIMESTAMP_DIGITS`` of them:
+    text ``try_cast`` reads as a long that converts without overflow.
+    """
+    n = len(values)
+    digits = SAFE_TIMESTAMP_DIGITS.get(timestamp_format or "")
+    if digits is None or timestamp is None or not fast.true_count:
+        return values, pa.nulls(n, pa.int32())
+    import pyarrow.compute as pc
+
+    # ascii_is_decimal, not utf8_is_digit: Spark's string-to-long takes ASCII digits only.
+    integer = pc.ascii_is_decimal(timestamp)
+    length = pc.binary_length(timestamp)
+    negative = pc.starts_with(timestamp, "-")
+    if pc.any(negative).as_py():
+        body = pc.utf8_slice_codeunits(timestamp, 1)
+        integer = pc.or_(integer, pc.and_(negative, pc.ascii_is_decimal(body)))
+        length = pc.subtract(length, negative.cast(pa.int32()))
+    safe = pc.and_(pc.and_(fast, integer), pc.less_equal(length, digits)).fill_null(False)
+    shed = safe.true_count
+    if not shed:
+        return values, pa.nulls(n, pa.int32())
+    lengths = pc.if_else(safe, pc.binary_length(values).cast(pa.int32()), pa.scalar(None, pa.int32()))
+    if shed == n:
+        return pa.nulls(n, values.type), lengths
+    return pc.if_else(safe, pa.scalar(None, values.type), values), lengths
 
 
 class FieldParser:

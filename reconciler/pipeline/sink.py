@@ -30,6 +30,8 @@ ROW_GROUP_ROWS = 131_072  # rows buffered per file before a row group is written
 # Rows a task holds before writing, across all its files: a batch spread over hundreds of
 # time chunks would otherwise keep each chunk's rows (under ROW_GROUP_ROWS) until the end.
 PENDING_BYTES = 64 * 1024 * 1024
+# Rows of a file's first row group that decide which columns get a dictionary.
+DICTIONARY_SAMPLE_ROWS = 4096
 
 
 @dataclass
@@ -154,7 +156,9 @@ class _Files:
             name = f"{self.stem}.parquet" if not self.column else f"{_dir_name(self.column, value)}/{self.stem}.parquet"
             target = self.root / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            writer = pq.ParquetWriter(target, table.schema, compression="snappy")
+            writer = pq.ParquetWriter(
+                target, table.schema, compression="snappy", use_dictionary=_dictionary_columns(table)
+            )
             self.writers[value], self.names[value] = writer, name
         writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
@@ -173,6 +177,22 @@ class _Files:
                 pass
         for name in self.names.values():
             (self.root / name).unlink(missing_ok=True)
+
+
+def _dictionary_columns(table: Any) -> list[str]:
+    """The columns whose values repeat in the table's first rows (at most one distinct
+    value in two): a dictionary pays off there. A column of distinct values (ids, offsets,
+    times) gets none: pyarrow would hash every value into a dictionary page, give up on it
+    when it outgrows its limit, and write a larger file for more CPU (benchmarks/PROFILE.md)."""
+    import pyarrow.compute as pc
+
+    sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
+    limit = max(1, sample.num_rows // 2)
+    return [
+        name
+        for name, column in zip(sample.column_names, sample.columns, strict=True)
+        if pc.count_distinct(column, mode="all").as_py() <= limit
+    ]
 
 
 def _dir_name(column: str, value: Any) -> str:

@@ -11,8 +11,11 @@
 * ``maxBatchRows`` (optional): rows per Arrow batch handed to Spark.
 * ``jsonFields`` (optional): JSON list of top-level JSON fields to parse in the reader
   (``reconciler.pipeline.jsonfields``); the records then carry ``FAST`` and one string
-  column per field after ``RECORD_SCHEMA``'s, and ``jsonCorruptColumn`` names the
-  key that makes a record go to Spark's ``from_json``.
+  column per field after ``RECORD_SCHEMA``'s, then ``VALUE_BYTES``, and
+  ``jsonCorruptColumn`` names the key that makes a record go to Spark's ``from_json``.
+* ``jsonTimestampFormat`` (optional, with ``jsonFields``): the first field is the data
+  schema's timestamp, in this format; the readers then shed the values Spark will not
+  need (``jsonfields.shed_values``).
 
 ``read()`` yields ``pyarrow.RecordBatch`` objects straight from the stream readers
 (``reconciler.streams.base.RECORD_SCHEMA``), so there is no per-record Python work here.
@@ -37,7 +40,7 @@ from reconciler.model import (
     source_from_document,
     source_to_document,
 )
-from reconciler.pipeline.jsonfields import FieldParser, arrow_fields
+from reconciler.pipeline.jsonfields import FieldParser, arrow_fields, shed_values
 from reconciler.streams.base import record_schema
 
 # What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
@@ -73,6 +76,7 @@ def read_options(
     task_count: int,
     json_fields: Sequence[str] | None = None,
     json_corrupt_column: str = "",
+    json_timestamp_format: str = "",
     **extra: Any,
 ) -> dict[str, str]:
     """Spark options for ``spark.read.format(...).options(**read_options(...))``."""
@@ -84,6 +88,8 @@ def read_options(
     if json_fields is not None:
         opts["jsonFields"] = json.dumps(list(json_fields))
         opts["jsonCorruptColumn"] = json_corrupt_column
+        if json_timestamp_format:
+            opts["jsonTimestampFormat"] = json_timestamp_format
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
 
@@ -162,6 +168,21 @@ def _json_fields(options: Mapping[str, str]) -> list[str] | None:
     return fields
 
 
+def with_fields(
+    batch: pa.RecordBatch, parser: FieldParser, timestamp_format: str | None, schema: pa.Schema
+) -> pa.RecordBatch:
+    """A conformed record batch plus its parsed fields (``schema``: ``arrow_schema``), its
+    values shed where Spark will not need them (``timestamp_format``: of the first field)."""
+    index = batch.schema.get_field_index("value")
+    values = batch.column(index)
+    parsed = parser.columns(values)
+    timestamp = parsed[1] if len(parsed) > 1 else None
+    kept, shed_bytes = shed_values(values, parsed[0], timestamp, timestamp_format)
+    columns = list(batch.columns)
+    columns[index] = kept
+    return pa.RecordBatch.from_arrays([*columns, *parsed, shed_bytes], schema=schema)
+
+
 def arrow_schema(json_fields: Sequence[str] | None) -> pa.Schema:
     """The Arrow schema of the batches a reader yields (what Spark checks them against)."""
     if json_fields is None:
@@ -180,6 +201,7 @@ class _RangeReader(DataSourceReader):
         except (KeyError, ValueError) as exc:
             raise ValueError(f"range data source: bad or missing option: {exc}") from None
         self.json_corrupt_column = options.get("jsonCorruptColumn", "")
+        self.json_timestamp_format = options.get("jsonTimestampFormat") or None
         self.schema = arrow_schema(self.json_fields)
         self.task_count = max(1, int(options.get("taskCount", "1")))
         self.max_batch_rows = max(1, int(options.get("maxBatchRows", DEFAULT_MAX_BATCH_ROWS)))
@@ -214,10 +236,7 @@ class _RangeReader(DataSourceReader):
                         continue
                     batch = conform(batch)
                     if fields is not None:
-                        parsed = fields.columns(batch.column("value"))
-                        batch = pa.RecordBatch.from_arrays(
-                            [*batch.columns, *parsed], schema=self.schema
-                        )
+                        batch = with_fields(batch, fields, self.json_timestamp_format, self.schema)
                     yield batch
         finally:
             close = getattr(reader, "close", None)

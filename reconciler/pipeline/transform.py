@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from reconciler.model import VIRTUAL_COLUMNS, DataSchema, Metric
-from reconciler.pipeline.jsonfields import FAST, field_column
+from reconciler.pipeline.jsonfields import FAST, VALUE_BYTES, field_column
 from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"
@@ -286,8 +286,13 @@ def _parse_columns(data_schema: DataSchema, fast_columns: bool, observed: bool) 
     else:
         time = parse_timestamp(F.col(_TS), data_schema.timestamp_format)
     json_bad = F.col(_PARSED).isNull() | F.col(_PARSED).getField(_CORRUPT).isNotNull()
+    null_value = F.col("value").isNull()
+    value_bytes = F.octet_length("value")
+    if fast_columns:  # a value the reader shed (jsonfields.shed_values) left its length
+        null_value = null_value & F.col(VALUE_BYTES).isNull()
+        value_bytes = F.coalesce(value_bytes, F.col(VALUE_BYTES))
     reason = (
-        F.when(F.col("value").isNull(), F.lit("null value"))
+        F.when(null_value, F.lit("null value"))
         .when(json_bad, F.lit("invalid JSON: not a JSON object"))
         .when(F.col(_TS).isNull(), F.lit(f"missing timestamp column {ts_name!r}"))
         .when(
@@ -301,7 +306,7 @@ def _parse_columns(data_schema: DataSchema, fast_columns: bool, observed: bool) 
     metrics = (
         F.count(F.lit(1)).alias("records"),
         F.count(F.col(_REASON)).alias("dead"),
-        F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0)))
+        F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(value_bytes, F.lit(0)))
         .alias("bytes"),
     ) if observed else ()
     return _ParseColumns(parsed, ts_text, time, reason, metrics)
@@ -325,7 +330,7 @@ def parse(
     fast_columns = FAST in df.columns
     c = _built(df, "parse", data_schema, fast_columns, observed,
                build=lambda: _parse_columns(data_schema, fast_columns, observed))
-    with_json = df.select(*RECORD_COLUMNS, c.parsed)
+    with_json = df.select(*RECORD_COLUMNS, *([VALUE_BYTES] if fast_columns else []), c.parsed)
     with_time = with_json.withColumn(_TS, c.ts_text).withColumn(TIME, c.time)
     out = with_time.withColumn(_REASON, c.reason)
     if observation is not None:

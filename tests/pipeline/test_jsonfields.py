@@ -10,7 +10,14 @@ import pyarrow as pa
 import pytest
 
 from reconciler.model import KafkaSource, Metric, PartitionRange
-from reconciler.pipeline.jsonfields import FAST, FieldParser, field_column
+from reconciler.pipeline.jsonfields import (
+    FAST,
+    SAFE_TIMESTAMP_DIGITS,
+    VALUE_BYTES,
+    FieldParser,
+    field_column,
+    shed_values,
+)
 from reconciler.pipeline.sources import read_options
 from reconciler.pipeline.transform import CORRUPT_COLUMN, json_fields, transform
 from tests.pipeline.test_transform import T0_MS, records, rows, schema, with_reader_fields
@@ -200,6 +207,56 @@ def test_the_columns_fit_the_fields():
     assert cols[0].to_pylist() == [False, False] and cols[1].null_count == 2
 
 
+def shed(timestamps, fmt, fast=None, values=None):
+    """``shed_values`` on one record per timestamp text: (kept values, shed lengths)."""
+    n = len(timestamps)
+    values = values or [b'{"ts": %d}' % i for i in range(n)]
+    fast = [True] * n if fast is None else fast
+    kept, lengths = shed_values(
+        pa.array(values, pa.binary()), pa.array(fast, pa.bool_()), pa.array(timestamps, pa.string()), fmt
+    )
+    assert lengths.type == pa.int32() and len(kept) == len(lengths) == n
+    return kept.to_pylist(), lengths.to_pylist()
+
+
+@pytest.mark.parametrize("fmt", ["millis", "auto"])
+def test_a_value_is_shed_only_when_its_timestamp_is_a_safe_integer(fmt):
+    safe = ["1795500000000", "0", "-0", "-5", "9" * 15, "-" + "9" * 15, "007"]
+    unsafe = [
+        "9" * 16, "-" + "9" * 16,  # could overflow the micros
+        "1.5", "1e3", " 1", "1 ", "+1", "-", "--5", "", "0x10",
+        "\u0663", "\uff11", "1\u0663",  # non-ASCII digits: Spark's cast takes ASCII only
+        "2026-11-24T10:00:00Z", "abc", None,
+    ]
+    unsafe = [json.loads('"%s"' % t) if t is not None else None for t in unsafe]
+    values = [b"v%d" % i for i in range(len(safe) + len(unsafe))]
+    kept, lengths = shed(safe + unsafe, fmt, values=values)
+    assert kept == [None] * len(safe) + values[len(safe):]
+    assert lengths == [len(v) for v in values[: len(safe)]] + [None] * len(unsafe)
+
+
+def test_the_seconds_limit_is_lower_and_iso_never_sheds():
+    kept, lengths = shed(["9" * 12, "-" + "9" * 12, "9" * 13], "seconds", values=[b"a", b"bb", b"ccc"])
+    assert kept == [None, None, b"ccc"] and lengths == [1, 2, None]
+    for fmt in ("iso", None, "unknown"):
+        kept, lengths = shed(["1", "2"], fmt)
+        assert kept == [b'{"ts": 0}', b'{"ts": 1}'] and lengths == [None, None]
+
+
+def test_records_spark_parses_keep_their_values():
+    kept, lengths = shed(["1", "2", "3"], "millis", fast=[True, False, None])
+    assert kept == [None, b'{"ts": 1}', b'{"ts": 2}'] and lengths == [9, None, None]
+    # Without a timestamp column nothing is shed.
+    values = pa.array([b"{}"], pa.binary())
+    kept, lengths = shed_values(values, pa.array([True]), None, "millis")
+    assert kept is values and lengths.to_pylist() == [None]
+
+
+def test_a_whole_batch_shed_becomes_a_null_array():
+    kept, lengths = shed(["1", "22", "333"], "millis", values=[b"a", b"bb", b"ccc"])
+    assert kept == [None] * 3 and lengths == [1, 2, 3]
+
+
 # --------------------------------------------------------------------------- through Spark
 
 # Values for a data schema reading "ts", "d" (a dimension), "n" (a long metric) and
@@ -321,7 +378,8 @@ def test_a_batch_whose_unread_field_has_two_types_is_parsed_the_same(spark):
 
 
 @pytest.mark.spark
-def test_the_range_data_source_adds_the_fields(spark, fakes):
+@pytest.mark.parametrize("timestamp_format", ["", "millis"])
+def test_the_range_data_source_adds_the_fields(spark, fakes, timestamp_format):
     fakes.register(spark)
     opts = read_options(
         KafkaSource("unused:1", "t"),
@@ -329,15 +387,58 @@ def test_the_range_data_source_adds_the_fields(spark, fakes):
         2,
         json_fields=["ts", "user", "bytes", "absent"],
         json_corrupt_column=CORRUPT_COLUMN,
+        json_timestamp_format=timestamp_format,
         maxBatchRows=64,
     )
     df = spark.read.format("fake_range").options(**opts).load()
-    assert df.columns[-5:] == [FAST, *(field_column(i) for i in range(4))]
+    assert df.columns[-6:] == [FAST, *(field_column(i) for i in range(4)), VALUE_BYTES]
     got = df.toArrow().to_pylist()
     assert len(got) == 500 and all(r[FAST] for r in got)
+    if timestamp_format:
+        # Every value is shed (its millis timestamp is safe); the reader kept their lengths.
+        assert all(r["value"] is None and r[VALUE_BYTES] > 0 for r in got)
+        return
+    assert all(r[VALUE_BYTES] is None for r in got)
     for r in got:
         value = json.loads(r["value"])
         assert r[field_column(0)] == str(value["ts"])
         assert r[field_column(1)] == value["user"]
         assert r[field_column(2)] == str(value["bytes"])
         assert r[field_column(3)] is None
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fmt", sorted(SAFE_TIMESTAMP_DIGITS))
+def test_shed_values_are_good_rows_and_still_counted(spark, fmt):
+    from pyspark.sql import Observation
+
+    from reconciler.pipeline.transform import dead_rows, parse
+
+    # The longest integers shed_values lets through must convert without overflow.
+    most = int("9" * SAFE_TIMESTAMP_DIGITS[fmt])
+    values = [{"ts": t, "d": "x"} for t in (most, -most, 0, T0_MS // 1000)]
+    values += ["not json", {"ts": "soon", "d": "y"}, {"ts": 1.5, "d": "z"}, None]
+    ds = schema(dimensions=("d",), timestamp_format=fmt)
+    plain = records(spark, values)
+    with_fields = with_reader_fields(plain, ds, 1, shared_parser=False)
+    got = with_fields.orderBy("offset").toArrow()
+    assert got.column(VALUE_BYTES).is_valid().to_pylist() == [True] * 4 + [False] * 4
+    assert got.column("value").null_count == 4 + 1  # the shed ones and the tombstone
+    (good_a, dead_a), (good_b, dead_b) = transform(plain, ds), transform(with_fields, ds)
+    # Compared as Arrow: Python's datetime cannot hold the years these timestamps reach.
+    assert good_b.toArrow().sort_by("__time").equals(good_a.toArrow().sort_by("__time"))
+    assert good_a.count() == 5  # 1.5 is a time too, left to Spark
+    dead = rows(dead_b, ["offset"])
+    assert dead == rows(dead_a, ["offset"])
+    assert [r["value"] is not None for r in dead] == [True, True, False]  # dead letters keep theirs
+    counts = []
+    for df in (plain, with_fields):
+        obs = Observation()
+        dead_rows(parse(df, ds, observation=obs)).count()
+        counts.append(obs.get)
+    raw = plain.toArrow().to_pylist()
+    assert counts[0] == counts[1] == {
+        "records": 8,
+        "dead": 3,
+        "bytes": sum(len(r["key"] or b"") + len(r["value"] or b"") for r in raw),
+    }

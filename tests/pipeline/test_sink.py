@@ -71,3 +71,20 @@ def test_a_task_spread_over_many_chunks_holds_bounded_memory_and_keeps_every_row
     assert len(names) == 50 and peak > 0
     got = [r for n in names for r in pq.read_table(tmp_path / n).column("id").to_pylist()]
     assert sorted(got) == sorted(ids)  # none lost, none twice
+
+
+def test_only_columns_whose_values_repeat_get_a_dictionary(tmp_path):
+    n = 10_000
+    rows = pa.RecordBatch.from_pydict({
+        "id": pa.array([f"k{i:06d}" for i in range(n)]),
+        "offset": pa.array(range(n), pa.int64()),
+        "user": pa.array([f"u{i % 17}" for i in range(n)]),
+        "bytes": pa.array([i % 9 for i in range(n)], pa.int64()),
+        "empty": pa.nulls(n, pa.string()),
+    })
+    message = sink.ParquetSink({"path": str(tmp_path)}).writer(None, False).write(iter([rows]))
+    f = pq.ParquetFile(tmp_path / message.files[0])
+    group = f.metadata.row_group(0)
+    dictionary = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(group.num_columns)}
+    assert dictionary == {"id": False, "offset": False, "user": True, "bytes": True, "empty": True}
+    assert f.read().equals(pa.Table.from_batches([rows]))  # the encoding changes nothing read back
