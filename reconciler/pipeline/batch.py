@@ -45,10 +45,11 @@ def read_ranges(
     """
     extra: dict[str, object] = {"maxBatchRows": max_batch_rows} if max_batch_rows else {}
     if data_schema is not None:
-        fields = json_fields(data_schema)
-        extra.update(json_fields=fields, json_corrupt_column=CORRUPT_COLUMN)
-        if fields and fields[0] == data_schema.timestamp_column:
-            extra.update(json_timestamp_format=data_schema.timestamp_format)
+        extra.update(
+            json_fields=json_fields(data_schema),
+            json_corrupt_column=CORRUPT_COLUMN,
+            json_timestamp=(data_schema.timestamp_column, data_schema.timestamp_format),
+        )
     return (
         spark.read.format(format_name(source))
         .options(**read_options(source, ranges, task_count, **extra))

@@ -32,6 +32,7 @@ ROW_GROUP_ROWS = 131_072  # rows buffered per file before a row group is written
 PENDING_BYTES = 64 * 1024 * 1024
 # Rows of a file's first row group that decide which columns get a dictionary.
 DICTIONARY_SAMPLE_ROWS = 4096
+DICTIONARY_MIN_ROWS = 64  # fewer rows than this cannot tell repeats from distinct values
 
 
 @dataclass
@@ -179,20 +180,28 @@ class _Files:
             (self.root / name).unlink(missing_ok=True)
 
 
-def _dictionary_columns(table: Any) -> list[str]:
+def _dictionary_columns(table: Any) -> bool | list[str]:
     """The columns whose values repeat in the table's first rows (at most one distinct
     value in two): a dictionary pays off there. A column of distinct values (ids, offsets,
     times) gets none: pyarrow would hash every value into a dictionary page, give up on it
-    when it outgrows its limit, and write a larger file for more CPU (benchmarks/PROFILE.md)."""
+    when it outgrows its limit, and write a larger file for more CPU (benchmarks/PROFILE.md).
+    A first flush too small to tell (one forced by the pending-bytes bound) keeps pyarrow's
+    default, a dictionary for every column, as does a column Arrow cannot count (nested)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
-    limit = max(1, sample.num_rows // 2)
-    return [
-        name
-        for name, column in zip(sample.column_names, sample.columns, strict=True)
-        if pc.count_distinct(column, mode="all").as_py() <= limit
-    ]
+    if sample.num_rows < DICTIONARY_MIN_ROWS:
+        return True
+    chosen = []
+    for name, column in zip(sample.column_names, sample.columns, strict=True):
+        try:
+            distinct = pc.count_distinct(column, mode="all").as_py()
+        except pa.ArrowNotImplementedError:
+            distinct = 0
+        if distinct <= sample.num_rows // 2:
+            chosen.append(name)
+    return chosen
 
 
 def _dir_name(column: str, value: Any) -> str:

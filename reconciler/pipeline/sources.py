@@ -13,9 +13,10 @@
   (``reconciler.pipeline.jsonfields``); the records then carry ``FAST`` and one string
   column per field after ``RECORD_SCHEMA``'s, then ``VALUE_BYTES``, and
   ``jsonCorruptColumn`` names the key that makes a record go to Spark's ``from_json``.
-* ``jsonTimestampFormat`` (optional, with ``jsonFields``): the first field is the data
-  schema's timestamp, in this format; the readers then shed the values Spark will not
-  need (``jsonfields.shed_values``).
+* ``jsonTimestampField`` and ``jsonTimestampFormat`` (optional, with ``jsonFields``): the
+  data schema's timestamp column and its format. When the column is one of the fields,
+  the readers shed the values Spark will not need (``jsonfields.shed_values``); a virtual
+  timestamp (``__key``...) is not a field, so nothing is shed.
 
 ``read()`` yields ``pyarrow.RecordBatch`` objects straight from the stream readers
 (``reconciler.streams.base.RECORD_SCHEMA``), so there is no per-record Python work here.
@@ -76,7 +77,7 @@ def read_options(
     task_count: int,
     json_fields: Sequence[str] | None = None,
     json_corrupt_column: str = "",
-    json_timestamp_format: str = "",
+    json_timestamp: tuple[str, str] | None = None,
     **extra: Any,
 ) -> dict[str, str]:
     """Spark options for ``spark.read.format(...).options(**read_options(...))``."""
@@ -88,8 +89,8 @@ def read_options(
     if json_fields is not None:
         opts["jsonFields"] = json.dumps(list(json_fields))
         opts["jsonCorruptColumn"] = json_corrupt_column
-        if json_timestamp_format:
-            opts["jsonTimestampFormat"] = json_timestamp_format
+        if json_timestamp is not None:
+            opts["jsonTimestampField"], opts["jsonTimestampFormat"] = json_timestamp
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
 
@@ -169,15 +170,20 @@ def _json_fields(options: Mapping[str, str]) -> list[str] | None:
 
 
 def with_fields(
-    batch: pa.RecordBatch, parser: FieldParser, timestamp_format: str | None, schema: pa.Schema
+    batch: pa.RecordBatch,
+    parser: FieldParser,
+    schema: pa.Schema,
+    timestamp: tuple[str, str] | None = None,
 ) -> pa.RecordBatch:
     """A conformed record batch plus its parsed fields (``schema``: ``arrow_schema``), its
-    values shed where Spark will not need them (``timestamp_format``: of the first field)."""
+    values shed where Spark will not need them (``timestamp``: the data schema's timestamp
+    column and format; nothing is shed unless that column is one of the parsed fields)."""
     index = batch.schema.get_field_index("value")
     values = batch.column(index)
     parsed = parser.columns(values)
-    timestamp = parsed[1] if len(parsed) > 1 else None
-    kept, shed_bytes = shed_values(values, parsed[0], timestamp, timestamp_format)
+    field, timestamp_format = timestamp or ("", "")
+    text = parsed[1 + parser.fields.index(field)] if field in parser.fields else None
+    kept, shed_bytes = shed_values(values, parsed[0], text, timestamp_format)
     columns = list(batch.columns)
     columns[index] = kept
     return pa.RecordBatch.from_arrays([*columns, *parsed, shed_bytes], schema=schema)
@@ -201,7 +207,10 @@ class _RangeReader(DataSourceReader):
         except (KeyError, ValueError) as exc:
             raise ValueError(f"range data source: bad or missing option: {exc}") from None
         self.json_corrupt_column = options.get("jsonCorruptColumn", "")
-        self.json_timestamp_format = options.get("jsonTimestampFormat") or None
+        self.json_timestamp = (
+            (options["jsonTimestampField"], options.get("jsonTimestampFormat", ""))
+            if options.get("jsonTimestampField") else None
+        )
         self.schema = arrow_schema(self.json_fields)
         self.task_count = max(1, int(options.get("taskCount", "1")))
         self.max_batch_rows = max(1, int(options.get("maxBatchRows", DEFAULT_MAX_BATCH_ROWS)))
@@ -236,7 +245,7 @@ class _RangeReader(DataSourceReader):
                         continue
                     batch = conform(batch)
                     if fields is not None:
-                        batch = with_fields(batch, fields, self.json_timestamp_format, self.schema)
+                        batch = with_fields(batch, fields, self.schema, self.json_timestamp)
                     yield batch
         finally:
             close = getattr(reader, "close", None)

@@ -378,8 +378,17 @@ def test_a_batch_whose_unread_field_has_two_types_is_parsed_the_same(spark):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("timestamp_format", ["", "millis"])
-def test_the_range_data_source_adds_the_fields(spark, fakes, timestamp_format):
+@pytest.mark.parametrize(
+    "timestamp, shed",
+    [
+        (None, False),
+        (("ts", "millis"), True),
+        (("ts", "iso"), False),  # an ISO timestamp is Spark's to judge
+        (("__key", "millis"), False),  # a virtual timestamp is not a parsed field
+        (("user", "millis"), False),  # a field, but its text is not an integer
+    ],
+)
+def test_the_range_data_source_adds_the_fields(spark, fakes, timestamp, shed):
     fakes.register(spark)
     opts = read_options(
         KafkaSource("unused:1", "t"),
@@ -387,14 +396,14 @@ def test_the_range_data_source_adds_the_fields(spark, fakes, timestamp_format):
         2,
         json_fields=["ts", "user", "bytes", "absent"],
         json_corrupt_column=CORRUPT_COLUMN,
-        json_timestamp_format=timestamp_format,
+        json_timestamp=timestamp,
         maxBatchRows=64,
     )
     df = spark.read.format("fake_range").options(**opts).load()
     assert df.columns[-6:] == [FAST, *(field_column(i) for i in range(4)), VALUE_BYTES]
     got = df.toArrow().to_pylist()
     assert len(got) == 500 and all(r[FAST] for r in got)
-    if timestamp_format:
+    if shed:
         # Every value is shed (its millis timestamp is safe); the reader kept their lengths.
         assert all(r["value"] is None and r[VALUE_BYTES] > 0 for r in got)
         return

@@ -88,3 +88,13 @@ def test_only_columns_whose_values_repeat_get_a_dictionary(tmp_path):
     dictionary = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(group.num_columns)}
     assert dictionary == {"id": False, "offset": False, "user": True, "bytes": True, "empty": True}
     assert f.read().equals(pa.Table.from_batches([rows]))  # the encoding changes nothing read back
+
+
+def test_a_sample_too_small_or_a_column_too_odd_to_count_keeps_the_default():
+    assert sink._dictionary_columns(pa.table({"id": ["a", "b"]})) is True
+    n = sink.DICTIONARY_MIN_ROWS
+    table = pa.table({
+        "id": pa.array([str(i) for i in range(n)]),
+        "tags": pa.array([[i] for i in range(n)], pa.list_(pa.int64())),  # count_distinct cannot
+    })
+    assert sink._dictionary_columns(table) == ["tags"]

@@ -39,8 +39,6 @@ def with_reader_fields(df, ds: DataSchema, per_batch: int, shared_parser: bool):
     table = df.toArrow()
     fields = json_fields(ds)
     schema = arrow_schema(fields)
-    # As read_ranges gives it: the values the timestamp makes safe are shed.
-    ts_format = ds.timestamp_format if fields and fields[0] == ds.timestamp_column else None
     parser = FieldParser(fields, CORRUPT_COLUMN)
     parts = []
     for start in range(0, table.num_rows, per_batch):
@@ -48,7 +46,7 @@ def with_reader_fields(df, ds: DataSchema, per_batch: int, shared_parser: bool):
         if not shared_parser:
             parser = FieldParser(fields, CORRUPT_COLUMN)
         batch = pa.RecordBatch.from_arrays([c.combine_chunks() for c in chunk.columns], schema=table.schema)
-        parts.append(pa.Table.from_batches([with_fields(batch, parser, ts_format, schema)]))
+        parts.append(pa.Table.from_batches([with_fields(batch, parser, schema, (ds.timestamp_column, ds.timestamp_format))]))
     out = pa.concat_tables(parts) if parts else schema.empty_table()
     return df.sparkSession.createDataFrame(out)
 
