@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parse-in", choices=("reader", "spark", "alternate"), default="reader",
                     help="where the JSON fields are parsed: the readers (as run_batch does), "
                          "Spark's from_json only, or alternately (A = reader, B = spark)")
+    ap.add_argument("--chunks-in", choices=["sink", "spark", "alternate"], default="sink",
+                    help="who names each row's time chunk: the sink from __time (as run_batch does), "
+                         "Spark's date_format per row, or alternately (A = sink, B = spark)")
     ap.add_argument("--step-ms", type=int, default=1000,
                     help="event time between records (1000: 1M records span 278 hourly chunks; 1: one)")
     ap.add_argument("--alternate", action="append", default=[], metavar="KEY=VALUE",
@@ -247,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 spy = _pyspy(os.getpid(), Path(args.pyspy) / f"batch{i}.txt", args.pyspy_seconds,
                              idle=not args.pyspy_busy)
                 time.sleep(1.0)
-            variant = "B" if (args.alternate or args.parse_in == "alternate") and i % 2 else "A"
+            alternating = args.alternate or args.parse_in == "alternate" or args.chunks_in == "alternate"
+            variant = "B" if alternating and i % 2 else "A"
             if args.alternate:
                 hc = spark.sparkContext._jsc.hadoopConfiguration()
                 hc.set("fs.file.impl.disable.cache", "true")
@@ -268,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                                   data_schema=spec.data_schema if in_reader else None)
             t_load = time.perf_counter() - t
             obs = Observation(f"b{i}")
-            good = good_rows(parse(records, spec.data_schema, observation=obs), spec.data_schema)
+            in_sink = args.chunks_in == "sink" or (args.chunks_in == "alternate" and variant == "A")
+            good = good_rows(parse(records, spec.data_schema, observation=obs), spec.data_schema,
+                             sink_chunks=in_sink)
             out = work / "data" / f"b{i}"
-            write_batch(spark, good, None, out, work / "dead" / f"b{i}", f"b{i}", fsync=False)
+            write_batch(spark, good, None, out, work / "dead" / f"b{i}", f"b{i}", fsync=False,
+                        segment_granularity=spec.data_schema.segment_granularity if in_sink else None)
             observed = obs.get
             secs = time.perf_counter() - t
             by1: dict[str, float] = {}

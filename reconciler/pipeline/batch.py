@@ -113,7 +113,7 @@ def run_batch(
     observed = _Observed(obs)
     return seg.write_batch(
         spark,
-        good_rows(parse(records, ds, observation=obs), ds),
+        good_rows(parse(records, ds, observation=obs), ds, sink_chunks=True),
         lambda: dead_rows(parse(records, ds)),  # built only for a batch with dead letters
         data_dir,
         dead_dir,
@@ -121,4 +121,5 @@ def run_batch(
         dead_count=lambda: observed("dead"),
         input_rows=lambda: observed("records"),
         input_bytes=lambda: observed("bytes"),
+        segment_granularity=ds.segment_granularity,
     )

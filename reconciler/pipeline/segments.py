@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from reconciler.pipeline import sink
-from reconciler.pipeline.transform import SEGMENT
+from reconciler.pipeline.transform import SEGMENT, TIME
 from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
 
 SEGMENT_PREFIX = f"{SEGMENT}="
@@ -139,6 +139,7 @@ def write_batch(
     dead_count: Callable[[], int | None] | None = None,
     input_rows: Callable[[], int | None] | None = None,
     input_bytes: Callable[[], int | None] | None = None,
+    segment_granularity: str | None = None,
     fsync: bool = True,
 ) -> WrittenBatch:
     """Write a batch's rows under ``data_dir`` and its dead letters under ``dead_dir``.
@@ -148,14 +149,18 @@ def write_batch(
     filled during it): if it answers 0 the dead-letter write, a second Spark job over
     the same input, is skipped. ``dead_df`` may be a function that builds the frame:
     Spark analyses a frame as it is built (about 0.1 s of py4j calls for a parse), so a
-    batch without dead letters then never builds it.
+    batch without dead letters then never builds it. With ``segment_granularity`` the
+    writers name the chunk of a row whose ``time_chunk`` is null from its ``__time``
+    (``transform.good_rows(..., sink_chunks=True)``).
     """
     check_batch_id(batch_id)
     data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
     if SEGMENT not in df.columns:
         raise ValueError(f"the frame has no {SEGMENT} column: {df.columns}")
     _activate(spark)
-    df.write.format(sink.NAME).mode("append").options(**sink.options(data_dir, SEGMENT)).save()
+    row_options = sink.options(data_dir, SEGMENT, chunk_granularity=segment_granularity,
+                               time_column=TIME if segment_granularity else None)
+    df.write.format(sink.NAME).mode("append").options(**row_options).save()
     known_dead = dead_count() if dead_count is not None else None
     if dead_df is not None and known_dead != 0:
         if callable(dead_df):

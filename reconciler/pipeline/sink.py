@@ -40,11 +40,26 @@ class SinkCommit(WriterCommitMessage):
     files: list[str] = field(default_factory=list)  # relative to the sink's path
 
 
-def options(path: str | os.PathLike[str], partition_column: str | None = None) -> dict[str, str]:
-    """Options for ``df.write.format(NAME).mode("append").options(**options(...)).save()``."""
+def options(
+    path: str | os.PathLike[str],
+    partition_column: str | None = None,
+    *,
+    chunk_granularity: str | None = None,
+    time_column: str | None = None,
+) -> dict[str, str]:
+    """Options for ``df.write.format(NAME).mode("append").options(**options(...)).save()``.
+
+    With ``chunk_granularity`` (and ``time_column``), a row whose partition value is null
+    goes to the chunk of its time at that granularity (``transform.good_rows`` with
+    ``sink_chunks``) instead of ``__HIVE_DEFAULT_PARTITION__``."""
     out = {"path": str(path)}
     if partition_column:
         out["partitionColumn"] = partition_column
+    if chunk_granularity:
+        if not (partition_column and time_column):
+            raise ValueError("chunk_granularity needs a partition column and a time column")
+        out["chunkGranularity"] = chunk_granularity
+        out["timeColumn"] = time_column
     return out
 
 
@@ -62,13 +77,57 @@ class ParquetSink(DataSource):
         return NAME
 
     def writer(self, schema: Any, overwrite: bool) -> _Writer:
-        return _Writer(self.options["path"], self.options.get("partitionColumn"))
+        chunks = None
+        if self.options.get("chunkGranularity"):
+            chunks = _Chunks(self.options["timeColumn"], self.options["chunkGranularity"])
+        return _Writer(self.options["path"], self.options.get("partitionColumn"), chunks)
+
+
+class _Chunks:
+    """Names the time chunk of rows by their time: ``transform.chunk_column``'s twin for
+    the years 1000 to 9999 (the rows ``good_rows(sink_chunks=True)`` leaves unnamed)."""
+
+    def __init__(self, time_column: str, granularity: str):
+        from reconciler.pipeline.transform import ARROW_FLOOR
+
+        if granularity not in ARROW_FLOOR:
+            raise ValueError(f"unknown segment granularity: {granularity!r}")
+        self.time_column = time_column
+        self.unit, self.multiple = ARROW_FLOOR[granularity]
+
+    def route(self, rows: Any, files: _Files) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        times = rows.column(rows.schema.get_field_index(self.time_column))
+        # The UTC wall clock: floor_temporal on a zoned type converts every value (7x slower).
+        floored = pc.floor_temporal(times.cast(pa.timestamp("us")), multiple=self.multiple, unit=self.unit)
+        if floored.null_count:
+            files.add(None, rows.filter(pc.is_null(floored)))
+        bounds = pc.min_max(floored)
+        low, high = bounds["min"].value, bounds["max"].value
+        if low is None:
+            return
+        if low == high:  # the usual case: a stream's records are close in time
+            files.add(_chunk_name(bounds["min"].as_py()), rows.filter(pc.is_valid(floored)) if floored.null_count else rows)
+            return
+        for value in pc.unique(floored.drop_null()):
+            files.add(_chunk_name(value.as_py()), rows.filter(pc.equal(floored, value)))
+
+
+def _chunk_name(start: Any) -> str:
+    from reconciler.pipeline.transform import CHUNK_FORMAT
+
+    if not 1000 <= start.year <= 9999:  # Spark names these (good_rows); never routed here
+        raise ValueError(f"time chunk {start} is outside the years the sink names")
+    return start.strftime(CHUNK_FORMAT)
 
 
 class _Writer(DataSourceArrowWriter):
-    def __init__(self, path: str, partition_column: str | None):
+    def __init__(self, path: str, partition_column: str | None, chunks: _Chunks | None = None):
         self.path = path
         self.partition_column = partition_column
+        self.chunks = chunks
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         from pyspark import TaskContext
@@ -95,6 +154,14 @@ class _Writer(DataSourceArrowWriter):
         index = batch.schema.get_field_index(self.partition_column)
         column = batch.column(index)
         rows = batch.remove_column(index)
+        if self.chunks is not None and column.null_count:
+            if column.null_count == len(column):
+                self.chunks.route(rows, files)
+                return
+            unnamed = pc.is_null(column)
+            self.chunks.route(rows.filter(unnamed), files)
+            named = pc.invert(unnamed)
+            rows, column = rows.filter(named), column.filter(named)
         values = pc.unique(column)
         if len(values) == 1:  # the usual case: a stream's records are close in time
             files.add(values[0].as_py(), rows)
@@ -128,6 +195,10 @@ class _Files:
         self.names: dict[Any, str] = {}
         self.limit = pending_bytes
         self.held = 0  # bytes buffered across all values
+        # Decided once per task, from its first flush large enough to tell: counting each
+        # file's columns again cost more than the dictionaries saved when a batch spans
+        # hundreds of chunks (a few hundred rows per file; benchmarks/PROFILE.md).
+        self.dictionary: list[str] | None = None
 
     def add(self, value: Any, batch: Any) -> None:
         if not batch.num_rows:
@@ -157,9 +228,12 @@ class _Files:
             name = f"{self.stem}.parquet" if not self.column else f"{_dir_name(self.column, value)}/{self.stem}.parquet"
             target = self.root / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            writer = pq.ParquetWriter(
-                target, table.schema, compression="snappy", use_dictionary=_dictionary_columns(table)
-            )
+            use_dictionary = self.dictionary
+            if use_dictionary is None:
+                use_dictionary = _dictionary_columns(table)
+                if use_dictionary is not True:
+                    self.dictionary = use_dictionary
+            writer = pq.ParquetWriter(target, table.schema, compression="snappy", use_dictionary=use_dictionary)
             self.writers[value], self.names[value] = writer, name
         writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 

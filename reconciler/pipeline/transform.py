@@ -67,6 +67,21 @@ QUERY_GRANULARITIES = ("none", "second", "minute", "fifteen_minute", "hour", "da
 
 CHUNK_FORMAT = "%Y%m%dT%H%MZ"  # Python strftime of the chunk string
 _CHUNK_SPARK_FORMAT = "yyyyMMdd'T'HHmm'Z'"
+# pyarrow's floor_temporal (unit, multiple) of each segment granularity, for the sink's
+# twin of ``chunk_column`` (``sink_chunks``).
+ARROW_FLOOR = {
+    "minute": ("minute", 1),
+    "fifteen_minute": ("minute", 15),
+    "hour": ("hour", 1),
+    "day": ("day", 1),
+    "month": ("month", 1),
+}
+assert set(ARROW_FLOOR) == set(SEGMENT_GRANULARITIES)
+# Times whose chunk the sink names (``sink_chunks``): years 1000 to 9999, where a chunk
+# string is plain four-digit-year arithmetic in any library. Both bounds are midnights,
+# so every granularity's floor of a time inside stays inside. Spark keeps naming the rest.
+SINK_CHUNKS_FROM_MICROS = -30_610_224_000_000_000  # 1000-01-01T00:00Z
+SINK_CHUNKS_UNTIL_MICROS = 253_402_300_800_000_000  # 10000-01-01T00:00Z
 
 _LONG_METRICS = {"longSum", "longMin", "longMax"}
 _DOUBLE_METRICS = {"doubleSum", "doubleMin", "doubleMax"}
@@ -103,6 +118,18 @@ def chunk_column(time_col: Column, segment_granularity: str) -> Column:
     if segment_granularity not in SEGMENT_GRANULARITIES:
         raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
     return F.date_format(floor_time(time_col, segment_granularity), _CHUNK_SPARK_FORMAT)
+
+
+def _segment_column(time_col: Column, segment_granularity: str, sink_chunks: bool) -> Column:
+    """``chunk_column``, or with ``sink_chunks`` only for the times the sink does not name
+    (null for the others): formatting a string per row was a tenth of the executor
+    threads' samples of a warm batch, and the sink names a chunk once per value."""
+    chunk = chunk_column(time_col, segment_granularity)
+    if not sink_chunks:
+        return chunk
+    micros = F.unix_micros(time_col)
+    outside = (micros < F.lit(SINK_CHUNKS_FROM_MICROS)) | (micros >= F.lit(SINK_CHUNKS_UNTIL_MICROS))
+    return F.when(outside, chunk)
 
 
 def chunk_interval(chunk: str, segment_granularity: str) -> tuple[datetime, datetime]:
@@ -348,14 +375,15 @@ def _metric_column(m: Metric) -> Column:
     return agg(value).alias(m.name)
 
 
-def _good_columns(data_schema: DataSchema) -> tuple[Column, list[Column], list[Column], Column]:
+def _good_columns(data_schema: DataSchema, sink_chunks: bool) -> tuple[Column, list[Column], list[Column], Column]:
     """(the filter, the group keys or the columns, the metrics, the chunk) of ``good_rows``."""
     ok = F.col(_REASON).isNull()
     qtime = floor_time(F.col(TIME), data_schema.query_granularity).alias(TIME)
     dims = [_field(d).alias(d) for d in data_schema.dimensions]
+    sg = data_schema.segment_granularity
     if data_schema.rollup:
         metrics = [_metric_column(m) for m in data_schema.metrics] or [F.count(F.lit(1)).alias("__rows")]
-        return ok, [qtime, *dims], metrics, chunk_column(F.col(TIME), data_schema.segment_granularity)
+        return ok, [qtime, *dims], metrics, _segment_column(F.col(TIME), sg, sink_chunks)
     cols = [qtime, *dims]
     for name, kind in _metric_field_types(data_schema).items():
         if name in data_schema.dimensions:
@@ -363,14 +391,19 @@ def _good_columns(data_schema: DataSchema) -> tuple[Column, list[Column], list[C
         cols.append(_field(name).try_cast(kind).alias(name))
     # The chunk of the (query-floored) row time in the same projection: every DataFrame
     # step is analysed in the JVM at once, so one step fewer per batch.
-    chunk = chunk_column(floor_time(F.col(TIME), data_schema.query_granularity), data_schema.segment_granularity)
+    chunk = _segment_column(floor_time(F.col(TIME), data_schema.query_granularity), sg, sink_chunks)
     return ok, cols, [], chunk.alias(SEGMENT)
 
 
-def good_rows(parsed: DataFrame, data_schema: DataSchema) -> DataFrame:
-    """Segment rows from a ``parse`` frame's good records (with ``time_chunk``)."""
+def good_rows(parsed: DataFrame, data_schema: DataSchema, *, sink_chunks: bool = False) -> DataFrame:
+    """Segment rows from a ``parse`` frame's good records (with ``time_chunk``).
+
+    With ``sink_chunks`` the ``time_chunk`` of a row whose ``__time`` lies in years 1000 to
+    9999 is null: the writer names it from ``__time`` (``segments.write_batch`` with
+    ``segment_granularity``), which costs the executors no string per row."""
     output_columns(data_schema)  # fail early on a clash (e.g. a dimension "time_chunk")
-    ok, cols, metrics, chunk = _built(parsed, "good", data_schema, build=lambda: _good_columns(data_schema))
+    ok, cols, metrics, chunk = _built(parsed, "good", data_schema, sink_chunks,
+                                      build=lambda: _good_columns(data_schema, sink_chunks))
     good = parsed.where(ok)
     if data_schema.rollup:
         out = good.groupBy(*cols).agg(*metrics)

@@ -158,3 +158,64 @@ def test_fsync_all_makes_every_file_durable_before_the_directories(tmp_path, mon
 def test_fsync_all_reports_a_failed_fsync(tmp_path):
     with pytest.raises(FileNotFoundError):
         seg.fsync_all([tmp_path / "gone.parquet"], [tmp_path])
+
+
+# Times around every boundary the sink's chunk names must agree with Spark's on: the
+# years it names (1000 to 9999) and just outside them (Spark names those), before 1970
+# (floors go down, not towards zero), quarter hours, leap days and month ends.
+_EDGE_MS = [
+    -30_610_224_000_000, -30_610_224_000_001,  # 1000-01-01T00:00Z and a millisecond before
+    253_402_300_799_999, 253_402_300_800_000,  # the last millisecond of 9999 and 10000-01-01
+    -62_135_596_800_000, -1, 0, -900_001, -900_000, -899_999,  # year 1, around the epoch
+    1_709_251_199_999, 1_709_251_200_000,  # 2024-02-29T23:59:59.999Z, 2024-03-01
+    1_704_067_199_999, 1_704_067_200_000,  # new year 2024
+    T0_MS, T0_MS + 14 * 60_000 + 59_999, T0_MS + 15 * 60_000,
+]
+
+
+def chunk_frames(spark, times_ms, data_schema, sink_chunks):
+    import random
+
+    from reconciler.pipeline.transform import good_rows, parse
+
+    rnd = random.Random(7)
+    times = [*times_ms, *(rnd.randrange(-30_610_224_000_000, 253_402_300_800_000) for _ in range(300))]
+    n = len(times)
+    table = pa.table({
+        "partition": pa.array(["0"] * n),
+        "offset": pa.array(range(n), pa.int64()),
+        "key": pa.array([f"r{i}".encode() for i in range(n)], pa.binary()),
+        "value": pa.array([json.dumps({"id": f"r{i}", "ts": t, "user": "u", "bytes": 1}).encode()
+                           for i, t in enumerate(times)], pa.binary()),
+        "stream_time": pa.array([T0_MS * 1000] * n, pa.timestamp("us", tz="UTC")),
+    }, schema=ARROW_SCHEMA)
+    records = spark.createDataFrame(table).repartition(2)
+    return good_rows(parse(records, data_schema), data_schema, sink_chunks=sink_chunks)
+
+
+def chunk_dirs(written):
+    """{chunk: sorted ids} of a written batch."""
+    out: dict = {}
+    for f in written.files:
+        out.setdefault(f.segment, []).extend(pq.read_table(f.path).column("id").to_pylist())
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("granularity", ["minute", "fifteen_minute", "hour", "day", "month"])
+@pytest.mark.parametrize("rollup", [False, True])
+def test_the_sink_names_every_chunk_as_spark_does(spark, tmp_path, granularity, rollup):
+    from dataclasses import replace
+
+    ds = replace(DS, segment_granularity=granularity, rollup=rollup,
+                 query_granularity="fifteen_minute" if rollup else "none")
+    by_spark = seg.write_batch(spark, chunk_frames(spark, _EDGE_MS, ds, sink_chunks=False), None,
+                               tmp_path / "spark", tmp_path / "dl1", "s", fsync=False)
+    sink_named = chunk_frames(spark, _EDGE_MS, ds, sink_chunks=True)
+    named_by_spark = {r.id for r in sink_named.where("time_chunk IS NOT NULL").select("id").collect()}
+    assert named_by_spark == {"r1", "r3", "r4"}  # before 1000, 10000 itself, year 1: Spark names them
+    by_sink = seg.write_batch(spark, sink_named, None, tmp_path / "sink", tmp_path / "dl2", "k",
+                              segment_granularity=granularity, fsync=False)
+    assert chunk_dirs(by_sink) == chunk_dirs(by_spark)
+    assert sum(f.rows for f in by_sink.files) == sum(f.rows for f in by_spark.files) > 300
+    assert "__HIVE_DEFAULT_PARTITION__" not in chunk_dirs(by_sink)

@@ -98,3 +98,51 @@ def test_a_sample_too_small_or_a_column_too_odd_to_count_keeps_the_default():
         "tags": pa.array([[i] for i in range(n)], pa.list_(pa.int64())),  # count_distinct cannot
     })
     assert sink._dictionary_columns(table) == ["tags"]
+
+
+def test_a_task_decides_its_dictionaries_once_from_a_flush_large_enough(tmp_path, monkeypatch):
+    calls = []
+    real = sink._dictionary_columns
+    monkeypatch.setattr(sink, "_dictionary_columns", lambda table: calls.append(table.num_rows) or real(table))
+    files = sink._Files(tmp_path, "part-0", "time_chunk")
+    files.add("h0", batch([f"k{i}" for i in range(3)], ["h0"] * 3).drop_columns(["time_chunk"]))
+    files._flush("h0")  # too few rows to tell: pyarrow's default, and the next flush decides
+    for h in range(1, 40):
+        files.add(f"h{h}", batch([f"k{h}-{i}" for i in range(100)], [f"h{h}"] * 100).drop_columns(["time_chunk"]))
+    names = files.close()
+    assert calls == [3, 100] and len(names) == 40
+    meta = pq.ParquetFile(tmp_path / names[-1]).metadata.row_group(0).column(0)
+    assert not meta.has_dictionary_page  # distinct ids: the decision of the first large flush
+
+
+def timed(ids, micros, chunks=None):
+    cols = {"id": pa.array(ids, pa.string()), "__time": pa.array(micros, pa.timestamp("us", tz="UTC"))}
+    cols["time_chunk"] = pa.array(chunks if chunks is not None else [None] * len(ids), pa.string())
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def test_rows_without_a_chunk_go_to_the_chunk_of_their_time(tmp_path):
+    hour = 3_600_000_000
+    opts = sink.options(tmp_path, "time_chunk", chunk_granularity="hour", time_column="__time")
+    writer = sink.ParquetSink(opts).writer(None, False)
+    message = writer.write(iter([
+        timed(["a", "b"], [0, hour - 1]),  # one chunk: the whole batch, unfiltered
+        timed(["c", "d", "e", "f"], [-1, hour, None, 5], [None, None, None, "+10000101T0000Z"]),
+    ]))
+    got = {name.split("/")[0]: pq.read_table(tmp_path / name).to_pydict()["id"] for name in message.files}
+    assert got == {
+        "time_chunk=19700101T0000Z": ["a", "b"],
+        "time_chunk=19691231T2300Z": ["c"],  # floored down before 1970, not towards zero
+        "time_chunk=19700101T0100Z": ["d"],
+        "time_chunk=__HIVE_DEFAULT_PARTITION__": ["e"],  # no time: where Spark's null chunk went
+        "time_chunk=+10000101T0000Z": ["f"],  # a chunk Spark named is kept as it is
+    }
+    assert all("time_chunk" not in pq.read_table(tmp_path / n).column_names for n in message.files)
+
+
+def test_chunk_options_need_both_columns_and_a_known_granularity(tmp_path):
+    with pytest.raises(ValueError, match="time column"):
+        sink.options(tmp_path, "time_chunk", chunk_granularity="hour")
+    with pytest.raises(ValueError, match="unknown segment granularity"):
+        sink.ParquetSink(sink.options(tmp_path, "time_chunk", chunk_granularity="week",
+                                      time_column="__time")).writer(None, False)

@@ -525,11 +525,11 @@ def test_expressions_are_built_once_per_session_and_reused(spark):
         return sorted(k[:1] + k[2:] for k in tr._BUILT[spark]
                       if k[1] == replace(ds, datasource="") and k[2:3] != (True,))
 
-    assert built() == [("good",), ("parse", False, False), ("parse", False, True)]  # once each
+    assert built() == [("good", False), ("parse", False, False), ("parse", False, True)]  # once each
     # another table with the same schema shares them
     again = tr.good_rows(tr.parse(records(spark, first), replace(ds, datasource="other")), ds)
     assert [r["user"] for r in rows(again)] == ["a"]
-    assert built() == [("good",), ("parse", False, False), ("parse", False, True)]
+    assert built() == [("good", False), ("parse", False, False), ("parse", False, True)]
 
 
 def test_expression_cache_is_bounded_and_per_session(monkeypatch):
