@@ -5,6 +5,8 @@ forks ``chmod`` from the JVM for every file it creates (and sorts each task's ro
 partition first); a batch that spans many time chunks spent most of its time there
 (benchmarks/PROFILE.md). This sink keeps Spark for reading and transforming and hands
 each task's Arrow batches to pyarrow, which writes one file per (task, time chunk).
+The sink also names most rows' chunks itself (``_Chunks``, from ``__time``), once per
+distinct chunk instead of Spark formatting a string per row.
 
 Exactly once does not depend on Spark's commit protocol: each task names its files
 with its partition and attempt and returns them in its commit message, and the job's
