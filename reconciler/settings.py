@@ -150,11 +150,22 @@ def check_master(master: str) -> None:
         f"yarn or k8s://https://HOST:PORT (set --spark-master / RECONCILER_SPARK_MASTER / sparkMaster)")
 
 
+# Spellings of UTC that Spark accepts for the session time zone.
+_UTC_ZONES = {"UTC", "ETC/UTC", "GMT", "ETC/GMT", "Z", "+00:00", "UTC+00:00", "GMT+00:00"}
+
+
 def check_conf(conf: Mapping[str, Any]) -> None:
     for key in conf:
         if not str(key).startswith("spark."):
             raise SparkMisconfigured(f"Spark setting {key!r} does not start with 'spark.': a typo? "
                                      "(Spark ignores such keys)")
+    zone = conf.get("spark.sql.session.timeZone")
+    if zone is not None and str(zone).strip().upper() not in _UTC_ZONES:
+        # Spark floors and formats times in the session's zone: under another zone the time
+        # chunks and the query granularity's floors would be local days and hours labelled UTC.
+        raise SparkMisconfigured(
+            f"Spark setting spark.sql.session.timeZone={zone!r} is not supported: __time, the "
+            "time chunks and the granularities are UTC; remove the setting (the session uses UTC)")
 
 
 def endpoints(master: str) -> list[tuple[str, int | None]]:

@@ -202,6 +202,8 @@ def test_spark_conf_merges_file_environment_and_command_line(tmp_path):
                             "spark.dynamicAllocation.enabled": "false", "spark.driver.memory": "5g",
                             "spark.a.b": "x=y"}
     assert load({"spark_conf": ()}, None, env={}).spark_conf == {}
+    utc = {"spark_conf": ("spark.sql.session.timeZone=Etc/UTC",)}
+    assert load(utc, None, env={}).spark_conf == {"spark.sql.session.timeZone": "Etc/UTC"}
 
 
 @pytest.mark.parametrize(
@@ -212,6 +214,8 @@ def test_spark_conf_merges_file_environment_and_command_line(tmp_path):
         pytest.param({"spark_conf": ("executor.memory=2g",)}, {}, None, "does not start with 'spark.'", id="not-spark"),
         pytest.param({}, {}, "spark: [a, b]\n", "spark must be a map", id="file-list"),
         pytest.param({}, {}, "spark:\n  spark.x: {a: 1}\n", "single value", id="file-nested"),
+        pytest.param({}, {}, "spark:\n  spark.sql.session.timeZone: America/New_York\n",
+                     "timeZone='America/New_York' is not supported: __time, the time chunks", id="time-zone"),
         pytest.param({"spark_master": "spark//host:7077"}, {}, None, "is not a valid URL", id="master-typo"),
         pytest.param({"spark_master": "spark://host"}, {}, None, "is not a valid URL", id="master-no-port"),
         pytest.param({"spark_master": "local[two]"}, {}, None, "is not a valid URL", id="local-typo"),

@@ -40,7 +40,8 @@ letter, and copying it into the JVM's rows was a tenth of a warm batch. So
 ``shed_values`` drops the value of a parsed record that cannot become a dead letter
 (``VALUE_BYTES`` keeps its length for the batch's byte count): its timestamp is an
 integer short enough that ``transform.parse_timestamp`` converts it in the data
-schema's format without overflow (``SAFE_TIMESTAMP_DIGITS``). Any other record keeps
+schema's format without overflow (``SAFE_TIMESTAMP_DIGITS``), to a time inside the
+years 1 to 9999 (``TIME_FROM_MILLIS``, ``TIME_UNTIL_MILLIS``). Any other record keeps
 its value: a missing, textual, fractional or ISO timestamp is left to Spark's verdict.
 ``tests/pipeline/test_jsonfields.py`` runs a hostile corpus through both paths.
 """
@@ -69,6 +70,12 @@ _FIELD_PREFIX = "__json_f"
 # seconds (and auto up to 1e11) by 1,000,000, and 10^15 * 1,000 and 10^12 * 1,000,000 are
 # within a long. An ISO timestamp is never shed: its verdict is Spark's parser's.
 SAFE_TIMESTAMP_DIGITS = {"millis": 15, "auto": 15, "seconds": 12}
+# The times a record may have, [0001-01-01, 10000-01-01) in milliseconds: Spark's and
+# Python's range of timestamps. A record outside is a dead letter (``transform``), so a
+# value is shed only when its timestamp lies inside, in the format's unit.
+TIME_FROM_MILLIS = -62_135_596_800_000
+TIME_UNTIL_MILLIS = 253_402_300_800_000
+AUTO_MILLIS_ABOVE = 100_000_000_000  # "auto": a magnitude above this is millis, else seconds
 
 # Types whose Arrow cast to string is the text from_json gives for that JSON value.
 _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
@@ -121,7 +128,8 @@ def shed_values(
     ``timestamp_format``; without either, nothing is shed. A value is shed only when its
     record was parsed here (so its JSON is an object) and its timestamp is plain ASCII
     digits, optionally after one ``-``, no more than ``SAFE_TIMESTAMP_DIGITS`` of them:
-    text ``try_cast`` reads as a long that converts without overflow.
+    text ``try_cast`` reads as a long that converts without overflow, to a time inside
+    ``[TIME_FROM_MILLIS, TIME_UNTIL_MILLIS)``.
     """
     n = len(values)
     digits = SAFE_TIMESTAMP_DIGITS.get(timestamp_format or "")
@@ -138,6 +146,8 @@ def shed_values(
         integer = pc.or_(integer, pc.and_(negative, pc.ascii_is_decimal(body)))
         length = pc.subtract(length, negative.cast(pa.int32()))
     safe = pc.and_(pc.and_(fast, integer), pc.less_equal(length, digits)).fill_null(False)
+    if safe.true_count:
+        safe = pc.and_(safe, _in_time_range(pc.if_else(safe, timestamp, "0"), timestamp_format or ""))
     shed = safe.true_count
     if not shed:
         return values, pa.nulls(n, pa.int32())
@@ -145,6 +155,26 @@ def shed_values(
     if shed == n:
         return pa.nulls(n, values.type), lengths
     return pc.if_else(safe, pa.scalar(None, values.type), values), lengths
+
+
+def _in_time_range(text: pa.Array, timestamp_format: str) -> pa.Array:
+    """Whether each integer text (at most 15 digits, so it parses) is a time inside
+    ``[TIME_FROM_MILLIS, TIME_UNTIL_MILLIS)`` read in ``timestamp_format``."""
+    import pyarrow.compute as pc
+
+    number = text.cast(pa.int64())
+
+    def within(low: int, high: int) -> pa.Array:
+        return pc.and_(pc.greater_equal(number, low), pc.less(number, high))
+
+    millis = within(TIME_FROM_MILLIS, TIME_UNTIL_MILLIS)
+    seconds = within(TIME_FROM_MILLIS // 1000, TIME_UNTIL_MILLIS // 1000)
+    if timestamp_format == "millis":
+        return millis
+    if timestamp_format == "seconds":
+        return seconds
+    big = pc.or_(pc.greater(number, AUTO_MILLIS_ABOVE), pc.less(number, -AUTO_MILLIS_ABOVE))
+    return pc.if_else(big, millis, seconds)
 
 
 class FieldParser:

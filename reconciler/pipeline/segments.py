@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from reconciler.errors import SparkMisconfigured
 from reconciler.pipeline import sink
 from reconciler.pipeline.transform import SEGMENT, TIME
 from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
@@ -167,6 +168,13 @@ def write_batch(
             dead_df = dead_df()
         dead_df.write.format(sink.NAME).mode("append").options(**sink.options(dead_dir)).save()
     files = _collect(data_dir, chunked=True)
+    if segment_granularity and any(f.segment == sink.NO_VALUE for f in files):
+        # Only a sink that ignores the chunk options leaves good rows (which all have a
+        # time) unnamed: workers running an older release than this daemon.
+        raise SparkMisconfigured(
+            "the Spark workers wrote rows without a time chunk: they run an older "
+            "stream-reconciler than this daemon; install the same version where the "
+            "workers run (and rebuild spark.archives), then the batch is read again")
     dead_files = _collect(dead_dir, chunked=False)
     if fsync:
         # After a power loss the files must still be there once the database says committed.

@@ -280,9 +280,12 @@ def _dictionary_columns(table: Any) -> bool | list[str]:
     return chosen
 
 
+NO_VALUE = "__HIVE_DEFAULT_PARTITION__"  # a null partition value's directory, as Spark names it
+
+
 def _dir_name(column: str, value: Any) -> str:
     """``<column>=<value>``, as Spark's ``partitionBy`` names it."""
-    text = "__HIVE_DEFAULT_PARTITION__" if value is None else str(value)
+    text = NO_VALUE if value is None else str(value)
     if "/" in text or text in (".", ".."):
         raise ValueError(f"unsafe partition value {text!r}")
     return f"{column}={text}"

@@ -34,7 +34,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from reconciler.model import VIRTUAL_COLUMNS, DataSchema, Metric
-from reconciler.pipeline.jsonfields import FAST, VALUE_BYTES, field_column
+from reconciler.pipeline.jsonfields import (
+    AUTO_MILLIS_ABOVE,
+    FAST,
+    TIME_FROM_MILLIS,
+    TIME_UNTIL_MILLIS,
+    VALUE_BYTES,
+    field_column,
+)
 from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"
@@ -132,15 +139,22 @@ def _segment_column(time_col: Column, segment_granularity: str, sink_chunks: boo
     return F.when(outside, chunk)
 
 
+LAST_INSTANT = datetime.max.replace(tzinfo=UTC)  # the end of 9999's last chunk, which 10000 cannot be
+
+
 def chunk_interval(chunk: str, segment_granularity: str) -> tuple[datetime, datetime]:
-    """``[start, end)`` of a chunk string, as aware UTC datetimes."""
+    """``[start, end)`` of a chunk string, as aware UTC datetimes (the last chunk of 9999
+    ends at ``LAST_INSTANT``)."""
     start = datetime.strptime(chunk, CHUNK_FORMAT).replace(tzinfo=UTC)
     if segment_granularity == "month":
         y, m = (start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1)
-        return start, start.replace(year=y, month=m)
+        return start, (start.replace(year=y, month=m) if y <= 9999 else LAST_INSTANT)
     if segment_granularity not in _FIXED_MICROS:
         raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
-    return start, start + timedelta(microseconds=_FIXED_MICROS[segment_granularity])
+    try:
+        return start, start + timedelta(microseconds=_FIXED_MICROS[segment_granularity])
+    except OverflowError:
+        return start, LAST_INSTANT
 
 
 def chunk_of(ts: datetime, segment_granularity: str) -> str:
@@ -155,7 +169,6 @@ def chunk_of(ts: datetime, segment_granularity: str) -> str:
     return start.strftime(CHUNK_FORMAT)
 
 
-_AUTO_MILLIS_ABOVE = 100_000_000_000  # "auto": a magnitude above this is millis
 
 
 def _micros_to_ts(x: Column) -> Column:
@@ -192,7 +205,7 @@ def parse_timestamp(text: Column, fmt: str) -> Column:
         return iso
     if fmt == "auto":
         # No abs() of the long: ANSI mode raises on abs(-2^63); a comparison cannot fail.
-        big = (whole > F.lit(_AUTO_MILLIS_ABOVE)) | (whole < F.lit(-_AUTO_MILLIS_ABOVE))
+        big = (whole > F.lit(AUTO_MILLIS_ABOVE)) | (whole < F.lit(-AUTO_MILLIS_ABOVE))
         return (
             F.when(whole.isNotNull(), F.when(big, millis_whole).otherwise(seconds_whole))
             .when(num.isNull(), iso)
@@ -328,6 +341,13 @@ def _parse_columns(data_schema: DataSchema, fast_columns: bool, observed: bool) 
                 F.lit(f"unparseable timestamp ({data_schema.timestamp_format}): "),
                 F.substring(F.col(_TS), 1, 100),
             ),
+        )
+        .when(
+            # Outside Spark's and Python's timestamps (years 1 to 9999) a row could be read
+            # but not published: its chunk and Iceberg partition have no date.
+            (F.unix_micros(F.col(TIME)) < F.lit(TIME_FROM_MILLIS * 1000))
+            | (F.unix_micros(F.col(TIME)) >= F.lit(TIME_UNTIL_MILLIS * 1000)),
+            F.concat(F.lit("timestamp out of range (years 1 to 9999): "), F.substring(F.col(_TS), 1, 100)),
         )
     )
     metrics = (

@@ -21,6 +21,7 @@ from pyiceberg.transforms import (
 from reconciler.table.catalog import BATCH, BATCH_DIR_PREFIX, EPOCH, RANGES, SUPERVISOR
 
 EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
+LAST_INSTANT = datetime.max.replace(tzinfo=UTC)  # where 9999's last partition ends (10000 has no datetime)
 
 
 @dataclass(frozen=True)
@@ -106,21 +107,30 @@ def partition_interval(transform, value) -> tuple[datetime | None, datetime | No
         value = (value - EPOCH_START.date()).days
     if isinstance(transform, HourTransform):
         start = EPOCH_START + timedelta(hours=value)
-        return start, start + timedelta(hours=1)
+        return start, _plus(start, timedelta(hours=1))
     if isinstance(transform, DayTransform):
         start = EPOCH_START + timedelta(days=value)
-        return start, start + timedelta(days=1)
+        return start, _plus(start, timedelta(days=1))
     if isinstance(transform, MonthTransform):
         y, m = divmod(value, 12)
         start = datetime(1970 + y, m + 1, 1, tzinfo=UTC)
         y2, m2 = divmod(value + 1, 12)
-        return start, datetime(1970 + y2, m2 + 1, 1, tzinfo=UTC)
+        return start, datetime(1970 + y2, m2 + 1, 1, tzinfo=UTC) if 1970 + y2 <= 9999 else LAST_INSTANT
     if isinstance(transform, YearTransform):
-        return datetime(1970 + value, 1, 1, tzinfo=UTC), datetime(1971 + value, 1, 1, tzinfo=UTC)
+        end = datetime(1971 + value, 1, 1, tzinfo=UTC) if 1971 + value <= 9999 else LAST_INSTANT
+        return datetime(1970 + value, 1, 1, tzinfo=UTC), end
     if isinstance(transform, IdentityTransform) and isinstance(value, int):
         start = EPOCH_START + timedelta(microseconds=value)
         return start, start
     return None, None
+
+
+def _plus(start: datetime, width: timedelta) -> datetime:
+    """The end of the partition starting at ``start``: 9999's last one ends at ``LAST_INSTANT``."""
+    try:
+        return start + width
+    except OverflowError:
+        return LAST_INSTANT
 
 
 def data_files(table: Table) -> list[TableFile]:

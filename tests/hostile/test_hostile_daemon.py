@@ -124,7 +124,11 @@ def test_hostile_input_and_a_signal_storm_on_a_live_daemon(tmp_path, kafka_broke
         for _ in range(300):
             os.kill(proc.pid, signal.SIGHUP)
         second = devservices.make_records(1000, start=2000)
-        ends = devservices.produce_kafka(bootstrap, good_topic, second)
+        # 9999's last hour is a row like any other; the year 10000 has no chunk, no Iceberg
+        # partition and no Python datetime: a dead letter, never a batch that cannot publish.
+        edges = [(k, json.dumps({"id": k, "ts": ts, "user": "u", "page": "/p", "bytes": 1}).encode())
+                 for k, ts in (("last-hour", 253_402_300_799_000), ("year-10000", 253_402_300_800_000))]
+        ends = devservices.produce_kafka(bootstrap, good_topic, second + edges)
         late_topic = topic(partitions=1)
         helpers.write_spec(specs, helpers.spec_doc("late", helpers.kafka_source(bootstrap, late_topic)))
         _wait("a spec added after the storm reconciled", lambda: store.get("late") is not None, 60, proc, log)
@@ -179,4 +183,6 @@ def test_hostile_input_and_a_signal_storm_on_a_live_daemon(tmp_path, kafka_broke
     assert "***" in text  # the echo was there, hidden
 
     # exactly once, by key, for the supervisor that kept ingesting through all of it
-    helpers.assert_exactly_once(helpers.key_counts(spark, s, "good"), helpers.keys(first + second))
+    helpers.assert_exactly_once(helpers.key_counts(spark, s, "good"), [*helpers.keys(first + second), "last-hour"])
+    reasons = [reason for _, _, reason in helpers.deadletters(spark, s, "good")]
+    assert reasons == ["timestamp out of range (years 1 to 9999): 253402300800000"], reasons

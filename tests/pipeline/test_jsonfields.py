@@ -221,9 +221,10 @@ def shed(timestamps, fmt, fast=None, values=None):
 
 @pytest.mark.parametrize("fmt", ["millis", "auto"])
 def test_a_value_is_shed_only_when_its_timestamp_is_a_safe_integer(fmt):
-    safe = ["1795500000000", "0", "-0", "-5", "9" * 15, "-" + "9" * 15, "007"]
+    safe = ["1795500000000", "0", "-0", "-5", "253402300799999", "-62135596800000", "007"]
     unsafe = [
         "9" * 16, "-" + "9" * 16,  # could overflow the micros
+        "9" * 15, "253402300800000", "-62135596800001",  # outside years 1 to 9999: dead letters
         "1.5", "1e3", " 1", "1 ", "+1", "-", "--5", "", "0x10",
         "\u0663", "\uff11", "1\u0663",  # non-ASCII digits: Spark's cast takes ASCII only
         "2026-11-24T10:00:00Z", "abc", None,
@@ -236,8 +237,16 @@ def test_a_value_is_shed_only_when_its_timestamp_is_a_safe_integer(fmt):
 
 
 def test_the_seconds_limit_is_lower_and_iso_never_sheds():
-    kept, lengths = shed(["9" * 12, "-" + "9" * 12, "9" * 13], "seconds", values=[b"a", b"bb", b"ccc"])
-    assert kept == [None, None, b"ccc"] and lengths == [1, 2, None]
+    texts = ["253402300799", "-62135596800", "253402300800", "-62135596801", "9" * 13]
+    kept, lengths = shed(texts, "seconds", values=[b"a", b"bb", b"c", b"d", b"e"])
+    assert kept == [None, None, b"c", b"d", b"e"] and lengths == [1, 2, None, None, None]
+
+
+def test_auto_sheds_by_the_unit_it_reads_the_number_in():
+    # Up to 1e11 in magnitude auto reads seconds, so -1e11 is before the year 1; one more is millis.
+    texts = ["-62135596800", "-62135596801", "-100000000000", "-100000000001", "99999999999", "253402300800000"]
+    kept, _ = shed(texts, "auto", values=[b"%d" % i for i in range(6)])
+    assert kept == [None, b"1", b"2", None, None, b"5"]
     for fmt in ("iso", None, "unknown"):
         kept, lengths = shed(["1", "2"], fmt)
         assert kept == [b'{"ts": 0}', b'{"ts": 1}'] and lengths == [None, None]
@@ -423,23 +432,25 @@ def test_shed_values_are_good_rows_and_still_counted(spark, fmt):
 
     from reconciler.pipeline.transform import dead_rows, parse
 
-    # The longest integers shed_values lets through must convert without overflow.
-    most = int("9" * SAFE_TIMESTAMP_DIGITS[fmt])
-    values = [{"ts": t, "d": "x"} for t in (most, -most, 0, T0_MS // 1000)]
-    values += ["not json", {"ts": "soon", "d": "y"}, {"ts": 1.5, "d": "z"}, None]
+    # The extreme integers shed_values lets through: the first and the last instant of
+    # years 1 to 9999 in the format's unit ("auto" reads these millis and seconds).
+    last, first = {"millis": (253402300799999, -62135596800000), "seconds": (253402300799, -62135596800),
+                   "auto": (253402300799999, -62135596800)}[fmt]
+    values = [{"ts": t, "d": "x"} for t in (last, first, 0, T0_MS // 1000)]
+    values += ["not json", {"ts": "soon", "d": "y"}, {"ts": 1.5, "d": "z"}, None, {"ts": last + 1, "d": "w"}]
     ds = schema(dimensions=("d",), timestamp_format=fmt)
     plain = records(spark, values)
     with_fields = with_reader_fields(plain, ds, 1, shared_parser=False)
     got = with_fields.orderBy("offset").toArrow()
-    assert got.column(VALUE_BYTES).is_valid().to_pylist() == [True] * 4 + [False] * 4
+    assert got.column(VALUE_BYTES).is_valid().to_pylist() == [True] * 4 + [False] * 5
     assert got.column("value").null_count == 4 + 1  # the shed ones and the tombstone
     (good_a, dead_a), (good_b, dead_b) = transform(plain, ds), transform(with_fields, ds)
-    # Compared as Arrow: Python's datetime cannot hold the years these timestamps reach.
     assert good_b.toArrow().sort_by("__time").equals(good_a.toArrow().sort_by("__time"))
     assert good_a.count() == 5  # 1.5 is a time too, left to Spark
     dead = rows(dead_b, ["offset"])
     assert dead == rows(dead_a, ["offset"])
-    assert [r["value"] is not None for r in dead] == [True, True, False]  # dead letters keep theirs
+    assert [r["value"] is not None for r in dead] == [True, True, False, True]  # dead letters keep theirs
+    assert dead[-1]["reason"] == f"timestamp out of range (years 1 to 9999): {last + 1}"
     counts = []
     for df in (plain, with_fields):
         obs = Observation()
@@ -447,7 +458,7 @@ def test_shed_values_are_good_rows_and_still_counted(spark, fmt):
         counts.append(obs.get)
     raw = plain.toArrow().to_pylist()
     assert counts[0] == counts[1] == {
-        "records": 8,
-        "dead": 3,
+        "records": 9,
+        "dead": 4,
         "bytes": sum(len(r["key"] or b"") + len(r["value"] or b"") for r in raw),
     }

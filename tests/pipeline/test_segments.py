@@ -165,8 +165,8 @@ def test_fsync_all_reports_a_failed_fsync(tmp_path):
 # (floors go down, not towards zero), quarter hours, leap days and month ends.
 _EDGE_MS = [
     -30_610_224_000_000, -30_610_224_000_001,  # 1000-01-01T00:00Z and a millisecond before
-    253_402_300_799_999, 253_402_300_800_000,  # the last millisecond of 9999 and 10000-01-01
-    -62_135_596_800_000, -1, 0, -900_001, -900_000, -899_999,  # year 1, around the epoch
+    253_402_300_799_999, 253_402_300_800_000,  # the last millisecond of 9999, 10000 (a dead letter)
+    -62_135_596_800_000, -1, 0, -900_001, -900_000, -899_999,  # year 1, around the epoch (millis)
     1_709_251_199_999, 1_709_251_200_000,  # 2024-02-29T23:59:59.999Z, 2024-03-01
     1_704_067_199_999, 1_704_067_200_000,  # new year 2024
     T0_MS, T0_MS + 14 * 60_000 + 59_999, T0_MS + 15 * 60_000,
@@ -207,15 +207,29 @@ def chunk_dirs(written):
 def test_the_sink_names_every_chunk_as_spark_does(spark, tmp_path, granularity, rollup):
     from dataclasses import replace
 
-    ds = replace(DS, segment_granularity=granularity, rollup=rollup,
+    ds = replace(DS, segment_granularity=granularity, rollup=rollup, timestamp_format="millis",
                  query_granularity="fifteen_minute" if rollup else "none")
     by_spark = seg.write_batch(spark, chunk_frames(spark, _EDGE_MS, ds, sink_chunks=False), None,
                                tmp_path / "spark", tmp_path / "dl1", "s", fsync=False)
     sink_named = chunk_frames(spark, _EDGE_MS, ds, sink_chunks=True)
     named_by_spark = {r.id for r in sink_named.where("time_chunk IS NOT NULL").select("id").collect()}
-    assert named_by_spark == {"r1", "r3", "r4"}  # before 1000, 10000 itself, year 1: Spark names them
+    assert named_by_spark == {"r1", "r4"}  # before 1000 and year 1: Spark names them
     by_sink = seg.write_batch(spark, sink_named, None, tmp_path / "sink", tmp_path / "dl2", "k",
                               segment_granularity=granularity, fsync=False)
     assert chunk_dirs(by_sink) == chunk_dirs(by_spark)
     assert sum(f.rows for f in by_sink.files) == sum(f.rows for f in by_spark.files) > 300
     assert "__HIVE_DEFAULT_PARTITION__" not in chunk_dirs(by_sink)
+
+
+@pytest.mark.spark
+def test_workers_that_ignore_the_chunk_options_fail_the_batch_with_the_fix(spark, tmp_path, monkeypatch):
+    """Workers of an older release ignore the sink's chunk options and would file every
+    row under the null partition: the batch fails, saying why, instead of publishing that."""
+    from reconciler.errors import SparkMisconfigured
+    from reconciler.pipeline import sink
+
+    real = sink.options
+    monkeypatch.setattr(sink, "options", lambda path, column=None, **_: real(path, column))
+    frame = chunk_frames(spark, [T0_MS], DS, sink_chunks=True)
+    with pytest.raises(SparkMisconfigured, match="older stream-reconciler than this daemon"):
+        seg.write_batch(spark, frame, None, tmp_path / "d", tmp_path / "dl", "old", segment_granularity="hour")

@@ -198,6 +198,8 @@ def test_dead_letters_with_reasons(spark):
         None,
         b"\xff\xfe",
         "",
+        {"ts": 253_402_300_800_000},  # 10000-01-01 in millis: no chunk, no Iceberg partition
+        {"ts": -62_135_596_801},  # a second before the year 1 (auto reads this as seconds)
     ]
     good, dead = transform(records(spark, values), schema(dimensions=("user",)))
     assert [r["user"] for r in rows(good)] == ["ok"]
@@ -215,6 +217,8 @@ def test_dead_letters_with_reasons(spark):
         8: "null value",
         9: "invalid JSON: not a JSON object",
         10: "invalid JSON: not a JSON object",
+        11: "timestamp out of range (years 1 to 9999): 253402300800000",
+        12: "timestamp out of range (years 1 to 9999): -62135596801",
     }
     # dead letters keep the raw record
     by_offset = {r["offset"]: r for r in got}
@@ -348,6 +352,13 @@ def test_chunks_before_1970_and_december():
     t = datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)
     assert chunk_of(t, "fifteen_minute") == "19691231T2345Z"
     assert chunk_interval("20251201T0000Z", "month")[1] == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("chunk, gran", [("99991231T2300Z", "hour"), ("99991231T0000Z", "day"),
+                                         ("99991201T0000Z", "month"), ("99991231T2345Z", "fifteen_minute")])
+def test_the_last_chunk_of_9999_ends_at_the_last_instant(chunk, gran):
+    start, end = chunk_interval(chunk, gran)
+    assert start.year == 9999 and end == datetime.max.replace(tzinfo=UTC)
 
 
 def test_fifteen_minute_before_1970(spark):

@@ -91,3 +91,18 @@ def test_a_staged_append_commits_the_batch_with_its_statistics(tables):
     # the files' bounds and partitions prune: the last two hours only
     later = loaded.scan(row_filter=GreaterThanOrEqual("__time", (T0 + timedelta(hours=2)).isoformat()))
     assert sorted(t.file.file_path for t in later.plan_files()) == sorted(paths[2:])
+
+
+@pytest.mark.parametrize("transform, value", [("hour", 70_389_527), ("day", 2_932_896), ("month", 96_359), ("year", 8_029)])
+def test_the_last_partition_of_9999_ends_at_the_last_instant(transform, value):
+    """A row in 9999's last hour, day, month or year is published like any other: its
+    partition's end (10000-01-01) has no datetime, so it ends at the last one there is."""
+    from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
+
+    from reconciler.table.files import LAST_INSTANT, partition_interval
+
+    kind = {"hour": HourTransform, "day": DayTransform, "month": MonthTransform, "year": YearTransform}[transform]
+    start, end = partition_interval(kind(), value)
+    assert start.year == 9999 and end == LAST_INSTANT
+    earlier, before = partition_interval(kind(), value - 1)
+    assert before == start and earlier < start
