@@ -169,8 +169,6 @@ def chunk_of(ts: datetime, segment_granularity: str) -> str:
     return start.strftime(CHUNK_FORMAT)
 
 
-
-
 def _micros_to_ts(x: Column) -> Column:
     # try_cast: NaN, infinities and out-of-range values become null (a dead letter).
     return F.timestamp_micros(F.round(x).try_cast("long"))
