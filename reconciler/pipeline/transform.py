@@ -12,7 +12,8 @@ columns instead, with exactly the text ``from_json`` would give.
   does not convert is null, which sums and min/max ignore), so one odd field never
   makes a whole record unreadable.
 * The timestamp column becomes ``__time`` (TIMESTAMP, UTC); a record whose value is
-  not a JSON object, or whose timestamp is missing or unparseable, is a dead letter.
+  not a JSON object, or whose timestamp is missing, unparseable or outside the years 1
+  to 9999, is a dead letter.
 * ``time_chunk`` (``SEGMENT``) is the record's time chunk (segment granularity floor
   of ``__time``) as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``: Spark,
   pyarrow and DuckDB all discover it as a string partition value (neither a number
