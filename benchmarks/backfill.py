@@ -48,7 +48,7 @@ from marker_latency import _wait  # noqa: E402
 import devservices  # noqa: E402
 from reconciler import logs  # noqa: E402
 from reconciler import settings as settings_mod  # noqa: E402
-from reconciler.actual import State  # noqa: E402
+from reconciler.control.actual import State  # noqa: E402
 from reconciler.daemon import Daemon  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402
 

@@ -56,14 +56,14 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy as sa  # noqa: E402
 
-from reconciler import positions  # noqa: E402
 from reconciler import settings as settings_mod  # noqa: E402
-from reconciler.apply import Applier  # noqa: E402
+from reconciler.control import positions  # noqa: E402
+from reconciler.control.apply import Applier  # noqa: E402
+from reconciler.control.plan import desired_from_directory, plan  # noqa: E402
+from reconciler.control.reconcile import reconcile_once  # noqa: E402
 from reconciler.daemon import Daemon  # noqa: E402
-from reconciler.plan import desired_from_directory, plan  # noqa: E402
-from reconciler.reconcile import reconcile_once  # noqa: E402
+from reconciler.observe.status import all_status  # noqa: E402
 from reconciler.spec.loader import SpecCache, load_directory  # noqa: E402
-from reconciler.status import all_status  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402
 
 log = logging.getLogger("bench")

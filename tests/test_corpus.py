@@ -26,9 +26,9 @@ from click.testing import CliRunner
 
 import devservices
 from reconciler import settings as settings_mod
-from reconciler.apply import Applier
 from reconciler.cli import cli
-from reconciler.reconcile import reconcile_once
+from reconciler.control.apply import Applier
+from reconciler.control.reconcile import reconcile_once
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.spec.loader import DirectoryState, load_directory
 from reconciler.store.store import Store

@@ -35,13 +35,13 @@ from click.testing import CliRunner
 
 import devservices
 from reconciler import settings as settings_mod
-from reconciler.actual import State
-from reconciler.apply import Applier
 from reconciler.cli import cli
+from reconciler.control.actual import State
+from reconciler.control.apply import Applier
+from reconciler.control.plan import ActionKind
+from reconciler.control.reconcile import reconcile_once
 from reconciler.errors import PermanentError
-from reconciler.metrics import Metrics, serve
-from reconciler.plan import ActionKind
-from reconciler.reconcile import reconcile_once
+from reconciler.observe.metrics import Metrics, serve
 from reconciler.spec import secrets as spec_secrets
 from reconciler.spec.loader import load_directory
 from reconciler.store.store import Store
@@ -181,11 +181,11 @@ def test_insecure_directory_plans_nothing_destructive_and_no_reset(specs, tmp_pa
         (specs / "b.yaml").unlink()  # one removal: the guard alone would allow it
         (specs / "a.reset.yaml").write_text("resetTo: latest\n")
         specs.chmod(0o777)
-        caplog.set_level(logging.WARNING, logger="reconciler.reconcile")
+        caplog.set_level(logging.WARNING, logger="reconciler.control.reconcile")
         held = reconcile_once(str(specs), applier)
         assert held.plan.actions == ()
         assert held.plan.held_terminations == ("a", "b", "c")
-        warned = [r.getMessage() for r in caplog.records if r.name == "reconciler.reconcile"]
+        warned = [r.getMessage() for r in caplog.records if r.name == "reconciler.control.reconcile"]
         assert warned == [f"spec directory {specs} is writable by others (mode 0777): refused; "
                           f"fix with chmod o-w {specs}, or set allowInsecureSpecs"]
         assert (specs / "a.reset.yaml").exists(), "a marker in a refused directory is not consumed"

@@ -52,14 +52,15 @@ import threading
 import time
 import uuid
 
-from reconciler import logs, notify
+from reconciler import logs
 from reconciler import settings as settings_mod
+from reconciler.daemon import notify
+from reconciler.daemon.waker import Waker
 from reconciler.errors import ReconcilerError
-from reconciler.metrics import Metrics
+from reconciler.observe.metrics import Metrics
 from reconciler.runtime.manager import RuntimeManager
 from reconciler.settings import Settings
 from reconciler.store.store import Store
-from reconciler.waker import Waker
 
 from .http import HttpEndpoint
 from .leadership import Leadership

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from reconciler.metrics import Metrics, serve
+from reconciler.observe.metrics import Metrics, serve
 from reconciler.store.store import Store
 
 log = logging.getLogger("reconciler.daemon")  # the name in every line, as before the split
@@ -38,8 +38,8 @@ class HttpEndpoint:
 
     def _status_page(self) -> str:
         """The HTML of ``/`` (served from the HTTP thread: reads only, no broker calls)."""
-        from reconciler import statuspage
-        from reconciler.status import all_status
+        from reconciler.observe import statuspage
+        from reconciler.observe.status import all_status
 
         return statuspage.render(all_status(self.store, with_latest=False),
                                  self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from reconciler.errors import ReconcilerError
-from reconciler.metrics import Metrics
+from reconciler.observe.metrics import Metrics
 from reconciler.runtime.manager import RuntimeManager
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RuntimeContext

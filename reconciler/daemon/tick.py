@@ -13,12 +13,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from reconciler.actual import Kind, State
-from reconciler.apply import ActionResult, Applier
+from reconciler.control.actual import Kind, State
+from reconciler.control.apply import ActionResult, Applier
+from reconciler.control.plan import ActionKind, PlanSettings
+from reconciler.control.reconcile import reconcile_once
 from reconciler.errors import ReconcilerError
-from reconciler.metrics import Metrics
-from reconciler.plan import ActionKind, PlanSettings
-from reconciler.reconcile import reconcile_once
+from reconciler.observe.metrics import Metrics
 from reconciler.runtime.batching import caught_up
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.settings import Settings

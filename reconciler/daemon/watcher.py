@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from reconciler.waker import Waker
+from reconciler.daemon.waker import Waker
 
 # Every part of the daemon logs as "reconciler.daemon": the name is in each line, and
 # operators' filters and the tests' caplog select on it.

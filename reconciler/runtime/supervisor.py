@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import faults
-from reconciler.actual import DetailedState, State, SupervisorRecord
+from reconciler.control.actual import DetailedState, State, SupervisorRecord
+from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
-from reconciler.positions import start_offsets
 from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
@@ -45,7 +45,7 @@ class RuntimeContext:
     segments_dir: Path
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
-    metrics: Any = None  # reconciler.metrics.Metrics, or None
+    metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
     _tables: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

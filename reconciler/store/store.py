@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from reconciler import faults
-from reconciler.actual import (
+from reconciler.control.actual import (
     ActualState,
     DetailedState,
     Kind,
@@ -30,6 +30,8 @@ from reconciler.actual import (
     State,
     SupervisorRecord,
 )
+from reconciler.control.requests import ResetRequest
+from reconciler.control.resets import ResetOutcome, fill_missing
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.model import (
     BACKFILL_ID,
@@ -38,8 +40,6 @@ from reconciler.model import (
     canonical_json,
     document_hash,
 )
-from reconciler.requests import ResetRequest
-from reconciler.resets import ResetOutcome, fill_missing
 from reconciler.spec import secrets
 from reconciler.store.engine import create_engine
 from reconciler.store.records import (

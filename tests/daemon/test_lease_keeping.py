@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from reconciler.apply import Applier
-from reconciler.reconcile import reconcile_once
+from reconciler.control.apply import Applier
+from reconciler.control.reconcile import reconcile_once
 from reconciler.spec import loader
 from reconciler.store.store import Store
 from tests.daemon.test_notify import daemon_env, daemons, tail, wait_until  # noqa: F401 (fixture)

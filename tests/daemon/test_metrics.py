@@ -27,7 +27,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 import devservices
-from reconciler.metrics import Metrics, serve
+from reconciler.observe.metrics import Metrics, serve
 from tests.daemon.test_notify import wait_until
 from tests.daemon.test_watch import daemon_thread
 from tests.e2e import helpers

@@ -42,7 +42,8 @@ from pathlib import Path
 import pytest
 
 import devservices
-from reconciler import logs, notify
+from reconciler import logs
+from reconciler.daemon import notify
 from reconciler.store.store import Store
 from tests.e2e import helpers
 

@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 import devservices
-from reconciler.apply import Applier
+from reconciler.control.apply import Applier
+from reconciler.control.reconcile import reconcile_once
 from reconciler.daemon import Daemon
-from reconciler.reconcile import reconcile_once
 from reconciler.store.store import Store
 from tests.daemon.test_notify import wait_until
 from tests.e2e import helpers

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 import devservices
 from reconciler.cli import cli
 from reconciler.daemon import Daemon
-from reconciler.status import all_status
+from reconciler.observe.status import all_status
 from reconciler.store.engine import create_engine
 from reconciler.store.store import Store
 from tests.e2e import helpers as h

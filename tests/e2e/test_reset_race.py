@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 
 import devservices
-from reconciler import positions as positions_mod
-from reconciler.apply import Applier
+from reconciler.control import positions as positions_mod
+from reconciler.control.apply import Applier
+from reconciler.control.plan import Action, ActionKind
+from reconciler.control.requests import from_cli
 from reconciler.daemon import Daemon
 from reconciler.model import Position
-from reconciler.plan import Action, ActionKind
-from reconciler.requests import from_cli
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 import devservices
-from reconciler.actual import State
+from reconciler.control.actual import State
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
 

@@ -19,10 +19,10 @@ import pytest
 
 from reconciler import logs
 from reconciler.cli import parse_position
+from reconciler.daemon.waker import Waker
 from reconciler.spec import secrets
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.validate import validate_data
-from reconciler.waker import Waker
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -214,7 +214,7 @@ def test_waker_rung_from_a_signal_storm_never_deadlocks():
 
 
 def test_healthz_turns_503_when_the_loop_stalls_past_the_lease():
-    from reconciler.metrics import Metrics
+    from reconciler.observe.metrics import Metrics
 
     m = Metrics()
     m.max_loop_age = 10.0

@@ -115,7 +115,7 @@ def test_shared_dir_check_passes_locally(spark, tmp_path):
 
 
 def test_healthz_names_the_spark_session(spark):
-    from reconciler.metrics import Metrics
+    from reconciler.observe.metrics import Metrics
 
     _, body = Metrics().health()
     assert body["spark"]["master"] == "local[2]" and body["spark"]["appId"] == spark.sparkContext.applicationId

@@ -606,8 +606,8 @@ def test_an_invalid_second_marker_leaves_the_valid_one_unambiguous(specs):
 
 
 def test_ambiguous_markers_are_planned_as_rejections(specs):
-    from reconciler.actual import ActualState
-    from reconciler.plan import ActionKind, desired_from_directory, plan
+    from reconciler.control.actual import ActualState
+    from reconciler.control.plan import ActionKind, desired_from_directory, plan
 
     (specs / "clicks.yaml").write_text(spec_text())
     (specs / "clicks.reset.yaml").write_text("")

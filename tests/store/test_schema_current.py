@@ -50,7 +50,7 @@ try:
     main()
 except SystemExit:
     pass
-heavy = ["alembic", "pyarrow", "numpy", "reconciler.plan", "pyspark", "confluent_kafka", "rstream"]
+heavy = ["alembic", "pyarrow", "numpy", "reconciler.control.plan", "pyspark", "confluent_kafka", "rstream"]
 print(json.dumps({m: m in sys.modules for m in heavy}), file=sys.stderr)
 """
 

@@ -17,11 +17,11 @@ from functools import partial
 import pytest
 import sqlalchemy as sa
 
-from reconciler.actual import DetailedState, Kind, State
+from reconciler.control.actual import DetailedState, Kind, State
+from reconciler.control.requests import ResetRequest, from_cli, from_stanza
+from reconciler.control.resets import Positions, compute_reset
 from reconciler.errors import PermanentError, PublishConflict
 from reconciler.model import PartitionRange, Position, SupervisorSpec
-from reconciler.requests import ResetRequest, from_cli, from_stanza
-from reconciler.resets import Positions, compute_reset
 from reconciler.store.store import SegmentFile, Store
 
 

@@ -394,11 +394,8 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
 
 
 def test_compact_and_maintain_commands(tmp_path):
-    from reconciler import maintaincommands
-    from reconciler.cli import cli
     from tests.e2e import helpers as h
 
-    maintaincommands.register(cli)  # what reconciler/cli.py does
     s = h.make_settings(tmp_path)
     store = Store(s.db_url)
     store.migrate()

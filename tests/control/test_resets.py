@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from reconciler.control.resets import (
+    PartitionReset,
+    Positions,
+    compute_reset,
+    fill_from,
+    start_offsets,
+)
 from reconciler.model import Position
-from reconciler.resets import PartitionReset, Positions, compute_reset, fill_from, start_offsets
 
 # Two partitions: "0" has records [0, 100), "1" has [10, 60).
 POS = Positions(earliest={"0": 0, "1": 10}, latest={"0": 100, "1": 60})

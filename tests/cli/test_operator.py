@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 import devservices
-from reconciler import logs, render
+from reconciler import logs
+from reconciler.observe import render
 
 SCRIPT = Path(sys.executable).parent / "reconciler"
 
@@ -146,7 +147,7 @@ def test_validate_json_for_ci(tmp_path):
 
 
 def test_the_shipped_pre_commit_hook_runs_validate():
-    hooks = yaml.safe_load((Path(__file__).resolve().parents[1] / ".pre-commit-hooks.yaml").read_text())
+    hooks = yaml.safe_load((Path(__file__).resolve().parents[2] / ".pre-commit-hooks.yaml").read_text())
     assert hooks[0]["id"] == "reconciler-validate" and hooks[0]["entry"] == "reconciler validate"
 
 

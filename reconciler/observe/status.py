@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.actual import Kind, State, SupervisorRecord
+from reconciler.control.actual import Kind, State, SupervisorRecord
 from reconciler.errors import ReconcilerError
 from reconciler.spec import secrets
 from reconciler.store.records import NO_BATCHES, BatchTotals

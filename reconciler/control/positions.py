@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from reconciler import resets
+from reconciler.control import resets
+from reconciler.control.resets import Positions
 from reconciler.errors import PermanentError
 from reconciler.model import Position, SupervisorSpec
-from reconciler.resets import Positions
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.streams import adapter_for
 from reconciler.streams.base import StreamAdapter

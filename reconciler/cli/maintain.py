@@ -1,9 +1,8 @@
-"""``reconciler compact`` and ``reconciler maintain``: table maintenance from the command line,
-and ``import_all`` for ``reconciler db upgrade`` (the old segment layout into the tables).
+"""``compact`` and ``maintain``: table maintenance from the command line.
 
-``register(cli)`` adds the commands to the ``reconciler`` group. The commands take the
-group's ``Context`` (``ctx.obj``: settings, store) and follow its conventions: text or
-``-o json``, a refusal as ``Error: ...`` (or ``{"ok": false, "error": ...}``) and exit 1.
+The commands take the group's ``Context`` (``ctx.obj``: settings, store) and follow its
+conventions: text or ``-o json``, a refusal as ``Error: ...`` (or ``{"ok": false, "error": ...}``)
+and exit 1.
 """
 
 from __future__ import annotations
@@ -14,6 +13,9 @@ from datetime import timedelta
 from typing import Any
 
 import click
+
+from reconciler.cli.base import _echo_json, _refuse, cli
+from reconciler.cli.tables import open_tables
 
 _DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|s|m|h|d|w)\s*$")
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -58,24 +60,6 @@ def parse_duration(text: str) -> timedelta:
     return Duration().convert(text, None, None)
 
 
-def _tables(c):
-    from reconciler.table.catalog import Tables
-
-    return Tables(c.read_store.engine, c.settings.segments_dir)
-
-
-def _refuse(message: str, output: str):
-    from reconciler.cli import _refuse as refuse
-
-    refuse(message, output)
-
-
-def _echo_json(doc: Any) -> None:
-    from reconciler.cli import _echo_json as echo
-
-    echo(doc)
-
-
 def datasource_rollup(store, datasource: str):
     """The rollup of the spec that writes ``datasource`` (its main supervisor's, preferably a
     live one), or None. Backfills share their main's dataSchema."""
@@ -92,7 +76,7 @@ def datasource_rollup(store, datasource: str):
 
 # -- compact ------------------------------------------------------------------------------
 
-@click.command("compact", epilog="""\b
+@cli.command("compact", epilog="""\b
 Examples:
   reconciler compact clicks --dry-run          which partitions would be rewritten
   reconciler compact clicks                    rewrite them (safe while the daemon ingests)
@@ -133,7 +117,7 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
     from reconciler.table.maintenance import MaintenanceError, compact
 
     try:
-        tables = _tables(c)
+        tables = open_tables(c)
         if tables.load(datasource) is None:
             _refuse(f"no table '{datasource}' (datasources: {', '.join(_datasources(tables)) or 'none yet'})", output)
         rollup = None if no_rollup else datasource_rollup(c.read_store, datasource)
@@ -150,7 +134,7 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
 
 
 def _print_compact(result) -> None:
-    from reconciler import render
+    from reconciler.observe import render
 
     if result.partitions:
         rows = [[p.partition, str(p.files_before), str(p.rows_before), _human(p.bytes_before),
@@ -178,7 +162,7 @@ def _human(n: int) -> str:
 
 # -- maintain -----------------------------------------------------------------------------
 
-@click.command("maintain", epilog="""\b
+@cli.command("maintain", epilog="""\b
 Examples:
   reconciler maintain --dry-run                what would go, for every table
   reconciler maintain clicks                   expire and clean one datasource (and its dead letters)
@@ -222,7 +206,7 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
 
     docs = []
     try:
-        tables = _tables(c)
+        tables = open_tables(c)
         names = table_names(tables, datasource)
         if datasource and not names:
             _refuse(f"no table '{datasource}' (datasources: {', '.join(_datasources(tables)) or 'none yet'})", output)
@@ -250,39 +234,3 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
             parts = [d[k].message for k in ("expire", "orphans") if k in d]
             click.echo(f"{d['table']}: {'; '.join(parts)}")
     sys.exit(1 if failed else 0)
-
-
-# -- db upgrade: the old segment layout ---------------------------------------------------
-
-def import_all(c, *, dry_run: bool = False, echo=click.echo) -> list:
-    """Import the old layout's committed segment files of every datasource into its table
-    (``reconciler db upgrade`` calls this after the migrations). Idempotent."""
-    from reconciler.table.maintenance import import_segments, old_layout_datasources
-
-    store = c.store
-    segments_dir = c.settings.segments_dir
-    names = old_layout_datasources(segments_dir)
-    if not names:
-        return []
-    tables = _tables(c)
-    actual = store.read_actual()
-    results = []
-    for name in names:
-        granularity = None
-        for r in actual.supervisors.values():
-            ds = r.spec_document.get("dataSchema", {})
-            if ds.get("datasource") == name:
-                granularity = r.spec.data_schema.segment_granularity
-                if r.kind == "main":
-                    break
-        result = import_segments(tables, store, segments_dir, name, granularity=granularity, dry_run=dry_run)
-        results.append(result)
-        if echo is not None:
-            echo(f"{name}: {result.message}")
-    return results
-
-
-def register(cli_group: click.Group) -> None:
-    """Add ``compact`` and ``maintain`` to the ``reconciler`` command group."""
-    cli_group.add_command(compact_cmd)
-    cli_group.add_command(maintain_cmd)

@@ -33,10 +33,10 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reconciler.actual import State
-from reconciler.apply import Applier
-from reconciler.plan import ActionKind, PlanSettings, desired_from_directory, plan
-from reconciler.resets import Positions
+from reconciler.control.actual import State
+from reconciler.control.apply import Applier
+from reconciler.control.plan import ActionKind, PlanSettings, desired_from_directory, plan
+from reconciler.control.resets import Positions
 from reconciler.spec.loader import load_directory
 from reconciler.store.store import Store
 from reconciler.store.tables import metadata

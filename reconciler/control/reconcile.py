@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from reconciler.apply import ActionResult, Applier
-from reconciler.plan import Action, Plan, PlanSettings, desired_from_directory, plan
+from reconciler.control.apply import ActionResult, Applier
+from reconciler.control.plan import Action, Plan, PlanSettings, desired_from_directory, plan
 from reconciler.spec.loader import SpecCache, load_directory
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.actual import ActualState, State, SupervisorRecord
+from reconciler.control.actual import ActualState, State, SupervisorRecord
+from reconciler.control.requests import ResetRequest, from_marker, from_stanza
+from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from
 from reconciler.model import (
     KafkaSource,
     Position,
@@ -35,8 +37,6 @@ from reconciler.model import (
     SupervisorSpec,
     file_stem,
 )
-from reconciler.requests import ResetRequest, from_marker, from_stanza
-from reconciler.resets import Positions, ResetOutcome, compute_reset, fill_from
 
 
 class ActionKind(enum.StrEnum):

@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reconciler.apply import Applier
+from reconciler.control.apply import Applier
+from reconciler.control.plan import Action, ActionKind, PlanSettings, desired_from_directory, plan
+from reconciler.control.reconcile import reconcile_once
+from reconciler.control.requests import from_cli
+from reconciler.control.resets import Positions
 from reconciler.errors import RetryableError
 from reconciler.model import Position, SupervisorSpec
-from reconciler.plan import Action, ActionKind, PlanSettings, desired_from_directory, plan
-from reconciler.reconcile import reconcile_once
-from reconciler.requests import from_cli
-from reconciler.resets import Positions
 from reconciler.spec.loader import load_directory
 from reconciler.store.store import Store
 from reconciler.streams.base import SourceMissing

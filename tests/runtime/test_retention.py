@@ -1,6 +1,6 @@
 """Behind retention (issue 10 item 1): what the broker deleted is reported, never retried forever.
 
-The offset arithmetic of resets is in tests/test_resets.py and tests/store/test_store.py
+The offset arithmetic of resets is in tests/control/test_resets.py and tests/store/test_store.py
 (``test_reset_behind_retention_records_the_loss``). Here the runtime's rule for a checkpoint
 that falls behind retention while ingesting: a main supervisor turns UNHEALTHY with the
 count and the way out (default) or continues from earliest (``onRetentionLoss: continue``);
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.actual import State
+from reconciler.control.actual import State
+from reconciler.control.requests import from_cli
+from reconciler.control.resets import Positions, compute_reset
 from reconciler.model import Position, SupervisorSpec
-from reconciler.requests import from_cli
-from reconciler.resets import Positions, compute_reset
 from reconciler.runtime.supervisor import MAX_BACKOFF, RuntimeContext, SupervisorRuntime
 from reconciler.store.store import Store
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.actual import ActualState, DetailedState, Kind, State, SupervisorRecord
-from reconciler.model import Marker, Position, SupervisorSpec
-from reconciler.plan import (
+from reconciler.control.actual import ActualState, DetailedState, Kind, State, SupervisorRecord
+from reconciler.control.plan import (
     Action,
     ActionKind,
     Desired,
@@ -26,8 +25,15 @@ from reconciler.plan import (
     plan,
     source_change_error,
 )
-from reconciler.requests import ResetRequest, from_cli, from_marker, from_stanza, stanza_token
-from reconciler.resets import Positions
+from reconciler.control.requests import (
+    ResetRequest,
+    from_cli,
+    from_marker,
+    from_stanza,
+    stanza_token,
+)
+from reconciler.control.resets import Positions
+from reconciler.model import Marker, Position, SupervisorSpec
 from reconciler.spec.loader import DirectoryState
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

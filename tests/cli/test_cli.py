@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from reconciler import settings as settings_mod
 from reconciler.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SCRIPT = Path(sys.executable).parent / "reconciler"  # the [project.scripts] entry point
 TYPO = "source.topc: unknown key (did you mean 'topic'?)"

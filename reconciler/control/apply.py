@@ -21,12 +21,12 @@ from typing import Any
 import yaml
 
 from reconciler import faults
-from reconciler import positions as positions_mod
-from reconciler.actual import DetailedState, Kind, State
+from reconciler.control import positions as positions_mod
+from reconciler.control.actual import DetailedState, Kind, State
+from reconciler.control.plan import Action, ActionKind
+from reconciler.control.resets import Positions, compute_reset
 from reconciler.errors import PermanentError, ReconcilerError
 from reconciler.model import Position, SupervisorSpec
-from reconciler.plan import Action, ActionKind
-from reconciler.resets import Positions, compute_reset
 from reconciler.spec import secrets
 from reconciler.spec.markerfiles import retire
 from reconciler.store.store import ResetResult, Store

@@ -1,0 +1,182 @@
+"""The command group, its shared context and the conventions every command follows.
+
+Commands are thin: they load settings, call the same functions the daemon calls, and
+print tables or JSON. A refusal is ``Error: ...`` on stderr (with ``-o json``:
+``{"ok": false, "error": ...}`` on stdout) and exit 1. Each command family registers
+itself on ``cli`` from its own module; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from reconciler import logs
+from reconciler import settings as settings_mod
+from reconciler.errors import ReconcilerError
+from reconciler.spec import secrets
+
+EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
+
+
+def _echo_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, default=_json_value))
+
+
+def _json_value(value):
+    """Times as ISO-8601 with their zone (SQLite hands back naive UTC datetimes)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    return str(value)
+
+
+class Context:
+    """Lazily built settings and store, shared by the commands of one invocation."""
+
+    def __init__(self, cli_values: dict, config: str | None):
+        self.cli_values = cli_values
+        self.config = config
+        self._settings = None
+        self._store = None
+
+    @property
+    def settings(self):
+        if self._settings is None:
+            self._settings = settings_mod.load(self.cli_values, self.config)
+        return self._settings
+
+    @property
+    def store(self):
+        if self._store is None:
+            from reconciler.store.schema import is_current
+            from reconciler.store.store import Store
+
+            self.settings.state_path.mkdir(parents=True, exist_ok=True)
+            self._store = Store(self.settings.db_url)
+            if not is_current(self._store.engine):  # alembic only when there is something to upgrade
+                self._store.migrate()
+        return self._store
+
+    @property
+    def read_store(self):
+        """The store for a command that only reads: a database that does not exist yet is an
+        error (``no database at ...``), never created as a side effect of looking."""
+        if self._store is None:
+            missing = _missing_sqlite_file(self.settings.db_url)
+            if missing is not None:
+                raise click.ClickException(
+                    f"no database at {missing}: nothing has run with these settings yet "
+                    "(check --db / --state-dir, or the config file the daemon uses)")
+        return self.store
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a file-based SQLite database that does not exist, else None."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # a malformed URL is reported by the store with its own message
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):
+        return None
+    return None if Path(parsed.database).exists() else parsed.database
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def _setting_options(func):
+    """One global option per setting, generated from ``settings.Settings`` (declared once)."""
+    choices = {"log_format": click.Choice(["text", "json"]),
+               "log_level": click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)}
+    for name, env, key, help_text in reversed(settings_mod.describe()):
+        flag = "--" + name.replace("_", "-")
+        func = click.option(flag, name, type=choices.get(name), metavar=None if name in choices else "VALUE",
+                            multiple=name in settings_mod.MULTIPLE,
+                            help=f"{help_text[0].upper()}{help_text[1:]} [{env}; config key {key}].")(func)
+    return func
+
+
+class _ScrubbedGroup(click.Group):
+    """Every refusal a command prints passes ``secrets.scrub``: a message may quote what a
+    client library echoed of a secret this process resolved (a reset's capture, status's lag)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = secrets.scrub(exc.message)
+            raise
+
+
+@click.group(cls=_ScrubbedGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", metavar="FILE", envvar="RECONCILER_CONFIG",
+              help="YAML config file [RECONCILER_CONFIG; default /etc/stream-reconciler/config.yaml if present].")
+@_setting_options
+@click.version_option(package_name="stream-reconciler")
+@click.pass_context
+def cli(ctx, config, **values):
+    """Reconcile stream-ingestion supervisors declared in YAML files.
+
+    \b
+    Quick tour:
+      reconciler validate specs/          check every spec and marker
+      reconciler plan                     what apply would change (exit 2 if anything)
+      reconciler apply                    one reconcile pass, no ingestion
+      reconciler run                      the daemon: watch, reconcile, ingest
+      reconciler status                   state, checkpoints, lag
+      reconciler reset clicks --to latest --dry-run
+
+    Example: reconciler --specs examples --state-dir /tmp/state plan
+    """
+    ctx.obj = Context(values, config)
+    try:
+        s = ctx.obj.settings
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    logs.setup(s.log_level, s.log_format)
+
+
+def _refuse(message: str, output: str, **fields) -> NoReturn:
+    """A refusal, printed once: as ``Error: ...`` on stderr, or with ``-o json`` as
+    ``{"ok": false, "error": ...}`` on stdout (a script reading JSON gets JSON); exit 1."""
+    message = secrets.scrub(message)
+    if output == "json":
+        _echo_json({"ok": False, "error": message, **fields})
+        sys.exit(1)
+    raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    """Hold back a logger's lines while the command itself reports the same outcome."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _supervisor(c: Context, supervisor_id: str):
+    rec = c.store.get(supervisor_id)
+    if rec is None:
+        raise click.ClickException(f"no supervisor '{supervisor_id}' (see `reconciler status`)")
+    return rec
+
+
+def _user() -> str:
+    from reconciler.control.requests import _user as user
+
+    return user()

@@ -1,0 +1,170 @@
+"""``validate``, ``plan`` and ``apply``: the spec directory against the database."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from reconciler.cli.base import Context, _echo_json, _user, cli, pass_ctx
+from reconciler.errors import ReconcilerError
+from reconciler.observe import render
+
+if TYPE_CHECKING:  # the plan module is imported by the commands that plan (status and history do not)
+    from reconciler.control.plan import Plan
+
+
+@cli.command(epilog="""\b
+Examples:
+  reconciler validate specs/ examples/kafka-clicks.yaml
+  reconciler validate -o json specs/ | jq '.problems[] | "\\(.path):\\(.line): \\(.message)"'
+  (a pre-commit hook and a CI job that run it: see "Validating a config repo" in the README)""")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: {ok, specs, markers, problems: [{path, line, column, field, message}]} on stdout.")
+@pass_ctx
+def validate(c: Context, paths, output):
+    """Validate spec and marker files (directories or single files).
+
+    Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE and exits 1 if any file is
+    invalid. With no PATH, validates the spec directory. Needs no database and no broker,
+    so it fits a pre-commit hook or a pull request's CI job.
+    """
+    from reconciler.errors import SpecInvalid, SpecProblem
+    from reconciler.spec import loader
+
+    problems: list[SpecProblem] = []
+    specs = markers = 0
+    for path in paths or (c.settings.specs,):
+        if Path(path).is_dir():
+            state = loader.load_directory(path, check_permissions=not c.settings.allow_insecure_specs)
+            if not state.ok:
+                problems.append(SpecProblem(str(path), None, None, "", str(state.error)))
+                continue
+            problems += state.problems
+            specs += len(state.specs)
+            markers += len(state.markers)
+            continue
+        try:
+            if loader.classify(path) == "marker":
+                loader.load_marker_file(path)
+                markers += 1
+            else:
+                loader.load_spec_file(path)
+                specs += 1
+        except SpecInvalid as exc:
+            problems += exc.problems
+    if output == "json":
+        _echo_json({"ok": not problems, "specs": specs, "markers": markers,
+                    "problems": [dataclasses.asdict(p) for p in problems]})
+        sys.exit(1 if problems else 0)
+    for p in problems:
+        click.echo(str(p), err=True)
+    if problems:
+        click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {specs} spec(s), {markers} marker(s) valid")
+
+
+# -- plan / apply ----------------------------------------------------------------------
+
+def _directory(c: Context):
+    from reconciler.spec.loader import load_directory
+
+    return load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs)
+
+
+def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None) -> Plan:
+    """Plan, then capture stream positions for the resets it contains and plan again to preview them."""
+    from reconciler.control.plan import ActionKind, PlanSettings, desired_from_directory, plan
+    from reconciler.control.positions import capture
+
+    desired = desired_from_directory(directory or _directory(c))
+    actual = c.store.read_actual()
+    ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
+    first = plan(desired, actual, settings=ps)
+    resets = [a for a in first.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
+    if not resets or not with_positions:
+        return first
+    positions, now = {}, datetime.now(UTC)
+    for a in resets:
+        rec = actual.supervisors.get(a.supervisor_id)
+        spec = rec.spec if rec else (a.spec or desired.specs.get(a.supervisor_id, (None, None))[1])
+        if spec is None:
+            continue
+        try:
+            positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
+        except ReconcilerError as exc:
+            click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {exc}", err=True)
+    return plan(desired, actual, positions=positions, settings=ps)
+
+
+@cli.command("plan", epilog="Example: reconciler plan -o json | jq '.actions[].kind'")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--no-positions", is_flag=True, help="Do not ask brokers for offsets to preview resets.")
+@pass_ctx
+def plan_cmd(c: Context, output, no_positions):
+    """Show what `apply` would do: actions with offset ranges and record counts.
+
+    Also lists what apply would NOT do and why: every invalid spec or marker file (as
+    FILE:LINE:COLUMN: FIELD: MESSAGE, whether or not the daemon already recorded it) and
+    every termination the mass-deletion guard holds. Changes nothing.
+    Exit 0 when there is nothing to do (held terminations wait for a confirmation), 2 when
+    there are changes, 1 when the spec directory cannot be read or a file is invalid.
+    """
+    try:
+        directory = _directory(c)
+        p = compute_plan(c, with_positions=not no_positions, directory=directory)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    errors = ([f"{c.settings.specs}: {directory.error}"] if not directory.ok else []) + \
+        [str(problem) for problem in directory.problems]
+    doc = {**p.to_dict(), "errors": errors}
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        text = render.plan_text(doc)
+        if errors and not p.actions:
+            text = text.replace("No changes: the database matches the spec directory.",
+                                "No changes to apply, but the spec directory has errors:")
+        click.echo(text)
+        for held in p.held_terminations:
+            click.echo(f"held: terminate {held} (confirm with `reconciler apply --confirm-terminations`)")
+        for error in errors:
+            click.echo(f"error: {error}")
+    sys.exit(1 if errors else 2 if p.changes else 0)
+
+
+@cli.command(epilog="Example: reconciler apply && reconciler status")
+@click.option("--confirm-terminations", is_flag=True,
+              help="Apply terminations the mass-deletion guard is holding (empty directory, many files gone).")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def apply(c: Context, confirm_terminations, output):
+    """One reconcile pass: make the database match the spec directory (no ingestion).
+
+    Creates, updates, suspends, resumes and terminates supervisors, and applies reset
+    requests (backfill stanzas and marker files). Exit 1 if any action failed.
+    """
+    from reconciler.control.apply import Applier
+
+    try:
+        p = compute_plan(c, confirm=confirm_terminations, with_positions=False)
+        results = Applier(c.store, actor=f"cli:{_user()}", state_dir=c.settings.state_path).apply(p.actions)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if output == "json":
+        _echo_json({"results": [r.to_dict() for r in results], "notes": list(p.notes)})
+    else:
+        for r in results:
+            click.echo(f"{'ok ' if r.ok else 'ERR'} {r.action.kind:<19} {r.action.supervisor_id:<24} {r.message}")
+        for n in p.notes:
+            click.echo(f"note: {n}")
+        if not results:
+            click.echo("No changes.")
+    sys.exit(0 if all(r.ok for r in results) else 1)

@@ -1,0 +1,242 @@
+"""``status``, ``history``, ``reset``, ``suspend`` and ``resume``: one supervisor at a time."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from datetime import UTC, datetime
+
+import click
+
+from reconciler.cli.base import (
+    Context,
+    _echo_json,
+    _quiet,
+    _refuse,
+    _supervisor,
+    _user,
+    cli,
+    pass_ctx,
+)
+from reconciler.errors import ReconcilerError
+from reconciler.model import Position
+from reconciler.observe import render
+
+
+@cli.command(epilog="Example: reconciler status clicks -o json")
+@click.argument("supervisor_id", required=False, metavar="[ID]")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--no-lag", is_flag=True, help="Do not ask brokers for latest offsets.")
+@pass_ctx
+def status(c: Context, supervisor_id, output, no_lag):
+    """State, detailed state, per-partition checkpoint, latest and lag of supervisors."""
+    from reconciler.observe.status import all_status
+
+    try:
+        items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
+        lease = c.read_store.lease()
+        daemons = c.read_store.daemons()
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if supervisor_id and not items:
+        _refuse(f"no supervisor '{supervisor_id}'", output)
+    live = bool(lease and lease.live(datetime.now(UTC)))
+    for item in items:  # without a leader nothing updates states: they are what was last seen, and when
+        item["stale"] = not live
+    spark = _spark_status(c.settings)
+    if output == "json":
+        leader = lease.to_dict() | {"live": live} if lease else None
+        _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark})
+    else:
+        click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
+        if lease and live:
+            click.echo(f"\nleader: {lease.holder} (token {lease.token}, lease until {lease.expires_at:%H:%M:%S}Z)")
+        elif lease:
+            click.echo(f"\nleader: none (lease of {lease.holder} expired at {lease.expires_at:%H:%M:%S}Z)")
+        for d in daemons:
+            click.echo(f"daemon: {d.daemon} {d.role}")
+        if spark.get("pid"):  # recorded by a daemon
+            click.echo(f"spark: {spark['master']} application {spark['appId'] or '-'} {spark['state']}"
+                       + (f" ({spark['reason']})" if spark.get("reason") else ""))
+
+
+def _spark_status(settings) -> dict | None:
+    """What the daemon last recorded of its Spark session (state dir), else the configured master."""
+    from reconciler.pipeline.spark import read_status_file
+
+    seen = read_status_file(settings.state_path / "spark.json")
+    return seen or {"master": settings.spark_master, "appId": None, "state": "not started", "reason": None}
+
+
+@cli.command(epilog="Example: reconciler history clicks")
+@click.argument("supervisor_id", metavar="ID")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def history(c: Context, supervisor_id, output):
+    """The audit log of one supervisor: creates, updates, resets with offsets, terminations."""
+    entries = c.read_store.history(supervisor_id)
+    if not entries and c.read_store.get(supervisor_id) is None:
+        _refuse(f"no supervisor '{supervisor_id}'", output)
+    if output == "json":
+        _echo_json(entries)
+    else:
+        click.echo(render.history_text(entries))
+
+
+# -- reset ------------------------------------------------------------------------------
+
+def parse_position(text: str) -> Position:
+    """latest | earliest | ISO time | -2h | {"0": 1200} | {"offsets": {...}} | {"shiftBy": -100}.
+
+    JSON positions are checked against the same schema as a marker's ``resetTo``, so
+    ``{"0": 1.7}``, ``{"0": true}``, ``{"offsets": ..., "shiftBy": 3}`` and ``-1e400`` are
+    refused with the reason instead of being rounded, dropped or overflowing."""
+    from reconciler.spec.timeparse import TimestampError, parse_timestamp
+    from reconciler.spec.validate import validate_data
+
+    t = text.strip()
+    if t in ("latest", "earliest"):
+        return Position(t)
+    if t.startswith("{"):
+        try:
+            doc = json.loads(t)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="'--to'") from None
+        if isinstance(doc, dict) and not ({"offsets", "shiftBy", "timestamp"} & doc.keys()):
+            doc = {"offsets": doc}
+        problems = validate_data({"resetTo": doc}, "marker", path="--to")
+        if problems:
+            reasons = "; ".join(f"{p.field.removeprefix('resetTo').lstrip('.') or 'position'}: {p.message}"
+                                for p in problems)
+            raise click.BadParameter(reasons, param_hint="'--to'")
+        return Position.from_document(doc)
+    try:
+        parse_timestamp(t, datetime.now(UTC))
+    except TimestampError as exc:
+        raise click.BadParameter(f"{exc}; or use latest, earliest, or offsets JSON", param_hint="'--to'") from None
+    return Position("timestamp", timestamp=t)
+
+
+@cli.command(epilog="""\b
+Examples:
+  reconciler reset clicks --to latest --dry-run
+  reconciler reset clicks --to latest --backfill --reason "lag alarm INC-42"
+  reconciler reset clicks --to 2026-11-20T10:00:00Z --allow-rewind
+  reconciler reset clicks --to '{"0": 1200, "1": 900}'
+  reconciler reset clicks --to '{"shiftBy": -1000}' --allow-rewind""")
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--to", "to", required=True, metavar="POSITION",
+              help="latest | earliest | ISO time or -2h | offsets JSON {\"0\": 1200} | {\"shiftBy\": N}.")
+@click.option("--backfill/--no-backfill", default=True, show_default=True,
+              help="Ingest what a forward jump skips with a bounded backfill supervisor.")
+@click.option("--backfill-task-count", type=click.IntRange(1, 1024), help="taskCount of the backfill supervisor.")
+@click.option("--allow-rewind", is_flag=True, help="Allow moving checkpoints backwards (records are read again).")
+@click.option("--dry-run", is_flag=True, help="Show per-partition offsets and counts; change nothing.")
+@click.option("--reason", help="Why; recorded in the audit log.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_ctx
+def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_rewind, dry_run, reason, output):
+    """Move a supervisor's checkpoint, exactly once, optionally with a backfill.
+
+    Captures the stream's offsets, then in ONE transaction reads the checkpoint under
+    lock, creates the bounded backfill supervisor ID-backfill-N for the skipped range,
+    moves the checkpoint and fences any in-flight batch. Works in any state, including
+    SUSPENDED. The backfill is ingested by the daemon (`reconciler run`).
+    """
+    from reconciler.control.apply import Applier
+    from reconciler.control.plan import Action, ActionKind
+    from reconciler.control.positions import capture
+    from reconciler.control.requests import from_cli
+    from reconciler.control.resets import compute_reset, fill_from
+
+    position = parse_position(to)
+    rec = c.store.get(supervisor_id)
+    if rec is None or rec.kind != "main":
+        _refuse(f"no main supervisor '{supervisor_id}' (see `reconciler status`)", output)
+    req = from_cli(supervisor_id, position, operation_id=uuid.uuid4().hex[:12], backfill=backfill,
+                   backfill_task_count=backfill_task_count, allow_rewind=allow_rewind, reason=reason)
+    try:
+        if dry_run:
+            pos, _ = capture(rec.spec, position, datetime.now(UTC))
+            current = fill_from(c.store.checkpoints(supervisor_id), pos, rec.spec.start_from)  # the reset transaction's rule
+            outcome = compute_reset(position, current, pos, backfill=backfill, allow_rewind=allow_rewind)
+            doc = {"dryRun": True, "supervisor": supervisor_id, "position": position.to_document(),
+                   "partitions": [p.to_dict() for p in outcome.partitions], "backfillRecords": outcome.backfill_records,
+                   "warnings": list(outcome.warnings), "errors": list(outcome.errors)}
+            _print_reset(doc, output)
+            sys.exit(1 if outcome.errors else 0)
+        kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
+        with _quiet("reconciler.control.apply"):  # its outcome is printed below, once
+            [result] = Applier(c.store, actor=f"cli:{req.source}", state_dir=c.settings.state_path).apply(
+                [Action(kind, supervisor_id, req.describe(), request=req)])
+    except ReconcilerError as exc:
+        _refuse(str(exc), output)
+    if not result.ok:
+        _refuse(result.message, output, supervisor=supervisor_id)
+    _print_reset({"dryRun": False, "message": result.message, **result.details}, output)
+
+
+def _print_reset(doc, output) -> None:
+    if output == "json":
+        _echo_json(doc)
+        return
+    if doc.get("message"):
+        click.echo(doc["message"])
+    click.echo(render.reset_table(doc["partitions"]))
+    for w in doc.get("warnings", []) + doc.get("errors", []):
+        click.echo(f"! {w}")
+    if doc["dryRun"]:
+        click.echo(f"dry run: backfill would ingest {doc['backfillRecords']} records; nothing changed")
+
+
+# -- operator control ---------------------------------------------------------------------
+
+@cli.command("suspend", epilog='Example: reconciler suspend clicks --reason "INC-42: broker overloaded"')
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--reason", required=True, help="Why; recorded in the audit log and shown in status and plan.")
+@pass_ctx
+def suspend_cmd(c: Context, supervisor_id, reason):
+    """Suspend a supervisor now, whatever its file says, until `reconciler resume ID`.
+
+    For a main supervisor this is an operator override kept in the database: `status`
+    and `plan` show it as drift from the file ("suspended by operator: REASON") and no
+    pass resumes it. The checkpoint is kept; an in-flight batch still publishes. For a
+    backfill supervisor it is `reconciler backfill suspend`.
+    """
+    rec = _supervisor(c, supervisor_id)
+    try:
+        if rec.kind == "backfill":
+            c.store.control_backfill(supervisor_id, "suspend", reason, actor=f"cli:{_user()}")
+        else:
+            c.store.suspend_by_operator(supervisor_id, reason, actor=f"cli:{_user()}")
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{supervisor_id}: suspended by operator: {reason}"
+               + ("" if rec.kind == "backfill" else f" (drift from the file until `reconciler resume {supervisor_id}`)"))
+
+
+@cli.command("resume", epilog='Example: reconciler resume clicks --reason "INC-42 resolved"')
+@click.argument("supervisor_id", metavar="ID")
+@click.option("--reason", help="Why; recorded in the audit log.")
+@pass_ctx
+def resume_cmd(c: Context, supervisor_id, reason):
+    """Lift `reconciler suspend`: the spec file is the desired state again.
+
+    The supervisor resumes unless its file says `suspended: true`.
+    """
+    rec = _supervisor(c, supervisor_id)
+    try:
+        if rec.kind == "backfill":
+            c.store.control_backfill(supervisor_id, "resume", reason, actor=f"cli:{_user()}")
+            click.echo(f"{supervisor_id}: resumed")
+            return
+        lifted = c.store.resume_by_operator(supervisor_id, reason, actor=f"cli:{_user()}",
+                                            file_suspended=rec.spec.suspended)
+    except ReconcilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not lifted:
+        raise click.ClickException(f"'{supervisor_id}' has no operator override: its file decides "
+                                   f"(suspended: {str(rec.spec.suspended).lower()})")
+    click.echo(f"{supervisor_id}: override lifted; "
+               + ("its file says suspended: true, so it stays SUSPENDED" if rec.spec.suspended else "resuming"))
