@@ -63,7 +63,7 @@ def parse_duration(text: str) -> timedelta:
 def datasource_rollup(store, datasource: str):
     """The rollup of the spec that writes ``datasource`` (its main supervisor's, preferably a
     live one), or None. Backfills share their main's dataSchema."""
-    from reconciler.table.maintenance import Rollup
+    from reconciler.table.compact import Rollup
 
     records = [r for r in store.read_actual().supervisors.values()
                if r.spec_document.get("dataSchema", {}).get("datasource") == datasource]
@@ -114,7 +114,8 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
     expires those snapshots.
     """
     from reconciler.errors import ReconcilerError
-    from reconciler.table.maintenance import MaintenanceError, compact
+    from reconciler.table.compact import compact
+    from reconciler.table.reports import MaintenanceError
 
     try:
         tables = open_tables(c)
@@ -197,12 +198,9 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
     Safe while the daemon runs. Run it daily, e.g. from a systemd timer or cron.
     """
     from reconciler.errors import ReconcilerError
-    from reconciler.table.maintenance import (
-        MaintenanceError,
-        expire_snapshots,
-        remove_orphans,
-        table_names,
-    )
+    from reconciler.table.expire import expire_snapshots
+    from reconciler.table.orphans import remove_orphans
+    from reconciler.table.reports import MaintenanceError, table_names
 
     docs = []
     try:

@@ -7,7 +7,7 @@ together with the checkpoint compare-and-swap, so ``stage_append`` runs pyiceber
 transaction up to the metadata file and hands back a ``TableCommit``; the store
 executes the same compare-and-swap UPDATE inside the publish (``Store.publish``).
 Until then the new metadata file, manifests and data files are unreferenced: no
-reader sees them, and ``maintenance.remove_orphans`` deletes them if the publish lost.
+reader sees them, and ``orphans.remove_orphans`` deletes them if the publish lost.
 
 Everything else (creating tables, compaction, expiry) commits through pyiceberg's
 own ``commit_table``, the same compare-and-swap, so they interleave safely with

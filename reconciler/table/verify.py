@@ -178,7 +178,7 @@ def check_ranges(datasource: str, snaps: Sequence[BatchSnapshot], known: Sequenc
 def verify(table, datasource: str, history: Mapping[str, Sequence[Mapping[str, Any]]], *,
            deep: bool = False, dead_table=None) -> VerifyReport:
     """Check a table's batch snapshots; ``history``: audit entries of the supervisors concerned."""
-    from reconciler.table.maintenance import expired_ranges
+    from reconciler.table.expire import expired_ranges
 
     # Ranges of snapshots ``maintain`` expired were folded into a table property: still checked.
     folded = [BatchSnapshot(0, EPOCH_START, sid, "(expired snapshots)", 0, tuple(ranges))

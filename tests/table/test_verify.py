@@ -178,7 +178,7 @@ def test_a_commit_staged_on_a_moved_table_conflicts_and_publishes_nothing(setup)
 def test_verify_still_covers_the_offsets_of_expired_snapshots(setup):
     from datetime import timedelta
 
-    from reconciler.table.maintenance import expire_snapshots
+    from reconciler.table.expire import expire_snapshots
 
     s, store, tables = setup
     for i, (lo, hi) in enumerate([(0, 10), (10, 25), (25, 40)]):
