@@ -122,7 +122,7 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
         if tables.load(datasource) is None:
             _refuse(f"no table '{datasource}' (datasources: {', '.join(_datasources(tables)) or 'none yet'})", output)
         rollup = None if no_rollup else datasource_rollup(c.read_store, datasource)
-        result = compact(tables, datasource, rollup=rollup, lateness=lateness, target_file_size=target_file_size,
+        result = compact(tables, datasource, store=c.store, rollup=rollup, lateness=lateness, target_file_size=target_file_size,
                          dry_run=dry_run)
     except (ReconcilerError, MaintenanceError) as exc:
         _refuse(str(exc), output)
@@ -211,11 +211,11 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
         for name in names:
             doc: dict[str, Any] = {"table": name}
             if not no_expire:
-                doc["expire"] = expire_snapshots(tables, name, older_than=older_than, retain_last=retain_last,
+                doc["expire"] = expire_snapshots(tables, name, store=c.read_store, older_than=older_than, retain_last=retain_last,
                                                  dry_run=dry_run)
             if not no_orphans:
                 doc["orphans"] = remove_orphans(tables, name, older_than=orphans_older_than,
-                                                committed_batches=c.read_store.committed_batch_ids, dry_run=dry_run)
+                                                store=c.store, dry_run=dry_run)
             docs.append(doc)
     except (ReconcilerError, MaintenanceError) as exc:
         _refuse(str(exc), output)

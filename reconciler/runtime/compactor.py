@@ -103,7 +103,7 @@ class Compactor:
                 break
             if tables.load(name) is None:
                 continue
-            result = compact(tables, name, rollup=rollup, lateness=self.lateness,
+            result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=self.lateness,
                              target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
                              cancel=self._cancel)
             results.append(result)
@@ -120,6 +120,6 @@ class Compactor:
         for name in tables.names():
             if self._cancel.is_set():
                 break
-            out.append(expire_snapshots(tables, name, older_than=self.snapshot_retention))
-            out.append(remove_orphans(tables, name, committed_batches=self.ctx.store.committed_batch_ids))
+            out.append(expire_snapshots(tables, name, store=self.ctx.store, older_than=self.snapshot_retention))
+            out.append(remove_orphans(tables, name, store=self.ctx.store))
         return out

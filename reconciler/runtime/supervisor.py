@@ -13,7 +13,6 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, tran
 from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
+from reconciler.table.writeids import new_write_id
 
 log = logging.getLogger(__name__)
 
@@ -187,12 +187,11 @@ class SupervisorRuntime:
         return checkpoint, StepOutcome(MAX_BACKOFF)
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges, capture: float = 0.0) -> int:
-        from reconciler.pipeline import segments
         from reconciler.pipeline.batch import output_schemas, run_batch
         from reconciler.table.catalog import deadletter_table
 
         ds = spec.data_schema
-        batch_id = uuid.uuid4().hex
+        batch_id = new_write_id()
         started = time.monotonic()
         records = sum(r.size for r in ranges)
         spark = self.ctx.spark()
@@ -206,18 +205,19 @@ class SupervisorRuntime:
                     raise translated from exc
                 raise
         _, schema, dead_schema = self._schemas
-        table = tables.ensure(ds.datasource, schema, ds.segment_granularity)
-        dead_table = tables.ensure(deadletter_table(ds.datasource), dead_schema, None)
+        table = tables.ensure(ds.datasource, schema, ds.segment_granularity, rollup=ds.rollup)
+        dead_name = deadletter_table(ds.datasource)
+        dead_table = tables.ensure(dead_name, dead_schema, None)
         data_dir, dead_dir = tables.data_dir(table, batch_id), tables.data_dir(dead_table, batch_id)
+        # Recorded before any file exists: no clean-up deletes a file this batch may still
+        # commit, and a batch whose files a clean-up took can no longer commit (store/writes.py).
+        self.ctx.store.begin_write(batch_id, "batch", tables=[ds.datasource, dead_name], supervisor_id=rec.id)
         planned = time.monotonic()
         try:
             written = run_batch(spark, spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir,
                                 task_count=spec.task_count)
         except Exception as exc:  # a failed job's partial output must not linger
-            try:
-                segments.discard(data_dir, dead_dir)
-            except OSError:
-                log.debug("could not discard failed batch %s", batch_id, exc_info=True)
+            self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             translated = translate_failure(exc)
             if translated is not exc:
                 raise translated from exc
@@ -226,11 +226,8 @@ class SupervisorRuntime:
         job_done = time.monotonic()
         try:
             self._publish(rec, spec, ranges, written, schema, dead_schema, records)
-        except (PublishConflict, TableConflict):
-            segments.discard(data_dir, dead_dir)
-            raise
-        except Exception:  # the database went away mid-publish: the batch may or may not have committed
-            self._discard_unless_committed(batch_id, data_dir, dead_dir)
+        except Exception:  # lost, fenced, or the database went away mid-commit: the fence decides
+            self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
         faults.crash_point("after-commit", rec.id)
         if written.input_rows and written.input_bytes is not None:
@@ -250,16 +247,24 @@ class SupervisorRuntime:
                  extra={"supervisor": rec.id, "batch": batch_id, "phases": phases})
         return records
 
-    def _discard_unless_committed(self, batch_id: str, *dirs) -> None:
-        """Delete a batch's files only when the database says it did not commit; when that
-        cannot be asked now, the next leader's recovery decides."""
+    def _abandon(self, batch_id: str, table_names, dirs) -> None:
+        """Delete a batch's files, but only after fencing it (``Store.fence_write``): a batch
+        whose commit outcome is unknown is either committed (the fence says so and its files
+        stay) or can never commit any more. When the database cannot be asked now, the
+        files are left to the next leader's recovery."""
         from reconciler.pipeline import segments
 
         try:
-            if batch_id not in self.ctx.store.committed_batch_ids([batch_id]):
-                segments.discard(*dirs)
-        except Exception:  # noqa: BLE001 - still unreachable: leave them to recovery
-            log.debug("batch %s left for recovery", batch_id, exc_info=True)
+            if not self.ctx.store.fence_write(batch_id):
+                log.info("batch %s committed after all: its files stay", batch_id[:12])
+                return
+            segments.discard(*dirs)
+            tables = self.ctx.tables()
+            for name in table_names:
+                for path in tables.write_metadata_files(name, batch_id):
+                    Path(path).unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - still unreachable: recovery fences and deletes them
+            log.warning("batch %s left for recovery", batch_id[:12], exc_info=True)
 
     def _publish(self, rec, spec, ranges, written, schema, dead_schema, records: int) -> None:
         """Stage the table snapshots and publish them with the checkpoints; a table moved by
@@ -269,8 +274,11 @@ class SupervisorRuntime:
             BATCH,
             DATASOURCE,
             EPOCH,
+            GENERATION,
             RANGES,
+            READ,
             RECORDS,
+            ROLLUP_PROPERTY,
             SUPERVISOR,
             UNPARSEABLE,
             deadletter_table,
@@ -282,12 +290,20 @@ class SupervisorRuntime:
                    RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges]),
                    RECORDS: str(records), UNPARSEABLE: str(written.dead_rows)}
         files = [_segment_file(f, ds.segment_granularity) for f in written.files]
+        summary[ROLLUP_PROPERTY] = str(ds.rollup).lower()
+        if rec.generation:
+            summary[GENERATION] = str(rec.generation)
+        read_counts = getattr(written, "read_counts", None)
+        if read_counts is not None:  # verify --deep tells a missing record from an offset without one
+            summary[READ] = json.dumps(dict(sorted(read_counts.items())), separators=(",", ":"))
         for attempt in range(PUBLISH_ATTEMPTS):
             commits = [tables.stage_append(ds.datasource, [f.path for f in written.files], summary,
-                                           schema=schema, granularity=ds.segment_granularity)]
+                                           schema=schema, granularity=ds.segment_granularity, rollup=ds.rollup,
+                                           write_id=written.batch_id, attempt=attempt)]
             if written.dead_files:
                 commits.append(tables.stage_append(deadletter_table(ds.datasource),
-                                                   [f.path for f in written.dead_files], summary, schema=dead_schema))
+                                                   [f.path for f in written.dead_files], summary, schema=dead_schema,
+                                                   write_id=written.batch_id, attempt=attempt))
             try:
                 faults.crash_point("before-commit", rec.id)
                 self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=written.batch_id,
@@ -301,6 +317,7 @@ class SupervisorRuntime:
                     self.ctx.metrics.publish_conflict(rec.id)
                 raise
             except TableConflict:
+                tables.discard_staged(commits)  # the transaction rolled back: nothing references them
                 if attempt == PUBLISH_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.0, 0.05 * (attempt + 1)))  # concurrent writers: spread out

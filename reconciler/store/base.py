@@ -16,7 +16,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from reconciler.errors import RetryableError
+from reconciler import faults
+from reconciler.errors import CommitOutcomeUnknown, RetryableError
 from reconciler.store.engine import create_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -46,9 +47,26 @@ class StoreBase:
 
     @contextmanager
     def _write(self):
+        """One write transaction. A failure before COMMIT rolled everything back
+        (RetryableError); a failure of the COMMIT itself (a connection dropped after it was
+        sent) leaves the outcome unknown (CommitOutcomeUnknown): the caller must not guess."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            with self.engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    yield conn
+                except BaseException:
+                    try:
+                        trans.rollback()
+                    except sa_exc.SQLAlchemyError:  # a dead connection: the server rolls back itself
+                        pass
+                    raise
+                try:
+                    faults.commit_point("before")
+                    trans.commit()
+                except sa_exc.OperationalError as exc:
+                    raise CommitOutcomeUnknown(f"database connection failed while committing: {_short(exc)}") from exc
+                faults.commit_point("after")
         except sa_exc.OperationalError as exc:
             raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
 

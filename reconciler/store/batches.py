@@ -14,7 +14,14 @@ from reconciler.errors import PublishConflict, RetryableError
 from reconciler.model import PartitionRange
 from reconciler.store.base import _aware, utcnow
 from reconciler.store.records import BatchTotals, SegmentRow
-from reconciler.store.tables import batches, checkpoints, iceberg_tables, segments, supervisors
+from reconciler.store.tables import (
+    batch_totals,
+    batches,
+    checkpoints,
+    iceberg_tables,
+    segments,
+    supervisors,
+)
 
 TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
 
@@ -74,17 +81,8 @@ class BatchesMixin:
                     raise PublishConflict(
                         f"{supervisor_id}: partition {rng.partition} checkpoint is no longer {rng.start}; batch {batch_id} discarded"
                     )
-            for tc in table_commits:
-                moved = c.execute(
-                    sa.update(iceberg_tables).where(
-                        iceberg_tables.c.catalog_name == TABLE_CATALOG,
-                        iceberg_tables.c.table_namespace == TABLE_NAMESPACE,
-                        iceberg_tables.c.table_name == tc.table,
-                        iceberg_tables.c.metadata_location == tc.expected,
-                    ).values(metadata_location=tc.new, previous_metadata_location=tc.expected)
-                ).rowcount
-                if moved != 1:
-                    raise TableConflict(f"table {tc.table} changed since batch {batch_id} was staged")
+            _move_pointers(c, table_commits, f"batch {batch_id}")
+            self._finish_write(c, batch_id, "batch", supervisor_id=supervisor_id)
             c.execute(sa.insert(batches).values(
                 batch_id=batch_id, supervisor_id=supervisor_id, datasource=datasource, epoch=epoch,
                 status="committed", ranges=json.dumps([[r.partition, r.start, r.end] for r in ranges]),
@@ -97,6 +95,16 @@ class BatchesMixin:
                          bytes=f.bytes, created_at=now)
                     for f in files
                 ])
+            _add_totals(c, supervisor_id, records, unparseable, now)
+
+    def commit_tables(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
+        """Commit a maintenance write (compaction, import, expiry): move the tables' metadata
+        pointers (compare-and-swap, as in ``publish``) and finish the write, in one
+        transaction. Raises TableConflict when a table moved since it was staged and
+        WriteFenced when a clean-up discarded the write first (nothing committed)."""
+        with self._write() as c:
+            _move_pointers(c, table_commits, f"{kind} {write_id}")
+            self._finish_write(c, write_id, kind)
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)
@@ -107,22 +115,14 @@ class BatchesMixin:
 
     def batch_totals(self, supervisor_id: str) -> BatchTotals:
         with self._read() as c:
-            row = c.execute(sa.select(
-                sa.func.count(), sa.func.coalesce(sa.func.sum(batches.c.records), 0),
-                sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
-                sa.func.max(batches.c.committed_at),
-            ).where(batches.c.supervisor_id == supervisor_id)).one()
-        return BatchTotals(int(row[0]), int(row[1]), int(row[2]), _aware(row[3]), _aware(row[4]))
+            row = c.execute(sa.select(batch_totals).where(batch_totals.c.supervisor_id == supervisor_id)).first()
+        return _totals(row) if row else BatchTotals()
 
     def all_batch_totals(self) -> dict[str, BatchTotals]:
         """``batch_totals`` of every supervisor with batches, in one query (``status`` of a thousand)."""
         with self._read() as c:
-            rows = c.execute(sa.select(
-                batches.c.supervisor_id, sa.func.count(), sa.func.coalesce(sa.func.sum(batches.c.records), 0),
-                sa.func.coalesce(sa.func.sum(batches.c.unparseable), 0), sa.func.min(batches.c.committed_at),
-                sa.func.max(batches.c.committed_at),
-            ).group_by(batches.c.supervisor_id)).all()
-        return {r[0]: BatchTotals(int(r[1]), int(r[2]), int(r[3]), _aware(r[4]), _aware(r[5])) for r in rows}
+            rows = c.execute(sa.select(batch_totals)).all()
+        return {r.supervisor_id: _totals(r) for r in rows}
 
     def segments(self, datasource: str) -> list[SegmentRow]:
         with self._read() as c:
@@ -131,3 +131,32 @@ class BatchesMixin:
                 .where(segments.c.datasource == datasource).order_by(segments.c.interval_start, segments.c.id)
             ).mappings().all()
         return [SegmentRow(**r) for r in rows]
+
+
+def _move_pointers(c, table_commits: Sequence[Any], what: str) -> None:
+    """The tables' metadata pointers from the version each commit was staged on to its new
+    one (``reconciler.table.catalog.TableCommit``), or TableConflict."""
+    for tc in table_commits:
+        moved = c.execute(
+            sa.update(iceberg_tables).where(
+                iceberg_tables.c.catalog_name == TABLE_CATALOG,
+                iceberg_tables.c.table_namespace == TABLE_NAMESPACE,
+                iceberg_tables.c.table_name == tc.table,
+                iceberg_tables.c.metadata_location == tc.expected,
+            ).values(metadata_location=tc.new, previous_metadata_location=tc.expected)
+        ).rowcount
+        if moved != 1:
+            raise TableConflict(f"table {tc.table} changed since {what} was staged")
+
+
+def _add_totals(c, supervisor_id: str, records: int, unparseable: int, now) -> None:
+    hit = c.execute(sa.update(batch_totals).where(batch_totals.c.supervisor_id == supervisor_id).values(
+        batches=batch_totals.c.batches + 1, records=batch_totals.c.records + records,
+        unparseable=batch_totals.c.unparseable + unparseable, last_at=now)).rowcount
+    if not hit:
+        c.execute(sa.insert(batch_totals).values(supervisor_id=supervisor_id, batches=1, records=records,
+                                                 unparseable=unparseable, first_at=now, last_at=now))
+
+
+def _totals(r) -> BatchTotals:
+    return BatchTotals(int(r.batches), int(r.records), int(r.unparseable), _aware(r.first_at), _aware(r.last_at))

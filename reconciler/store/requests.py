@@ -84,7 +84,8 @@ class RequestsMixin:
         missing = {p: o for p, o in filled.items() if p not in current}
         if missing:
             c.execute(sa.insert(checkpoints), [
-                {"supervisor_id": row.id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
+                {"supervisor_id": row.id, "partition": p, "next_offset": int(o), "first_offset": int(o)}
+                for p, o in missing.items()
             ])
             current.update(missing)
         outcome = compute(current)
@@ -140,11 +141,13 @@ class RequestsMixin:
         c.execute(sa.insert(supervisors).values(
             id=bf_id, kind=Kind.BACKFILL, parent_id=main.id, spec=canonical_json(doc), spec_hash=document_hash(doc),
             spec_path=None, state=State.PENDING, detailed_state=DetailedState.PENDING, epoch=1,
+            generation=main.generation,
             start_offsets=json.dumps({p: start for p, (start, _) in ranges.items()}),
             end_offsets=json.dumps({p: end for p, (_, end) in ranges.items()}), created_at=now, updated_at=now,
         ))
         c.execute(sa.insert(checkpoints), [
-            {"supervisor_id": bf_id, "partition": p, "next_offset": start} for p, (start, _) in ranges.items()
+            {"supervisor_id": bf_id, "partition": p, "next_offset": start, "first_offset": start}
+            for p, (start, _) in ranges.items()
         ])
         c.execute(sa.insert(spec_versions).values(supervisor_id=bf_id, spec_hash=document_hash(doc), spec=canonical_json(doc), created_at=now))
         self._audit(c, bf_id, "create-backfill", "reconciler", f"reset of {main.id}", request.reason,

@@ -3,7 +3,8 @@
 Every SQL statement of the product lives in this package, one module per aggregate, each
 a mixin of ``Store``: ``supervisors`` (lifecycle and checkpoints), ``batches`` (the
 publish and what committed), ``requests`` (the reset transaction and request tokens),
-``audit`` (the audit log), ``leases`` (the leader lease and heartbeats). Each public
+``audit`` (the audit log), ``leases`` (the leader lease and heartbeats), ``writes`` (the
+fences that keep a clean-up from deleting the files of a write that may still commit). Each public
 method is one transaction (``base``).
 """
 
@@ -15,9 +16,11 @@ from reconciler.store.batches import BatchesMixin, SegmentFile, TableConflict
 from reconciler.store.leases import LeasesMixin
 from reconciler.store.requests import RequestsMixin, ResetResult
 from reconciler.store.supervisors import SupervisorsMixin
+from reconciler.store.writes import WriteFenced, WriteIntent, WritesMixin
 
-__all__ = ["MIGRATIONS", "ResetResult", "SegmentFile", "Store", "TableConflict", "utcnow"]
+__all__ = ["MIGRATIONS", "ResetResult", "SegmentFile", "Store", "TableConflict", "WriteFenced", "WriteIntent",
+           "utcnow"]
 
 
-class Store(SupervisorsMixin, BatchesMixin, RequestsMixin, AuditMixin, LeasesMixin, StoreBase):
+class Store(SupervisorsMixin, BatchesMixin, WritesMixin, RequestsMixin, AuditMixin, LeasesMixin, StoreBase):
     """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases."""

@@ -32,7 +32,8 @@ class SupervisorsMixin:
             sups = {r.id: _record(r) for r in c.execute(sa.select(supervisors))}
             tokens = frozenset(c.execute(sa.select(requests.c.token)).scalars())
             cps: dict[str, dict[str, int]] = {}
-            for sid, p, o in c.execute(sa.select(checkpoints)):
+            for sid, p, o in c.execute(sa.select(checkpoints.c.supervisor_id, checkpoints.c.partition,
+                                                 checkpoints.c.next_offset)):
                 cps.setdefault(sid, {})[p] = int(o)
             held = {r.supervisor_id: Override(r.supervisor_id, r.kind, r.reason, r.actor, _aware(r.at))
                     for r in c.execute(sa.select(overrides))}
@@ -74,7 +75,10 @@ class SupervisorsMixin:
         left unread, per partition, read under that lock: the gap ``verify`` must explain."""
         now = now or utcnow()
         with self._write() as c:
-            row = c.execute(sa.select(supervisors).where(supervisors.c.id == backfill_id)).first()
+            # Locked first: a publish of this backfill holds the row until it commits, so the
+            # checkpoints read below include it (an unlocked read recorded as "left unread" a
+            # range a publish was committing that moment).
+            row = c.execute(sa.select(supervisors).where(supervisors.c.id == backfill_id).with_for_update()).first()
             if row is None or row.kind != Kind.BACKFILL:
                 raise PermanentError(f"no backfill supervisor '{backfill_id}' (see `reconciler backfill list`)")
             state = State(row.state)
@@ -103,6 +107,13 @@ class SupervisorsMixin:
         with self._read() as c:
             row = c.execute(sa.select(supervisors).where(supervisors.c.id == supervisor_id)).first()
         return _record(row) if row else None
+
+    def first_offsets(self, supervisor_id: str) -> dict[str, int | None]:
+        """Where each partition started (None for checkpoints from before revision 0003)."""
+        with self._read() as c:
+            rows = c.execute(sa.select(checkpoints.c.partition, checkpoints.c.first_offset)
+                             .where(checkpoints.c.supervisor_id == supervisor_id))
+            return {p: (int(o) if o is not None else None) for p, o in rows}
 
     def checkpoints(self, supervisor_id: str) -> dict[str, int]:
         with self._read() as c:
@@ -202,8 +213,12 @@ class SupervisorsMixin:
         """Drop the checkpoints of the old source (recorded in the audit log, so nothing is lost
         silently); the runtime then starts from startFrom, as for a new supervisor."""
         old = self._checkpoints(c, supervisor_id)
-        c.execute(sa.delete(checkpoints).where(checkpoints.c.supervisor_id == supervisor_id))
-        self._audit(c, supervisor_id, "fresh-start", actor, path, change, {"droppedCheckpoints": old}, now)
+        c.execute(sa.delete(checkpoints).where(checkpoints.c.supervisor_id == supervisor_id))  # first offsets too
+        c.execute(sa.update(supervisors).where(supervisors.c.id == supervisor_id)
+                  .values(generation=supervisors.c.generation + 1))
+        generation = c.execute(sa.select(supervisors.c.generation).where(supervisors.c.id == supervisor_id)).scalar()
+        self._audit(c, supervisor_id, "fresh-start", actor, path, change,
+                    {"droppedCheckpoints": old, "generation": int(generation or 0)}, now)
 
     def init_checkpoints(self, supervisor_id: str, offsets: Mapping[str, int]) -> dict[str, int]:
         """Insert checkpoints for partitions that have none (startFrom); returns all of them."""
@@ -212,7 +227,8 @@ class SupervisorsMixin:
             missing = {p: o for p, o in offsets.items() if p not in have}
             if missing:
                 c.execute(sa.insert(checkpoints), [
-                    {"supervisor_id": supervisor_id, "partition": p, "next_offset": int(o)} for p, o in missing.items()
+                    {"supervisor_id": supervisor_id, "partition": p, "next_offset": int(o), "first_offset": int(o)}
+                    for p, o in missing.items()
                 ])
             have.update(missing)
             return have
@@ -267,5 +283,5 @@ def _record(r) -> SupervisorRecord:
         last_attempted_hash=r.last_attempted_hash,
         start_offsets={k: int(v) for k, v in json.loads(r.start_offsets).items()} if r.start_offsets else None,
         end_offsets={k: int(v) for k, v in json.loads(r.end_offsets).items()} if r.end_offsets else None,
-        created_at=_aware(r.created_at), updated_at=_aware(r.updated_at),
+        created_at=_aware(r.created_at), updated_at=_aware(r.updated_at), generation=int(r.generation or 0),
     )

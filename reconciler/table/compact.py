@@ -13,24 +13,30 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import sqlalchemy as sa
-from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.exceptions import ValidationException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, bin_pack_arrow_table, pyarrow_to_schema, write_file
 from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionKey
 from pyiceberg.table import Table, TableProperties, WriteTask
 
+from reconciler import faults
+from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
+from reconciler.store.batches import TableConflict
+from reconciler.store.writes import WriteFenced
+from reconciler.table import durable
 from reconciler.table.catalog import (
     DATASOURCE,
+    ROLLUP_PROPERTY,
     TIME,
     Tables,
     local_path,
@@ -38,11 +44,11 @@ from reconciler.table.catalog import (
 from reconciler.table.files import partition_interval
 from reconciler.table.reach import _unlink
 from reconciler.table.reports import MaintenanceError, _camel, _iso
+from reconciler.table.writeids import COMPACTED_DIR, new_write_id, tag
 
 log = logging.getLogger(__name__)
 
 OPERATION = "reconciler.operation"  # snapshot summary: compact | import (a batch has none)
-COMPACTED_DIR = "compacted"  # <table>/data/compacted/<partition>/<file>: compaction output
 DEFAULT_LATENESS = timedelta(hours=1)
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per output file (Parquet is smaller)
 COMMIT_ATTEMPTS = 10
@@ -132,6 +138,7 @@ def compact(
     tables: Tables,
     datasource: str,
     *,
+    store: Any,
     rollup: Rollup | Any | None = None,
     lateness: timedelta = DEFAULT_LATENESS,
     target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
@@ -144,26 +151,35 @@ def compact(
 
     A partition is closed when its end lies ``lateness`` before ``now``. Without rollup a
     closed partition is rewritten when it has two or more small files (under half of
-    ``target_file_size`` in Parquet bytes), only those files; with rollup (``rollup`` is
-    a ``Rollup`` or a ``DataSchema`` with ``rollup: true``) when it has two or more files,
-    all of them, aggregated. All partitions go in one commit; a commit that lost against
-    another writer is planned again and retried up to ``attempts`` times.
+    ``target_file_size`` in Parquet bytes), only those files; with rollup when it has two
+    or more files, all of them, aggregated. Whether rows roll up is the table's to say
+    (``reconciler.rollup``, recorded when it was created): raw rows are never merged
+    because a spec says rollup today. ``rollup`` (a ``Rollup`` or a ``DataSchema``) gives
+    the metrics, and decides only for a table from before that property.
+
+    The run is one write (``store.begin_write``): its files go under
+    ``data/compacted/<write id>/``, are made durable, and the commit finishes the write in
+    the same transaction as the pointer move (``store.commit_tables``); a clean-up that
+    fenced the write first makes the commit fail. All partitions go in one commit; a commit
+    that lost against another writer is planned again and retried up to ``attempts`` times.
     """
     if rollup is not None and not isinstance(rollup, Rollup):
         rollup = Rollup.of(rollup)
     now = now or datetime.now(UTC)
     result = CompactResult(table=datasource, dry_run=dry_run, rollup=rollup is not None)
     written: dict[tuple, list[DataFile]] = {}  # (group key, input paths) -> files written for it
-    committed_paths: set[str] = set()
-    unknown = False
+    write_id: str | None = None
+    done: set[str] = set()  # the files the committed snapshot references
     try:
-        for attempt in range(1, attempts + 1):
-            result.attempts = attempt
-            table = tables.load(datasource)
-            if table is None:
+        for attempt in range(attempts):
+            result.attempts = attempt + 1
+            if tables.load(datasource) is None:
                 result.message = f"no table {datasource}"
                 return result
-            groups, open_count = _plan(table, rollup, lateness, target_file_size, now)
+            table = tables.current(datasource)
+            effective = rollup_of_table(table, rollup)
+            result.rollup = effective is not None
+            groups, open_count = _plan(table, effective, lateness, target_file_size, now)
             result.open_partitions = open_count
             result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
                                                     sum(f.record_count for f in g.files),
@@ -174,6 +190,9 @@ def compact(
             if dry_run:
                 result.message = f"would compact {len(groups)} partition(s)"
                 return result
+            if write_id is None:
+                write_id = new_write_id()
+                store.begin_write(write_id, "compact", tables=[datasource])
             new_files: list[DataFile] = []
             for group, part in zip(groups, result.partitions, strict=True):
                 if cancel is not None and cancel.is_set():
@@ -181,34 +200,55 @@ def compact(
                     return result
                 key = (group.key, frozenset(f.file_path for f in group.files))
                 if key not in written:
-                    written[key] = _rewrite(table, group, rollup, target_file_size)
+                    written[key] = _rewrite(table, group, effective, target_file_size, write_id)
                 out = written[key]
                 part.files_after = len(out)
                 part.rows_after = sum(f.record_count for f in out)
                 part.bytes_after = sum(f.file_size_in_bytes for f in out)
                 new_files += out
+            durable.sync([local_path(f.file_path) for f in new_files], _dirs_up_to_data(table, new_files))
             summary = {OPERATION: "compact", DATASOURCE: datasource, "reconciler.partitions": str(len(groups)),
-                       "reconciler.rollup": str(rollup is not None).lower()}
-            try:
-                tx = table.transaction()
-                with tx.update_snapshot(snapshot_properties=summary).overwrite() as ow:
+                       "reconciler.rollup": str(effective is not None).lower()}
+
+            def build(tx, groups=groups, new_files=new_files, summary=summary):
+                producer = tx.update_snapshot(snapshot_properties=summary).overwrite(commit_uuid=tx.tag)
+                with producer as ow:
                     for group in groups:
                         for f in group.files:
                             ow.delete_data_file(f)
                     for f in new_files:
                         ow.append_data_file(f)
-                committed_table = tx.commit_transaction()
-            except (CommitFailedException, ValidationException) as exc:
+
+            try:
+                commit = tables.stage(datasource, build, write_id=write_id, attempt=attempt)
+            except ValidationException as exc:  # a concurrent change pyiceberg's own checks saw
+                log.info("compaction of %s: %s; planning again", datasource, exc)
+                continue
+            faults.point("compact-commit", datasource)
+            try:
+                store.commit_tables(write_id, "compact", [commit])
+            except TableConflict as exc:
+                tables.discard_staged([commit])
                 log.info("compaction of %s: the table moved (%s); planning again", datasource, exc)
-                time.sleep(min(0.05 * attempt, 0.5))
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue
-            except sa.exc.OperationalError as exc:  # the outcome is unknown: leave files for remove_orphans
-                unknown = True
-                log.warning("compaction of %s: commit outcome unknown (%s); planning again", datasource, exc)
-                time.sleep(min(0.05 * attempt, 0.5))
-                continue
-            committed_paths = {f.file_path for f in new_files}
-            snap = committed_table.current_snapshot()
+            except WriteFenced as exc:  # a clean-up took the write: its files are the clean-up's now
+                written.clear()
+                write_id = None
+                result.message = str(exc)
+                log.warning("compaction of %s: %s", datasource, exc)
+                return result
+            except CommitOutcomeUnknown as exc:
+                if not store.fence_write(write_id):  # it committed after all
+                    log.info("compaction of %s: the commit whose outcome was unknown committed", datasource)
+                else:
+                    tables.discard_staged([commit])
+                    written.clear()  # fenced: deleted below
+                    result.message = f"commit outcome unknown ({exc}); not committed"
+                    return result
+            tables.committed([commit])
+            done = {f.file_path for f in new_files}
+            snap = commit.staged.current_snapshot() if commit.staged is not None else None
             result.committed = True
             result.snapshot_id = snap.snapshot_id if snap else None
             result.message = (f"compacted {len(groups)} partition(s): {result.files_before} file(s) -> "
@@ -218,11 +258,58 @@ def compact(
         result.message = f"gave up after {attempts} attempts: the table kept moving"
         return result
     finally:
-        if not unknown:  # files of attempts that never committed are referenced by nothing
-            for files in written.values():
-                for f in files:
-                    if f.file_path not in committed_paths:
-                        _unlink(local_path(f.file_path))
+        if write_id is not None:
+            _finish(tables, store, datasource, write_id, written, done)
+
+
+def _finish(tables: Tables, store: Any, datasource: str, write_id: str,
+            written: dict[tuple, list[DataFile]], done: set[str]) -> None:
+    """After the run: files of attempts the commit does not reference go now (never
+    referenced by anything); a run that did not commit is fenced first, then deleted
+    (a fence that cannot be set now leaves them to the leader's recovery)."""
+    if done:
+        for files in written.values():
+            for f in files:
+                if f.file_path not in done:
+                    _unlink(local_path(f.file_path))
+        return
+    try:
+        if not store.fence_write(write_id):
+            return
+    except ReconcilerError as exc:
+        log.warning("compaction of %s: write %s left for recovery (%s)", datasource, write_id, exc)
+        return
+    table = tables.load(datasource)
+    if table is not None:
+        shutil.rmtree(local_path(table.location()) / "data" / COMPACTED_DIR / write_id, ignore_errors=True)
+        for f in tables.write_metadata_files(datasource, write_id):
+            _unlink(Path(f))
+
+
+def _dirs_up_to_data(table: Table, files: list[DataFile]) -> set[Path]:
+    """The directories between the new files and the table's ``data/`` (their entries)."""
+    data = local_path(table.location()) / "data"
+    out: set[Path] = {data}
+    for f in files:
+        d = local_path(f.file_path).parent
+        while d != data and data in d.parents:
+            out.add(d)
+            d = d.parent
+    return out
+
+
+def rollup_of_table(table: Table, rollup: Rollup | None) -> Rollup | None:
+    """The rollup a table's rows were written with: its ``reconciler.rollup`` property
+    decides (``false``: never aggregate, whatever the spec says now); a table from before
+    the property goes by ``rollup``."""
+    recorded = table.metadata.properties.get(ROLLUP_PROPERTY)
+    if recorded is None:
+        return rollup
+    if recorded != "true":
+        return None
+    if rollup is None:
+        raise MaintenanceError(f"table {table.name()[-1]} rolls up, but no spec gives its metrics; nothing compacted")
+    return rollup
 
 
 def _plan(table: Table, rollup: Rollup | None, lateness: timedelta, target: int,
@@ -253,9 +340,9 @@ def _plan(table: Table, rollup: Rollup | None, lateness: timedelta, target: int,
     return groups, open_count
 
 
-def _rewrite(table: Table, group: _Group, rollup: Rollup | None, target: int) -> list[DataFile]:
+def _rewrite(table: Table, group: _Group, rollup: Rollup | None, target: int, write_id: str) -> list[DataFile]:
     """Read a partition's files, (roll up,) and write them again as ``target``-sized files
-    of the same partition under ``<table>/data/compacted/``."""
+    of the same partition under ``<table>/data/compacted/<write id>/``."""
     metadata = table.metadata
     schema = metadata.schema()
     rows = ArrowScan(metadata, table.io, schema, AlwaysTrue()).to_table(group.tasks)
@@ -264,14 +351,14 @@ def _rewrite(table: Table, group: _Group, rollup: Rollup | None, target: int) ->
     if TIME in rows.column_names:
         rows = rows.sort_by(TIME)
     props = dict(metadata.properties)
-    props[TableProperties.WRITE_DATA_PATH] = f"{table.location().rstrip('/')}/data/{COMPACTED_DIR}"
+    props[TableProperties.WRITE_DATA_PATH] = f"{table.location().rstrip('/')}/data/{COMPACTED_DIR}/{write_id}"
     write_meta = metadata.model_copy(update={"properties": props})
     spec = metadata.spec()
     key = PartitionKey([], spec, schema)
     key.__dict__["partition"] = group.tasks[0].file.partition  # the files' own partition (same spec)
     task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping,
                                     format_version=metadata.format_version)
-    write_uuid, counter = uuid.uuid4(), itertools.count()
+    write_uuid, counter = tag(write_id), itertools.count()
     tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), schema=task_schema, record_batches=batches,
                        partition_key=key)
              for batches in bin_pack_arrow_table(rows, target))

@@ -6,31 +6,32 @@ files only they referenced. The offset ranges the expired snapshots carried are 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.table import Table
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
+from reconciler import faults
+from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
+from reconciler.store.batches import TableConflict
+from reconciler.store.writes import WriteFenced
+from reconciler.table import summary
 from reconciler.table.catalog import (
-    SUPERVISOR,
     Tables,
     local_path,
-    summary_ranges,
 )
 from reconciler.table.reach import _ManifestReader, _unlink
 from reconciler.table.reports import _camel
+from reconciler.table.writeids import new_write_id
 
 log = logging.getLogger(__name__)
 
-EXPIRED_RANGES = "reconciler.expired-ranges"  # table property: {supervisor: [[p, s, e], ...]}
+EXPIRED_RANGES = summary.EXPIRED_RANGES
 DEFAULT_SNAPSHOT_AGE = timedelta(days=7)
 DEFAULT_RETAIN_LAST = 100
 COMMIT_ATTEMPTS = 10
@@ -54,6 +55,7 @@ def expire_snapshots(
     tables: Tables,
     name: str,
     *,
+    store: Any,
     older_than: timedelta = DEFAULT_SNAPSHOT_AGE,
     retain_last: int = DEFAULT_RETAIN_LAST,
     now: datetime | None = None,
@@ -64,19 +66,26 @@ def expire_snapshots(
     among the last ``retain_last``, then delete the files only they referenced.
 
     Never expired: the current snapshot, branch and tag heads, and every snapshot that
-    was the current one at some time after the cut-off (a reader may still hold it). A file still live in any retained snapshot is never deleted. The offset
-    ranges of expired snapshots are kept, merged, in the table property
-    ``reconciler.expired-ranges`` (committed with the expiry)."""
+    was the current one at some time after the cut-off (a reader may still hold it). A
+    file still live in any retained snapshot is never deleted. The offset ranges of
+    expired snapshots are kept, merged, in the table property ``reconciler.expired-ranges``
+    (committed with the expiry).
+
+    The commit is a compare-and-swap on exactly the version the expiry was planned on
+    (``Store.commit_tables``): a commit that landed meanwhile (a batch, a compaction,
+    another expiry) makes it plan again, so two expiries never remove a snapshot twice
+    nor lose each other's folded ranges. Files are deleted only after the commit."""
     if retain_last < 1:
         raise ValueError("retain_last must be at least 1")
     now = now or datetime.now(UTC)
     cutoff_ms = int((now - older_than).timestamp() * 1000)
     result = ExpireResult(table=name, dry_run=dry_run)
-    for attempt in range(1, attempts + 1):
-        table = tables.load(name)
-        if table is None:
+    write_id: str | None = None
+    for attempt in range(attempts):
+        if tables.load(name) is None:
             result.message = f"no table {name}"
             return result
+        table = tables.current(name)
         metadata = table.metadata
         protected = {ref.snapshot_id for ref in metadata.refs.values()}
         if metadata.current_snapshot_id is not None:
@@ -98,68 +107,61 @@ def expire_snapshots(
         if dry_run:
             result.message = f"would expire {len(expired)} snapshot(s) and delete {len(gone)} file(s)"
             return result
-        folded = fold_ranges(expired_ranges(table), _snapshot_ranges(expired))
-        try:
-            tx = table.transaction()
+        folded = summary.fold_expired(table.properties, [_props(s) for s in expired])
+        if write_id is None:
+            write_id = new_write_id()
+            store.begin_write(write_id, "expire", tables=[name])
+
+        def build(tx, expired=expired, folded=folded):
             ExpireSnapshots(tx).by_ids([s.snapshot_id for s in expired]).commit()
-            tx.set_properties({EXPIRED_RANGES: json.dumps(folded, separators=(",", ":"), sort_keys=True)})
-            tx.commit_transaction()
-        except (CommitFailedException, ValidationException) as exc:
+            tx.set_properties(folded)
+
+        commit = tables.stage(name, build, write_id=write_id, attempt=attempt)
+        faults.point("expire-commit", name)
+        try:
+            store.commit_tables(write_id, "expire", [commit])
+        except TableConflict as exc:
+            tables.discard_staged([commit])
             log.info("expiry of %s: the table moved (%s); again", name, exc)
-            time.sleep(min(0.05 * attempt, 0.5))
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
             continue
+        except WriteFenced as exc:
+            result.message = str(exc)
+            return result
+        except CommitOutcomeUnknown as exc:
+            if store.fence_write(write_id):
+                tables.discard_staged([commit])
+                result.message = f"commit outcome unknown ({exc}); not committed"
+                return result
+        tables.committed([commit])
         result.committed = True
         for path in gone:
             _unlink(local_path(path))
         result.message = f"expired {len(expired)} snapshot(s), deleted {len(gone)} file(s)"
         log.info("maintenance of %s: %s", name, result.message)
         return result
+    if write_id is not None:
+        _abandon(tables, store, name, write_id)
     result.message = f"gave up after {attempts} attempts: the table kept moving"
     return result
 
 
+def _abandon(tables: Tables, store: Any, name: str, write_id: str) -> None:
+    try:
+        if store.fence_write(write_id):
+            for f in tables.write_metadata_files(name, write_id):
+                _unlink(Path(f))
+    except ReconcilerError as exc:
+        log.warning("expiry of %s: write %s left for recovery (%s)", name, write_id, exc)
+
+
 def expired_ranges(table: Table) -> dict[str, list[tuple[str, int, int]]]:
-    """The offset ranges of expired snapshots, per supervisor (``verify`` adds them to the
-    ranges of the snapshots still in the table)."""
-    raw = table.properties.get(EXPIRED_RANGES)
-    if not raw:
-        return {}
-    return {sid: [(str(p), int(s), int(e)) for p, s, e in ranges] for sid, ranges in json.loads(raw).items()}
+    """The offset ranges of expired snapshots, per supervisor (and generation: ``clicks@1``);
+    ``verify`` adds them to the ranges of the snapshots still in the table."""
+    return summary.expired_ranges(table.properties)
 
 
-def fold_ranges(*sources: Mapping[str, Iterable[tuple[str, int, int]]]) -> dict[str, list[list]]:
-    """Ranges per supervisor with adjacent ones merged (``[a, b)`` + ``[b, c)`` = ``[a, c)``);
-    overlapping and non-adjacent ranges stay apart, so overlaps and gaps remain visible."""
-    merged: dict[str, dict[str, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
-    for src in sources:
-        for sid, ranges in src.items():
-            for p, s, e in ranges:
-                merged[sid][str(p)].append([int(s), int(e)])
-    out: dict[str, list[list]] = {}
-    for sid, parts in sorted(merged.items()):
-        rows = []
-        for p, spans in sorted(parts.items()):
-            spans.sort()
-            cur = spans[0][:]
-            for s, e in spans[1:]:
-                if s == cur[1]:
-                    cur[1] = e
-                else:
-                    rows.append([p, *cur])
-                    cur = [s, e]
-            rows.append([p, *cur])
-        out[sid] = rows
-    return out
-
-
-def _snapshot_ranges(snapshots) -> dict[str, list[tuple[str, int, int]]]:
-    out: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
-    for s in snapshots:
-        props = s.summary.additional_properties if s.summary else {}
-        ranges = summary_ranges(props)
-        if ranges and props.get(SUPERVISOR):
-            out[props[SUPERVISOR]] += ranges
-    return out
+fold_ranges = summary.fold_ranges
 
 
 def _recently_current(metadata, cutoff_ms: int) -> set[int]:
@@ -172,3 +174,7 @@ def _recently_current(metadata, cutoff_ms: int) -> set[int]:
         if until is None or until >= cutoff_ms:
             out.add(entry.snapshot_id)
     return out
+
+
+def _props(snapshot) -> dict[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot.summary else {}

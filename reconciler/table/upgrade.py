@@ -20,9 +20,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
-from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.exceptions import ValidationException
 from pyiceberg.table import Table, TableProperties
 
+from reconciler.errors import CommitOutcomeUnknown
+from reconciler.store.batches import TableConflict
 from reconciler.table.catalog import (
     BATCH,
     DATASOURCE,
@@ -32,11 +34,13 @@ from reconciler.table.catalog import (
     SUPERVISOR,
     TIME,
     Tables,
+    append_files,
     deadletter_table,
 )
 from reconciler.table.compact import COMMIT_ATTEMPTS, OPERATION
 from reconciler.table.expire import fold_ranges
 from reconciler.table.reports import MaintenanceError, _camel
+from reconciler.table.writeids import new_write_id
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +119,10 @@ def import_segments(
         try:
             if done is None:
                 done = _import_table(tables, store, datasource, data_files, granularity, result, dry_run)
-            _import_dead(tables, datasource, dead_files, result, dry_run)
-        except (CommitFailedException, ValidationException) as exc:
+            _import_dead(tables, store, datasource, dead_files, result, dry_run)
+        except (TableConflict, ValidationException) as exc:
+            # Planned again on the new version: a concurrent import that won is seen as
+            # "already imported", never imported twice.
             log.info("import of %s: the table moved (%s); again", datasource, exc)
             time.sleep(min(0.05 * attempt, 0.5))
             continue
@@ -158,7 +164,10 @@ def _import_table(tables: Tables, store, datasource: str, files: list[Path], gra
     if table is None:
         schema = _unified_schema(files) if files else pa.schema([pa.field(TIME, pa.timestamp("us", tz="UTC"))])
         table = tables.ensure(datasource, schema, granularity or "hour")
-    with table.transaction() as tx:
+
+    def build(tx):
+        if tx.table_metadata.properties.get(IMPORTED) == "true":
+            raise TableConflict(f"table {datasource} was imported meanwhile")
         if files:
             schema = _unified_schema(files)
             have = {f.name for f in tx.table_metadata.schema().fields}
@@ -173,14 +182,17 @@ def _import_table(tables: Tables, store, datasource: str, files: list[Path], gra
             summary = {OPERATION: "import", DATASOURCE: datasource, SUPERVISOR: sid,
                        BATCH: f"import:{len(mine)}", EPOCH: str(max(b["epoch"] for b in mine)),
                        RANGES: json.dumps(ranges), RECORDS: str(sum(b["records"] for b in mine))}
-            tx.add_files(by_sup.get(sid, []), snapshot_properties=summary)
+            append_files(tx, [str(f) for f in by_sup.get(sid, [])], summary)
         if unknown:  # files the database has no batch for: they were visible, so they are kept
-            tx.add_files(unknown, snapshot_properties={OPERATION: "import", DATASOURCE: datasource})
+            append_files(tx, unknown, {OPERATION: "import", DATASOURCE: datasource})
         tx.set_properties({IMPORTED: "true"})
+
+    _commit(tables, store, datasource, build)
     return "done"
 
 
-def _import_dead(tables: Tables, datasource: str, files: list[Path], result: ImportResult, dry_run: bool) -> None:
+def _import_dead(tables: Tables, store, datasource: str, files: list[Path], result: ImportResult,
+                 dry_run: bool) -> None:
     name = deadletter_table(datasource)
     table = tables.load(name)
     if table is not None and table.properties.get(IMPORTED) == "true":
@@ -189,10 +201,40 @@ def _import_dead(tables: Tables, datasource: str, files: list[Path], result: Imp
     if dry_run or not files:
         return
     if table is None:
-        table = tables.ensure(name, _unified_schema(files), None)
-    with table.transaction() as tx:
-        tx.add_files([str(f) for f in files], snapshot_properties={OPERATION: "import", DATASOURCE: datasource})
+        tables.ensure(name, _unified_schema(files), None)
+
+    def build(tx):
+        if tx.table_metadata.properties.get(IMPORTED) == "true":
+            raise TableConflict(f"table {name} was imported meanwhile")
+        append_files(tx, [str(f) for f in files], {OPERATION: "import", DATASOURCE: datasource})
         tx.set_properties({IMPORTED: "true"})
+
+    _commit(tables, store, name, build)
+
+
+def _commit(tables: Tables, store, name: str, build) -> None:
+    """One import commit: a write fenced like any other (its metadata files carry its tag),
+    and a compare-and-swap on exactly the version it was staged on (``Store.commit_tables``),
+    never retried by pyiceberg on a newer one (which re-applied the same files: issue 28)."""
+    write_id = new_write_id()
+    store.begin_write(write_id, "import", tables=[name])
+    commit = None
+    try:
+        commit = tables.stage(name, build, write_id=write_id)
+        store.commit_tables(write_id, "import", [commit])
+    except CommitOutcomeUnknown:
+        if store.fence_write(write_id):
+            if commit is not None:
+                tables.discard_staged([commit])
+            raise
+        tables.committed([commit])  # it committed after all
+        return
+    except BaseException:
+        if commit is not None:
+            tables.discard_staged([commit])
+        store.fence_write(write_id)
+        raise
+    tables.committed([commit])
 
 
 def _old_files(directory: Path, *, chunked: bool) -> list[Path]:

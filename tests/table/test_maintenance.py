@@ -106,14 +106,14 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
     """Batches keep committing (4 hours of data each) while compactions run in a loop: every
     compaction either commits on the current table or is planned again; every key stays
     exactly once, the file count drops, and the compaction snapshots carry no offsets."""
-    _, tables = env
+    store, tables = env
     n_batches, per_batch = 16, 40
     done = threading.Event()
     results = []
 
     def compact_loop():
         while not done.is_set():
-            results.append(mc.compact(tables, "clicks", now=LONG_AGO, attempts=50))
+            results.append(mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO, attempts=50))
 
     _append_batch(tables, "clicks", "b000", _rows(range(per_batch), lambda k: k % 240, lambda k: "u"), [("0", 0, per_batch)])
     worker = threading.Thread(target=compact_loop)
@@ -126,7 +126,7 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
     finally:
         done.set()
         worker.join()
-    final = mc.compact(tables, "clicks", now=LONG_AGO)
+    final = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
 
     ids = collections.Counter(_scan(tables, "clicks").column("id").to_pylist())
     assert set(ids.values()) == {1} and len(ids) == n_batches * per_batch
@@ -143,17 +143,17 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
 
 
 def test_open_partitions_are_left_alone_and_small_files_only(env):
-    _, tables = env
+    store, tables = env
     for b in range(3):
         _append_batch(tables, "clicks", f"b{b}", _rows(range(b * 10, b * 10 + 10), lambda k: 0, lambda k: "u"),
                       [("0", b * 10, b * 10 + 10)])
-    still_open = mc.compact(tables, "clicks", now=T0 + timedelta(minutes=90), lateness=timedelta(hours=1))
+    still_open = mc.compact(tables, store=store, datasource="clicks", now=T0 + timedelta(minutes=90), lateness=timedelta(hours=1))
     assert not still_open.partitions and still_open.open_partitions == 1 and len(_files(tables, "clicks")) == 3
-    dry = mc.compact(tables, "clicks", now=LONG_AGO, dry_run=True)
+    dry = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO, dry_run=True)
     assert [p.files_before for p in dry.partitions] == [3] and len(_files(tables, "clicks")) == 3
-    done = mc.compact(tables, "clicks", now=LONG_AGO)
+    done = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
     assert done.committed and done.files_after == 1
-    again = mc.compact(tables, "clicks", now=LONG_AGO)  # one file: nothing to do, no empty commit
+    again = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)  # one file: nothing to do, no empty commit
     assert not again.partitions and not again.committed
     assert len(tables.load("clicks").snapshots()) == 4
 
@@ -161,7 +161,7 @@ def test_open_partitions_are_left_alone_and_small_files_only(env):
 def test_rollup_compaction_one_row_per_time_and_dimensions(env):
     """Four batches repeat the same (minute, user) keys: the compaction leaves one row per
     key, counts and sums added, mins taken, nulls a key like any other."""
-    _, tables = env
+    store, tables = env
     users = lambda k: None if k % 7 == 0 else f"u{k % 3}"  # noqa: E731
     expected: dict = collections.defaultdict(lambda: [0, 0, None])
     for b in range(4):
@@ -175,14 +175,14 @@ def test_rollup_compaction_one_row_per_time_and_dimensions(env):
             e[2] = k if e[2] is None else min(e[2], k)
     rollup = mc.Rollup(("id", "user"), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
     # "id" differs on every row: a rollup whose spec names it keeps every row
-    keep = mc.compact(tables, "rolled", rollup=rollup, now=LONG_AGO, dry_run=True)
+    keep = mc.compact(tables, store=store, datasource="rolled", rollup=rollup, now=LONG_AGO, dry_run=True)
     assert keep.partitions and keep.rollup
 
     table = tables.load("rolled")
     with table.update_schema() as upd:
         upd.delete_column("id")
     rollup = mc.Rollup(("user",), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
-    result = mc.compact(tables, "rolled", rollup=rollup, now=LONG_AGO)
+    result = mc.compact(tables, store=store, datasource="rolled", rollup=rollup, now=LONG_AGO)
     assert result.committed and result.files_after == 1
     got = _scan(tables, "rolled").to_pylist()
     by_key = {(int((r["__time"] - T0).total_seconds() // 60), r["user"]): [r["count"], r["bytes"], r["low"]]
@@ -216,7 +216,7 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
         _append_batch(tables, "clicks", f"b{b}", _rows(range(b * 10, b * 10 + 10), lambda k: 0, lambda k: "u"),
                       [("0", b * 10, b * 10 + 10)])
     _mark_committed(store, [f"b{b}" for b in range(4)])
-    mc.compact(tables, "clicks", now=LONG_AGO)
+    mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
     table = tables.load("clicks")
     root = local_path(table.location())
     data = root / "data"
@@ -233,10 +233,10 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
         _age(p, 3 * 86400)
 
     # defaults: nothing is old enough to expire
-    assert me.expire_snapshots(tables, "clicks").expired_snapshots == 0
-    dry = me.expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1, dry_run=True)
+    assert me.expire_snapshots(tables, "clicks", store=store).expired_snapshots == 0
+    dry = me.expire_snapshots(tables, "clicks", store=store, older_than=timedelta(0), retain_last=1, dry_run=True)
     assert dry.expired_snapshots == 4 and len(tables.load("clicks").snapshots()) == 5
-    expired = me.expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1)
+    expired = me.expire_snapshots(tables, "clicks", store=store, older_than=timedelta(0), retain_last=1)
     assert expired.committed and expired.expired_snapshots == 4
     # the compacted-away batch files went with the snapshots that alone referenced them
     assert {Path(p).name for p in expired.deleted_files if "/data/" in p} == {"part-00000.parquet"}
@@ -244,13 +244,17 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
     assert len(table.snapshots()) == 1
     assert me.expired_ranges(table) == {"clicks": [("0", 0, 40)]}
 
-    dry = mo.remove_orphans(tables, "clicks", committed_batches=store.committed_batch_ids, dry_run=True)
+    store.begin_write("inflight", "batch", tables=["clicks"])  # a batch still being written or published
+    dry = mo.remove_orphans(tables, "clicks", store=store, dry_run=True)
+    # judged by the write's fence, not by age: the unknown batch, the committed batch's
+    # unreferenced file, and the file of no write that is old enough
     assert sorted(Path(p).relative_to(data).as_posix() for p in dry.deleted_files) == [
-        "batch=lost/part-0.parquet", "stray.parquet"]
-    orphans = mo.remove_orphans(tables, "clicks", committed_batches=store.committed_batch_ids)
-    assert orphans.kept_young >= 1 and orphans.kept_committed_batch == 1
+        "batch=b0/extra.parquet", "batch=lost/part-0.parquet", "stray.parquet"]
+    assert store.write_statuses(["lost"]) == {"lost": "discarded"}  # fenced before it is deleted
+    orphans = mo.remove_orphans(tables, "clicks", store=store)
+    assert orphans.kept_in_flight == 1
     assert not (data / "batch=lost").exists() and not (data / "stray.parquet").exists()
-    assert (data / "batch=inflight" / "part-0.parquet").exists() and (data / "batch=b0" / "extra.parquet").exists()
+    assert (data / "batch=inflight" / "part-0.parquet").exists() and not (data / "batch=b0" / "extra.parquet").exists()
     # every file the table (and its metadata log) references is still there, and readable
     for f in _files(tables, "clicks"):
         assert local_path(f.file_path).exists()
@@ -349,6 +353,7 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
         granularity={"segment": "hour", "query": "minute", "rollup": True}))
 
     tables = h.open_tables(s)
+    store = Store(s.db_url)
     done = threading.Event()
     results = collections.defaultdict(list)
 
@@ -357,7 +362,7 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
         while not done.is_set():
             for ds, r in (("plain", None), ("rolled", rollup)):
                 if tables.load(ds) is not None:
-                    results[ds].append(mc.compact(tables, ds, rollup=r, attempts=50))
+                    results[ds].append(mc.compact(tables, ds, store=store, rollup=r, attempts=50))
             time.sleep(0.3)
 
     worker = threading.Thread(target=compact_loop)
@@ -372,8 +377,8 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
 
     from reconciler.table.compact import Rollup
 
-    mc.compact(tables, "plain")
-    mc.compact(tables, "rolled", rollup=Rollup(("user",), (("count", "count"), ("bytes", "longSum"))))
+    mc.compact(tables, store=store, datasource="plain")
+    mc.compact(tables, store=store, datasource="rolled", rollup=Rollup(("user",), (("count", "count"), ("bytes", "longSum"))))
     h.assert_exactly_once(h.key_counts(spark, s, "plain"), h.keys(records))
     assert len(_files(tables, "plain")) == 3 and len(_files(tables, "rolled")) == 3
     # the batches' snapshots tile the offsets; compactions carry none
