@@ -23,10 +23,10 @@ import signal
 from collections.abc import Callable
 
 _hits: dict[str, int] = {}
-_hook: Callable[[str, str | None], None] | None = None
+_hook: Callable[[str, object], object] | None = None
 
 
-def install(hook: Callable[[str, str | None], None] | None) -> None:
+def install(hook: Callable[[str, object], object] | None) -> None:
     """Route every point through ``hook`` (None removes it)."""
     global _hook
     _hook = hook
@@ -38,10 +38,12 @@ def point(name: str, subject: str | None = None) -> None:
         _hook(name, subject)
 
 
-def commit_point(when: str) -> None:
-    """Just before (``before``) and after (``after``) a database COMMIT."""
+def commit_point(when: str, handle: object = None) -> object:
+    """Just before (``before``, with the open (connection, transaction)) and after
+    (``after``) a database COMMIT. A true answer means the hook took the transaction over."""
     if _hook is not None:
-        _hook(f"commit-{when}", None)
+        return _hook(f"commit-{when}", handle)
+    return None
 
 
 def crash_point(name: str, supervisor: str | None = None) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from reconciler import faults
 from reconciler.errors import ReconcilerError
 from reconciler.store.store import Store, WriteIntent
 
@@ -31,6 +32,7 @@ def recover(store: Store, segments_dir: Path) -> dict[str, int]:
     root = Path(segments_dir) / NAMESPACE
     deleted = 0
     try:
+        faults.point("recover", None)
         for intent in store.writes_in_flight():
             if store.fence_write(intent.write_id):
                 deleted += _delete_write(root, intent)

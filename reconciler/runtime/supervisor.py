@@ -24,7 +24,7 @@ from reconciler import faults
 from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
-from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
+from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
@@ -46,8 +46,17 @@ class RuntimeContext:
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
     metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
+    job: Any = None  # the batch job (runtime.jobs.BatchJob): Spark's, unless a test brings its own
+    adapters: Callable[[Any], Any] = adapter_for  # source -> stream adapter (streams.adapter_for)
     _tables: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def batch_job(self):
+        if self.job is None:
+            from reconciler.runtime.jobs import SparkJob
+
+            self.job = SparkJob(self.spark)
+        return self.job
 
     def tables(self):
         """The output tables' catalog (``reconciler.table.catalog.Tables``), opened once."""
@@ -187,23 +196,17 @@ class SupervisorRuntime:
         return checkpoint, StepOutcome(MAX_BACKOFF)
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges, capture: float = 0.0) -> int:
-        from reconciler.pipeline.batch import output_schemas, run_batch
         from reconciler.table.catalog import deadletter_table
 
         ds = spec.data_schema
         batch_id = new_write_id()
         started = time.monotonic()
         records = sum(r.size for r in ranges)
-        spark = self.ctx.spark()
+        job = self.ctx.batch_job()
         tables = self.ctx.tables()
         if self._schemas is None or self._schemas[0] != rec.spec_hash:
-            try:  # analysis only, but it is the session's first call: a lost cluster shows here
-                self._schemas = (rec.spec_hash, *output_schemas(spark, ds))
-            except Exception as exc:
-                translated = translate_failure(exc)
-                if translated is not exc:
-                    raise translated from exc
-                raise
+            # analysis only, but it is the session's first call: a lost cluster shows here
+            self._schemas = (rec.spec_hash, *job.schemas(ds))
         _, schema, dead_schema = self._schemas
         table = tables.ensure(ds.datasource, schema, ds.segment_granularity, rollup=ds.rollup)
         dead_name = deadletter_table(ds.datasource)
@@ -213,14 +216,11 @@ class SupervisorRuntime:
         # commit, and a batch whose files a clean-up took can no longer commit (store/writes.py).
         self.ctx.store.begin_write(batch_id, "batch", tables=[ds.datasource, dead_name], supervisor_id=rec.id)
         planned = time.monotonic()
+        faults.point("write-begun", rec.id)
         try:
-            written = run_batch(spark, spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir,
-                                task_count=spec.task_count)
-        except Exception as exc:  # a failed job's partial output must not linger
+            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=spec.task_count)
+        except Exception:  # a failed job's partial output must not linger
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
-            translated = translate_failure(exc)
-            if translated is not exc:
-                raise translated from exc
             raise
         faults.crash_point("after-write", rec.id)
         job_done = time.monotonic()
@@ -254,6 +254,7 @@ class SupervisorRuntime:
         files are left to the next leader's recovery."""
         from reconciler.pipeline import segments
 
+        faults.point("abandon", batch_id)
         try:
             if not self.ctx.store.fence_write(batch_id):
                 log.info("batch %s committed after all: its files stay", batch_id[:12])
@@ -348,7 +349,7 @@ class SupervisorRuntime:
     def _adapter_for(self, rec: SupervisorRecord):
         if self._adapter is None or self._adapter_hash != rec.spec_hash:
             self._drop_adapter()
-            self._adapter = adapter_for(rec.spec.source)
+            self._adapter = self.ctx.adapters(rec.spec.source)
             self._adapter_hash = rec.spec_hash
         return self._adapter
 

@@ -49,26 +49,39 @@ class StoreBase:
     def _write(self):
         """One write transaction. A failure before COMMIT rolled everything back
         (RetryableError); a failure of the COMMIT itself (a connection dropped after it was
-        sent) leaves the outcome unknown (CommitOutcomeUnknown): the caller must not guess."""
+        sent) leaves the outcome unknown (CommitOutcomeUnknown): the caller must not guess.
+
+        ``faults.commit_point`` is the schedule explorer's seam: it may fail either side of
+        the COMMIT, or take the open transaction over and commit it later from another
+        thread, as a server does when the client's connection dropped mid-COMMIT."""
         try:
-            with self.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    yield conn
-                except BaseException:
-                    try:
-                        trans.rollback()
-                    except sa_exc.SQLAlchemyError:  # a dead connection: the server rolls back itself
-                        pass
-                    raise
-                try:
-                    faults.commit_point("before")
-                    trans.commit()
-                except sa_exc.OperationalError as exc:
-                    raise CommitOutcomeUnknown(f"database connection failed while committing: {_short(exc)}") from exc
-                faults.commit_point("after")
+            conn = self.engine.connect()
         except sa_exc.OperationalError as exc:
             raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
+        owned = True
+        try:
+            trans = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                try:
+                    trans.rollback()
+                except sa_exc.SQLAlchemyError:  # a dead connection: the server rolls back itself
+                    pass
+                raise
+            try:
+                if faults.commit_point("before", (conn, trans)):
+                    owned = False  # the explorer commits it later: the outcome is unknown here
+                    raise CommitOutcomeUnknown("database connection lost while committing (outcome unknown)")
+                trans.commit()
+                faults.commit_point("after")
+            except sa_exc.OperationalError as exc:
+                raise CommitOutcomeUnknown(f"database connection failed while committing: {_short(exc)}") from exc
+        except sa_exc.OperationalError as exc:
+            raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
+        finally:
+            if owned:
+                conn.close()
 
     @contextmanager
     def _read(self):

@@ -33,6 +33,7 @@ from pyiceberg.table import CommitTableResponse, Table, TableProperties, Transac
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.utils.properties import property_as_bool
 
+from reconciler import faults
 from reconciler.errors import PermanentError
 from reconciler.table import durable
 from reconciler.table.datafiles import describe
@@ -148,6 +149,7 @@ class _StagingCatalog(SqlCatalog):
         # every clean-up whose file it is (writeids.py).
         folder, name = staged.metadata_location.rsplit("/", 1)
         location = f"{folder}/{name.split('-', 1)[0]}-{tag_}.metadata.json"
+        faults.point("write-metadata", table.name()[-1])
         self._write_metadata(staged.metadata, staged.io, location)
         files = _staged_files(location, str(tag_))
         after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=location,
@@ -244,8 +246,21 @@ class Tables:
                 with table.update_spec() as spec:
                     spec.add_field(TIME, partition_transform(granularity), f"{TIME}_{granularity_name(granularity)}")
                 table = self.catalog.load_table((NAMESPACE, name))
+            self._make_durable(table)
             log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
             return table
+
+    def _make_durable(self, table: Table) -> None:
+        """A new table's metadata files and every directory from them up to the warehouse:
+        pyiceberg's own commits (creating the table, its partition spec) fsync nothing, and
+        the catalog row that points at them is already committed."""
+        try:
+            folder = local_path(table.metadata_location).parent
+        except ValueError:  # object storage: a PUT that returned is durable
+            return
+        (folder.parent / "data").mkdir(exist_ok=True)  # its entry is made durable here, once
+        durable.sync([p for p in folder.iterdir() if p.is_file()],
+                     [folder.parent / "data", *durable.ancestors(folder / "x", self.warehouse.parent)])
 
     def current(self, name: str) -> Table:
         with self._engine.connect().execution_options(readonly=True) as c, c.begin():

@@ -206,6 +206,7 @@ def compact(
                 part.rows_after = sum(f.record_count for f in out)
                 part.bytes_after = sum(f.file_size_in_bytes for f in out)
                 new_files += out
+            faults.point("compact-written", datasource)
             durable.sync([local_path(f.file_path) for f in new_files], _dirs_up_to_data(table, new_files))
             summary = {OPERATION: "compact", DATASOURCE: datasource, "reconciler.partitions": str(len(groups)),
                        "reconciler.rollup": str(effective is not None).lower()}
@@ -289,7 +290,7 @@ def _finish(tables: Tables, store: Any, datasource: str, write_id: str,
 def _dirs_up_to_data(table: Table, files: list[DataFile]) -> set[Path]:
     """The directories between the new files and the table's ``data/`` (their entries)."""
     data = local_path(table.location()) / "data"
-    out: set[Path] = {data}
+    out: set[Path] = {data, data.parent}
     for f in files:
         d = local_path(f.file_path).parent
         while d != data and data in d.parents:

@@ -48,6 +48,19 @@ def sync(files: Iterable[str | os.PathLike[str]], dirs: Iterable[str | os.PathLi
         list(pool.map(_fsync_dir, sorted(d for d in folders if d.is_dir())))
 
 
+def ancestors(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> list[Path]:
+    """The directories from ``path``'s parent up to ``root`` (inclusive): each holds the
+    entry of the one below, so each must be fsynced once the one below is new."""
+    path, root = Path(path), Path(root)
+    out = []
+    d = path.parent
+    while True:
+        out.append(d)
+        if d == root or d == d.parent:
+            return out
+        d = d.parent
+
+
 def sync_tree(root: str | os.PathLike[str], up_to: str | os.PathLike[str] | None = None) -> list[Path]:
     """fsync every file and directory under ``root``, and the directories from ``root`` up to
     ``up_to`` (exclusive of nothing: each one's entry for the next). Returns the files."""

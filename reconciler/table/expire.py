@@ -135,6 +135,7 @@ def expire_snapshots(
                 return result
         tables.committed([commit])
         result.committed = True
+        faults.point("expire-delete", name)
         for path in gone:
             _unlink(local_path(path))
         result.message = f"expired {len(expired)} snapshot(s), deleted {len(gone)} file(s)"

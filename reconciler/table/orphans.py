@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from reconciler import faults
 from reconciler.table.catalog import Tables, local_path
 from reconciler.table.reach import _norm, _referenced, _unlink
 from reconciler.table.reports import MaintenanceError, _camel
@@ -77,6 +78,7 @@ def remove_orphans(
     root = local_path(table.location())
     listed = _list_files(root)
     result.scanned_files = len(listed)
+    faults.point("orphans-listed", name)
     table = tables.load(name)  # after the listing: whatever committed meanwhile is referenced
     if table is None:
         raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
@@ -100,6 +102,7 @@ def remove_orphans(
         result.deleted_files.append(path)
         result.deleted_bytes += size
     if not dry_run:
+        faults.point("orphans-delete", name)
         for path in result.deleted_files:
             _unlink(Path(path))
         _remove_empty_dirs(root, cutoff, doomed)

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from pyiceberg.exceptions import ValidationException
 from pyiceberg.table import Table, TableProperties
 
+from reconciler import faults
 from reconciler.errors import CommitOutcomeUnknown
 from reconciler.store.batches import TableConflict
 from reconciler.table.catalog import (
@@ -221,6 +222,7 @@ def _commit(tables: Tables, store, name: str, build) -> None:
     commit = None
     try:
         commit = tables.stage(name, build, write_id=write_id)
+        faults.point("import-commit", name)
         store.commit_tables(write_id, "import", [commit])
     except CommitOutcomeUnknown:
         if store.fence_write(write_id):
