@@ -55,10 +55,11 @@ def run_verify(world: World, tables: Tables, store, deep: bool):
 
 
 def truth(world: World, tables: Tables, store, *, final: bool) -> Truth:
-    """What the table holds against what the stream holds."""
+    """What the table holds against what the stream holds, record by record (by key: the
+    records of a source a fresh start left behind are other records than the new one's)."""
     t = Truth()
     try:
-        held = world.table_offsets(tables)
+        held = world.table_keys(tables)
     except (FileNotFoundError, OSError, ValueError) as exc:
         t.unreadable = f"{type(exc).__name__}: {exc}"[:300]
         t.problems.append(f"the table cannot be read: {t.unreadable}")
@@ -67,25 +68,28 @@ def truth(world: World, tables: Tables, store, *, final: bool) -> Truth:
     t.duplicates = sum(1 for n in counts.values() if n > 1)
     if t.duplicates:
         first = sorted(k for k, n in counts.items() if n > 1)[:5]
-        t.problems.append(f"{t.duplicates} offset(s) held twice or more, e.g. {first}")
+        t.problems.append(f"{t.duplicates} record(s) held twice or more, e.g. {first}")
     present = set(counts)
-    records = {(r.partition, r.offset) for r in world.stream.records()}
-    t.extra = len(present - records)
-    if t.extra:
-        t.problems.append(f"{t.extra} row(s) at offsets the stream never had: {sorted(present - records)[:5]}")
+    current = {r.key: r for r in world.stream.records()}
+    old = {r.key for s in world.retired for r in s.records()}
+    extra = present - set(current) - old
+    t.extra = len(extra)
+    if extra:
+        t.problems.append(f"{t.extra} row(s) of records the stream never had: {sorted(extra)[:5]}")
     cancelled = _cancelled(store)
-    if cancelled & present:
-        t.problems.append(f"a cancel reported as unread offsets the table holds: {sorted(cancelled & present)[:5]}")
-        t.extra += len(cancelled & present)
+    unread = {k for k, r in current.items() if (r.partition, r.offset) in cancelled}
+    if unread & present:
+        t.problems.append(f"a cancel reported as unread records the table holds: {sorted(unread & present)[:5]}")
+        t.extra += len(unread & present)
     checkpoints = store.read_actual().checkpoints.get(MAIN, {})
     pending = _pending(store)
-    expected = set()
-    for p, o in records:
-        if (p, o) in world.stream.deleted or (p, o) in cancelled or (p, o) in pending:
+    missing = []
+    for key, r in current.items():
+        at = (r.partition, r.offset)
+        if at in world.stream.deleted or at in cancelled or at in pending or key in present:
             continue
-        if final or o < checkpoints.get(p, 0):
-            expected.add((p, o))
-    missing = expected - present
+        if final or r.offset < checkpoints.get(r.partition, 0):
+            missing.append(key)
     t.missing = len(missing)
     if missing:
         t.problems.append(f"{len(missing)} record(s) below the checkpoint are not in the table, e.g. "

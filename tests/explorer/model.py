@@ -28,7 +28,8 @@ from reconciler.table import durable
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 ROW_SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
                         ("__partition", pa.string()), ("__offset", pa.int64())])
-DEAD_SCHEMA = pa.schema([("partition", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
+DEAD_SCHEMA = pa.schema([("partition", pa.string()), ("offset", pa.int64()), ("key", pa.string()),
+                         ("reason", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ModelStream:
     """Partitions of records; offsets that are markers hold no record."""
 
     partitions: dict[str, list[Record | None]] = field(default_factory=dict)
+    prefix: str = ""  # a new source (a fresh start) has keys of its own
     earliest_offset: dict[str, int] = field(default_factory=dict)
     deleted: set[tuple[str, int]] = field(default_factory=set)  # deleted by retention, never ingested
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -62,7 +64,7 @@ class ModelStream:
                     records.append(None)
                     continue
                 bad = bool(bad_every) and off % bad_every == bad_every - 1
-                records.append(Record(partition, off, f"{partition}-{off:06d}", bad))
+                records.append(Record(partition, off, f"{self.prefix}{partition}-{off:06d}", bad))
 
     def retain_from(self, partition: str, offset: int) -> None:
         """Retention deletes every record before ``offset``."""
@@ -179,7 +181,7 @@ class ModelJob:
             path = Path(dead_dir) / "part-00000.parquet"
             dead.append(_write(path, pa.table({
                 "partition": [r.partition for r in bad], "offset": pa.array([r.offset for r in bad], pa.int64()),
-                "reason": ["does not parse"] * len(bad)}, schema=DEAD_SCHEMA), None))
+                "key": [r.key for r in bad], "reason": ["does not parse"] * len(bad)}, schema=DEAD_SCHEMA), None))
         paths = [f.path for f in (*files, *dead)]
         faults.point("job-sync", batch_id)
         # As the product's sink (pipeline/segments.py): the files, their directories, up to the table's.

@@ -57,6 +57,9 @@ class FaultPlan:
     limbo: float = 0.0
     enospc: float = 0.0
     forced: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    # (actor, point) -> (a later point, fault): once the actor passed the first point, the
+    # fault strikes at the next occurrence of the second (e.g. the COMMIT of the publish).
+    armed: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def decide(self, rng: random.Random, actor: str, point: str, occurrence: int) -> str | None:
         forced = self.forced.get((actor, point, occurrence))
@@ -113,6 +116,7 @@ class Scheduler:
         self._limbo_commits = limbo_commits or (lambda: rng.random() < 0.5)
         self.script: list[tuple[str, str | None]] = []  # (actor, run until it parks at this point)
         self._stepped: set[str] = set()  # scripted actors released since their step began
+        self._pending: dict[str, tuple[str, str]] = {}  # armed faults waiting for their point
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -134,6 +138,12 @@ class Scheduler:
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
         fault = self.plan.decide(self.rng, actor.name, point, occurrence)
+        pending = self._pending.get(actor.name)
+        if pending is not None and pending[0] == point:
+            fault = pending[1]
+            del self._pending[actor.name]
+        if (actor.name, point) in self.plan.armed:
+            self._pending[actor.name] = self.plan.armed[(actor.name, point)]
         self.trace.append(f"{actor.name}@{point}" + (f"!{fault}" if fault else ""))
         if fault is not None:
             self.faults.append(f"{fault} {actor.name}@{point}")
@@ -148,8 +158,8 @@ class Scheduler:
             raise _dropped("before COMMIT")
         if fault == "drop-after" and point == "commit-after":
             raise _dropped("after COMMIT")
-        if fault == "limbo" and point == "commit-before":
-            self._take_over(handle)
+        if fault in ("limbo", "limbo-commit", "limbo-abort") and point == "commit-before":
+            self._take_over(handle, {"limbo-commit": True, "limbo-abort": False}.get(fault))
             return True
         if fault == "enospc" and point in FILE_POINTS:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
@@ -159,9 +169,9 @@ class Scheduler:
                 raise Killed(actor.process)
         return None
 
-    def _take_over(self, handle) -> None:
+    def _take_over(self, handle, commit: bool | None = None) -> None:
         conn, trans = handle
-        commit = self._limbo_commits()
+        commit = self._limbo_commits() if commit is None else commit
 
         def finish():
             time.sleep(0.03)

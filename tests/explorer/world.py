@@ -116,6 +116,7 @@ class World:
         self.processes: dict[str, Process] = {}
         self.cancelled: dict[str, tuple[int, int]] = {}  # "<backfill>:<partition>" -> its unread range
         self.notes: list[str] = []
+        self.retired: list[ModelStream] = []  # sources a fresh start left behind
 
     @staticmethod
     def setup(root: Path, store: Store, *, rollup: bool = False, warehouse_name: str = "segments",
@@ -240,18 +241,15 @@ class World:
 
     # -- reading the truth ------------------------------------------------------------------------
 
-    def table_offsets(self, tables: Tables) -> list[tuple[str, int]]:
-        """Every (partition, offset) the table and its dead letters hold, with repeats."""
-        out: list[tuple[str, int]] = []
+    def table_keys(self, tables: Tables) -> list[str]:
+        """The key of every record the table and its dead letters hold, with repeats."""
+        out: list[str] = []
         table = tables.load(DATASOURCE)
         if table is not None and table.current_snapshot() is not None:
-            rows = table.scan(selected_fields=("__partition", "__offset")).to_arrow()
-            out += list(zip(rows.column("__partition").to_pylist(), rows.column("__offset").to_pylist(),
-                            strict=True))
+            out += table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
         dead = tables.load(deadletter_table(DATASOURCE))
         if dead is not None and dead.current_snapshot() is not None:
-            rows = dead.scan(selected_fields=("partition", "offset")).to_arrow()
-            out += list(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+            out += dead.scan(selected_fields=("key",)).to_arrow().column("key").to_pylist()
         return out
 
     def unreferenced_files(self, tables: Tables) -> list[str]:
