@@ -184,11 +184,11 @@ class World:
         compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=FAR,
                 target_file_size=1 << 30, attempts=3)
 
-    def expire(self, proc: Process) -> None:
+    def expire(self, proc: Process, retain_last: int = 1) -> None:
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):
             if proc.tables.load(name) is not None:
-                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0), retain_last=1,
-                                 attempts=3)
+                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0),
+                                 retain_last=retain_last, attempts=3)
 
     def orphans(self, proc: Process) -> None:
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):
