@@ -53,9 +53,12 @@ class Settings:
     maintain_interval: float = _opt(900.0, "RECONCILER_MAINTAIN_INTERVAL", "maintainInterval",
                                     "seconds between snapshot expiry and orphan clean-up by the leader (0 disables)")
     snapshot_retention: float = _opt(3600.0, "RECONCILER_SNAPSHOT_RETENTION", "snapshotRetention",
-                                     "seconds a table snapshot is kept (at least the last 100 are): a commit reads "
-                                     "the whole snapshot list, so a short history keeps commits fast; verify keeps "
-                                     "the offsets of expired snapshots")
+                                     "seconds a table snapshot is kept at most (the leader's maintenance expires "
+                                     "older ones); verify keeps the offsets of expired snapshots")
+    snapshots_kept: int = _opt(25, "RECONCILER_SNAPSHOTS_KEPT", "snapshotsKept",
+                                 "snapshots a table keeps at most: each publish expires the ones beyond, so a "
+                                 "commit costs the same after a day of one-second batches (time travel reaches "
+                                 "back this many commits; 0 keeps them until snapshotRetention)")
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl", "seconds a leader lease lasts without renewal")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http", "address of /metrics and /healthz ('' to disable)")
     log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
@@ -76,6 +79,7 @@ class Settings:
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
            "maintain_interval", "snapshot_retention"}
+_INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
 
@@ -103,6 +107,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _seconds_or_float(name, values[name])
     for name in _BOOLS & values.keys():
         values[name] = _bool(name, values[name])
+    for name in _INTS & values.keys():
+        values[name] = _int(name, values[name])
     settings = replace(Settings(), **values)
     if not settings.state_dir:
         settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
@@ -220,6 +226,16 @@ def _pairs(where: str, items: Any) -> dict[str, str]:
             raise PermanentError(f"{where}: {item!r} is not key=value, e.g. spark.executor.memory=2g")
         out[key.strip()] = value.strip()
     return out
+
+
+def _int(name: str, value: Any) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise PermanentError(f"setting {name}: {value!r} is not a whole number") from None
+    if number < 0:
+        raise PermanentError(f"setting {name} must not be negative, not {number}")
+    return number
 
 
 def _seconds_or_float(name: str, value: Any) -> float:

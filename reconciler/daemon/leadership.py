@@ -149,7 +149,8 @@ class Leadership:
         holder = self.holder
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=settings.segments_dir, spark=self._spark,
-                             lease=lambda: (holder, token), metrics=self._metrics)
+                             lease=lambda: (holder, token), metrics=self._metrics,
+                             snapshots_kept=settings.snapshots_kept)
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,

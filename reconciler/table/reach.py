@@ -14,9 +14,7 @@ from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from reconciler.table.catalog import (
-    local_path,
-)
+from reconciler.table.locations import local_path
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +83,19 @@ class _ManifestReader:
                 return set()
             found = frozenset(e.data_file.file_path for e in entries
                               if not live_only or e.status != ManifestEntryStatus.DELETED)
+            _ENTRIES.put(key, found)
+        return found
+
+    def deleted_files(self, manifest: ManifestFile) -> frozenset[str]:
+        """The data files a manifest records as deleted (a compaction's inputs)."""
+        key = (manifest.manifest_path, "deleted")
+        found = _ENTRIES.get(key)
+        if found is None:
+            try:
+                entries = manifest.fetch_manifest_entry(self.io, discard_deleted=False)
+            except FileNotFoundError:
+                return frozenset()
+            found = frozenset(e.data_file.file_path for e in entries if e.status == ManifestEntryStatus.DELETED)
             _ENTRIES.put(key, found)
         return found
 

@@ -101,7 +101,8 @@ def random_schedule(seed: int) -> Schedule:
     s = Schedule("random", seed)
     s.world = dict(partitions=rng.choice([1, 2, 2]), records=rng.choice([18, 30]),
                    marker_every=rng.choice([0, 0, 7]), bad_every=rng.choice([0, 0, 9]),
-                   tables=rng.random() < 0.8)  # else the first batch creates them, under the faults
+                   tables=rng.random() < 0.8,  # else the first batch creates them, under the faults
+                   snapshots_kept=rng.choice([1, 2, 3, 25]))  # small: publishes expire as they commit
     main_steps = rng.randint(2, 6)
     s.actors.append(("main", "daemon", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(main_steps)])))
     if rng.random() < 0.6:
@@ -421,6 +422,18 @@ def fresh_start() -> Schedule:
     return s
 
 
+def continuous_expiry() -> Schedule:
+    """Issue 34: publishes that expire old snapshots as they commit (keep 1), beside a
+    compaction and an orphan clean-up, and a power cut between a commit and the deletion
+    of what it superseded."""
+    s = Schedule("continuous-expiry", 16)
+    s.world = dict(partitions=2, records=60, snapshots_kept=1)
+    s.actors = [("main", "daemon", _ingest(12)), ("compact", "cli-compact", _seq(_op("compact"), _op("compact"))),
+                ("maintain", "cli-maintain", _seq(_op("orphans"), _op("orphans")))]
+    s.plan = FaultPlan(forced={("main", "superseded-delete", 6): "power"})
+    return s
+
+
 def percent_path() -> Schedule:
     """A warehouse path that needs percent-encoding: clean-up must look where pyiceberg wrote."""
     s = Schedule("percent-path", 15)
@@ -549,4 +562,5 @@ def _verify_ok(world: World, tables: Tables, store: Store) -> list[str]:
 NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     orphans_during_publish, orphans_during_compaction, ambiguous_commit, power_cut_after_commit,
     power_cut_after_compaction, two_upgrades, many_batch_directories, cancel_during_publish, rollup_flip,
-    verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path)}
+    verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
+    continuous_expiry)}

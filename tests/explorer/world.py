@@ -84,7 +84,8 @@ class Process:
             self._ctx = RuntimeContext(
                 store=self.store, segments_dir=w.warehouse, spark=lambda: None,
                 lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
-                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream))
+                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream),
+                snapshots_kept=w.snapshots_kept)
         return self._ctx
 
     @property
@@ -101,7 +102,7 @@ class Process:
 class World:
     def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
                  rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
-                 bad_every: int = 0, store: Store | None = None):
+                 bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25):
         """A world over a database and warehouse already set up (``setup``). ``store`` is
         shared by the world's processes (one engine: its compiled statements are reused
         from schedule to schedule; each process still has its own connections)."""
@@ -112,6 +113,7 @@ class World:
         for p in range(partitions):
             self.stream.produce(str(p), records, marker_every=marker_every, bad_every=bad_every)
         self.rollup = rollup
+        self.snapshots_kept = snapshots_kept  # small: the publishes expire snapshots as they go
         self.shared = store
         self.processes: dict[str, Process] = {}
         self.cancelled: dict[str, tuple[int, int]] = {}  # "<backfill>:<partition>" -> its unread range
