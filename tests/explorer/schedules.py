@@ -427,10 +427,10 @@ def continuous_expiry() -> Schedule:
     compaction and an orphan clean-up, and a power cut between a commit and the deletion
     of what it superseded."""
     s = Schedule("continuous-expiry", 16)
-    s.world = dict(partitions=2, records=60, snapshots_kept=1)
-    s.actors = [("main", "daemon", _ingest(12)), ("compact", "cli-compact", _seq(_op("compact"), _op("compact"))),
+    s.world = dict(partitions=2, records=90, snapshots_kept=1)
+    s.actors = [("main", "daemon", _ingest(16)), ("compact", "cli-compact", _seq(_op("compact"), _op("compact"))),
                 ("maintain", "cli-maintain", _seq(_op("orphans"), _op("orphans")))]
-    s.plan = FaultPlan(forced={("main", "superseded-delete", 6): "power"})
+    s.plan = FaultPlan(forced={("main", "superseded-delete", 10): "power"})
     return s
 
 
