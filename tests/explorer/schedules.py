@@ -488,11 +488,13 @@ def _import(world: World, process: str) -> None:
 
 
 def _batch_dirs(world: World, count: int) -> None:
-    from reconciler.table.writeids import new_write_id
+    """Uncommitted batch directories of a version before the write fences (ids of 32 hex
+    digits), as a crash loop of such a version leaves them."""
+    import uuid
 
     data = world.warehouse / "default" / DATASOURCE / "data"
     for _ in range(count):
-        (data / f"batch={new_write_id()}").mkdir(parents=True)
+        (data / f"batch={uuid.uuid4().hex}").mkdir(parents=True)
 
 
 def _no_stray_batch_dirs(world: World) -> list[str]:
