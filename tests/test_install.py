@@ -65,9 +65,17 @@ def mode_owner(path: Path) -> tuple[str, int, int]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def source(tmp_path_factory) -> Path:
+    """A copy of this work tree, to build from without leaving build files in it."""
+    from tests.test_packaging import copy_work_tree
+
+    return copy_work_tree(tmp_path_factory.mktemp("source") / "src")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory, source) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(ROOT)],
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(source)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     [whl] = out.glob("stream_reconciler-*.whl")
@@ -261,7 +269,7 @@ def test_on_the_host_the_operator_runs_reconciler_as_the_service_user(staged, wh
 
 # --------------------------------------------------------------------------- upgrade, removal
 
-def test_upgrade_in_place_keeps_configuration_state_and_specs(staged):
+def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
     root, _ = staged
     uid, gid = (int(x) for x in passwd_entry(root)[2:4])
     config = root / "etc" / "stream-reconciler" / "config.yaml"
@@ -271,8 +279,9 @@ def test_upgrade_in_place_keeps_configuration_state_and_specs(staged):
     spec = root / "srv" / "stream-reconciler" / "specs" / "clicks.yaml"
     shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", spec)
     os.chown(spec, uid, gid)
-    # from the source checkout this time, built as version 99.0.0
-    out = install("--root", str(root), env={"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STREAM_RECONCILER": "99.0.0"})
+    # from a source checkout this time, built as version 99.0.0
+    out = install("--root", str(root), "--from", str(source),
+                  env={"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STREAM_RECONCILER": "99.0.0"})
     assert re.search(r"upgraded stream-reconciler \S+ -> 99\.0\.0", out), out
     assert "kept /etc/stream-reconciler/config.yaml" in out
     version = subprocess.run([str(root / "opt" / "stream-reconciler" / "bin" / "reconciler"), "--version"],

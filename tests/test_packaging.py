@@ -25,11 +25,11 @@ def _git(cwd: Path, *args: str) -> str:
     return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-@pytest.fixture
-def tree(tmp_path) -> Path:
-    """This work tree's files in a new repository with one commit."""
+def copy_work_tree(dest: Path) -> Path:
+    """This work tree's files (what a clone of it would hold) in a new repository at
+    ``dest`` with one commit: a build there leaves the work tree as it was (no egg-info,
+    no build/ whose version would shadow the installed one)."""
     names = _git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
-    dest = tmp_path / "src"
     for name in filter(None, names):
         src = ROOT / name
         if not src.exists() and not src.is_symlink():
@@ -44,6 +44,11 @@ def tree(tmp_path) -> Path:
     _git(dest, "add", "-A")
     _git(dest, "commit", "-q", "-m", "a release")
     return dest
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return copy_work_tree(tmp_path / "src")
 
 
 def build(tree: Path, *kinds: str) -> list[Path]:
