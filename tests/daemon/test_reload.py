@@ -37,7 +37,8 @@ def clean_environment(monkeypatch):
 
 def _config(tmp_path: Path, **values: str) -> str:
     base = {"specs": str(tmp_path / "specs"), "stateDir": str(tmp_path / "state"), "http": "''",
-            "tickInterval": "0.5", "leaseTtl": "3", "compactInterval": "0", "maintainInterval": "0"}
+            # a long lease: on a loaded machine a short one may lapse, and a new term builds a new compactor
+            "tickInterval": "0.5", "leaseTtl": "30", "compactInterval": "0", "maintainInterval": "0"}
     base.update(values)
     path = tmp_path / "config.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in base.items()))
@@ -59,14 +60,14 @@ def test_reload_applies_the_maintenance_settings_to_the_running_leader(tmp_path,
     thread.start()
     try:
         _wait(lambda: daemon.manager is not None)
-        compactor = daemon.manager.compactor
+        compactor, token = daemon.manager.compactor, daemon.lease_token
         assert compactor.next_runs() == (math.inf, math.inf)  # both off in the first config
 
         _config(tmp_path, compactInterval="1s", compactLateness="2h", maintainInterval="1s",
                 snapshotRetention="3h", sparkMaster="'local[1]'")
         daemon.request_reload()
         _wait(lambda: compactor.every == 1.0)
-        assert daemon.manager.compactor is compactor  # the same term: reconfigured, not rebuilt
+        assert daemon.lease_token == token and daemon.manager.compactor is compactor  # reconfigured in its term
         assert (compactor.maintain_every, compactor.lateness, compactor.snapshot_retention) == (
             1.0, timedelta(hours=2), timedelta(hours=3))
         # compaction comes due a second after the leader started, and runs; maintenance's
