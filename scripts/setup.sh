@@ -109,6 +109,10 @@ if [ "$WITH_SERVICES" -eq 1 ]; then
     if ! command -v systemd-analyze >/dev/null 2>&1; then
         pkgs+=(systemd)
     fi
+    # tests/test_install.py runs scripts/install.sh, whose virtualenv is the system Python's
+    if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        pkgs+=(python3-venv)
+    fi
     if [ ${#pkgs[@]} -gt 0 ]; then
         apt_install "${pkgs[@]}"
         # Tests run private nodes; stop and disable the system one a package may start.
