@@ -263,7 +263,14 @@ BUILD=$(mktemp -d)
 trap 'rm -rf "$BUILD"' EXIT
 if [ -d "$FROM" ]; then
     say "building the wheel of $FROM"
+    # pip builds in the checkout: leave it as it was (an egg-info there would shadow the
+    # version of a development virtualenv run from it)
+    leftovers=()
+    for made in build stream_reconciler.egg-info; do
+        [ -e "$FROM/$made" ] || leftovers+=("$FROM/$made")
+    done
     "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
+    rm -rf "${leftovers[@]}"
     WHEEL=$(ls "$BUILD"/stream_reconciler-*.whl)
 elif [ -f "$FROM" ] && [[ "$FROM" == *.whl ]]; then
     WHEEL=$FROM

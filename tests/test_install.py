@@ -78,6 +78,8 @@ def wheel(tmp_path_factory, source) -> Path:
     r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(source)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for made in [source / "build", *source.glob("*.egg-info")]:  # the copy back as a clone has it
+        shutil.rmtree(made)
     [whl] = out.glob("stream_reconciler-*.whl")
     return whl
 
@@ -287,6 +289,7 @@ def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
     version = subprocess.run([str(root / "opt" / "stream-reconciler" / "bin" / "reconciler"), "--version"],
                              capture_output=True, text=True, check=True).stdout
     assert version.strip() == "reconciler, version 99.0.0"
+    assert not (source / "build").exists() and not list(source.glob("*.egg-info"))  # the checkout left as it was
     assert config.read_text().endswith("logLevel: DEBUG   # this host's own\n")
     assert state_file.read_bytes() == b"kept" and spec.is_file()
     assert (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "stream-reconciler.service").is_symlink()
