@@ -66,8 +66,7 @@ SERVICE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # sys
 # home (pyenv) is out of the service user's reach.
 PYTHON=${PYTHON:-/usr/bin/python3}
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-CHECKOUT=$(pwd)
+CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 FROM=$CHECKOUT
 SPECS=$DEFAULT_SPECS
@@ -95,6 +94,11 @@ done
 say() { echo "install: $*"; }
 die() { echo "install: $*" >&2; exit 1; }
 
+# paths given relative to where it was started, before it moves to its checkout
+FROM=$(realpath -m -- "$FROM")
+[ -z "$ROOT" ] || ROOT=$(realpath -m -- "$ROOT")
+cd "$CHECKOUT"
+
 # shellcheck source=scripts/lib/apt.sh
 source scripts/lib/apt.sh
 
@@ -119,6 +123,9 @@ for path in "$SPECS" ${SEGMENTS:+"$SEGMENTS"}; do
     esac
 done
 [ "$PURGE" -eq 0 ] || [ "$UNINSTALL" -eq 1 ] || die "--purge goes with --uninstall"
+if [ "$UNINSTALL" -eq 0 ] && [ ! -d "$FROM" ] && { [ ! -f "$FROM" ] || [[ "$FROM" != *.whl ]]; }; then
+    die "--from $FROM: not a wheel (.whl) nor a source directory"
+fi
 
 VENV=$ROOT$PREFIX
 UNIT=$ROOT$UNIT_DIR/$SERVICE.service
@@ -149,10 +156,14 @@ own() {
     fi
 }
 # as_service CMD...: run as the service user, with the environment systemd gives the daemon
+# (and from /: the checkout here is no business of the service's)
 as_service() {
-    env -i PATH="$SERVICE_PATH" HOME="$ROOT$STATE" LANG=C.UTF-8 \
+    env -i -C / PATH="$SERVICE_PATH" HOME="$ROOT$STATE" LANG=C.UTF-8 \
         setpriv --reuid="$SVC_UID" --regid="$SVC_GID" --clear-groups -- "$@"
 }
+# vpython ARGS...: the virtualenv's Python, isolated: from this checkout, `python -c` and
+# `-m` would otherwise import its reconciler/ and read its egg-info's version
+vpython() { "$VENV/bin/python" -I "$@"; }
 # Spark's JVM asks the system's user database for its user's name and home, and fails on a
 # user that only DIR/etc/passwd holds: below --root the archive is built only when the host
 # knows the same user.
@@ -247,7 +258,7 @@ else
 fi
 
 # --------------------------------------------------------------- the virtualenv
-if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+if [ -x "$VENV/bin/python" ] && ! vpython -c 'import sys' >/dev/null 2>&1; then
     say "the virtualenv's Python is gone (a Python upgrade?): building it again"
     rm -rf "$VENV"
     UPGRADE=0
@@ -257,7 +268,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$(dirname "$VENV")"
     "$PYTHON" -m venv "$VENV"
 fi
-old_version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("stream-reconciler"))' \
+old_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))' \
     2>/dev/null || true)
 BUILD=$(mktemp -d)
 trap 'rm -rf "$BUILD"' EXIT
@@ -269,20 +280,18 @@ if [ -d "$FROM" ]; then
     for made in build stream_reconciler.egg-info; do
         [ -e "$FROM/$made" ] || leftovers+=("$FROM/$made")
     done
-    "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
+    vpython -m pip wheel -q --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
     rm -rf "${leftovers[@]}"
     WHEEL=$(ls "$BUILD"/stream_reconciler-*.whl)
-elif [ -f "$FROM" ] && [[ "$FROM" == *.whl ]]; then
-    WHEEL=$FROM
 else
-    die "--from $FROM: not a wheel (.whl) nor a source directory"
+    WHEEL=$FROM
 fi
 say "installing $(basename "$WHEEL") (the package alone: no test or demo extras)"
 # The dependencies first, then the package itself again: pip keeps an installed
 # package of the same version as it is, which an in-place upgrade must not.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
-new_version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("stream-reconciler"))')
+vpython -m pip install -q --disable-pip-version-check "$WHEEL"
+vpython -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
+new_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))')
 if [ "$HAVE_USER" -eq 1 ] && [ "$IS_ROOT" -eq 1 ] && ! as_service "$VENV/bin/reconciler" --version >/dev/null; then
     die "$SERVICE_USER cannot run $PREFIX/bin/reconciler (does its Python, $(readlink -f "$VENV/bin/python"), lie in a directory only root may enter?)"
 fi
@@ -345,17 +354,17 @@ elif [ "$(java_major)" -lt 17 ] 2>/dev/null; then
 else
     install -d -m 0755 "$ARCHIVES"
     chown "$SVC_UID:$SVC_GID" "$ARCHIVES"
-    have=$(as_service "$VENV/bin/python" -c \
+    have=$(as_service "$VENV/bin/python" -I -c \
         'from reconciler.pipeline.sparkcds import java_options as j, archive_path as a; print(a() if j() else "")')
     if [ -n "$have" ]; then
         say "Spark class archive found: ${have#"$ROOT"}"
     else
         say "building Spark's class archive as $SERVICE_USER (about 30 s)"
-        if ! as_service "$VENV/bin/python" -m reconciler.pipeline.sparkcds >"$BUILD/sparkcds.log" 2>&1; then
+        if ! as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds >"$BUILD/sparkcds.log" 2>&1; then
             tail -n 20 "$BUILD/sparkcds.log" >&2
             say "no class archive (the daemon starts Spark without it, slower)"
         fi
-        have=$(as_service "$VENV/bin/python" -c \
+        have=$(as_service "$VENV/bin/python" -I -c \
             'from reconciler.pipeline.sparkcds import java_options as j, archive_path as a; print(a() if j() else "")')
     fi
     # those of an older java, pyspark or user, and what a JVM that failed wrote as it exited

@@ -220,7 +220,7 @@ def test_on_the_host_the_operator_runs_reconciler_as_the_service_user(staged, wh
             ("install", f"bash scripts/install.sh --from {work / wheel.name}"),
             ("verify", "systemd-analyze verify --man=no /etc/systemd/system/stream-reconciler.service"),
             ("archive", "ls -n /opt/stream-reconciler/share/stream-reconciler/ && "
-                        "runuser -u stream-reconciler -- /opt/stream-reconciler/bin/python -c "
+                        "runuser -u stream-reconciler -- /opt/stream-reconciler/bin/python -I -c "
                         "'from reconciler.pipeline.sparkcds import java_options; print(\"options:\", java_options())'"),
             ("which", "command -v reconciler"),
             ("version", "cd / && reconciler --version"),
