@@ -42,6 +42,22 @@ def test_the_settings_table_is_generated_from_settings_py():
     assert r.returncode == 0, r.stderr  # says the one command that regenerates it
 
 
+@pytest.mark.parametrize("doc", ["README.md", "examples/etc/config.yaml", "systemd/stream-reconciler.service"])
+def test_the_docs_name_every_setting_a_reload_cannot_change(doc):
+    """Where a doc says which settings need a restart, it names each one the daemon keeps."""
+    from dataclasses import fields
+
+    from reconciler.daemon import RESTART_FIELDS
+    from reconciler.settings import Settings
+
+    keys = {f.name: f.metadata["key"] for f in fields(Settings)}
+    text = " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+    m = re.search(r"([^.;(]*)\bneed (?:a restart|`systemctl restart)", text)
+    assert m, f"{doc} does not say which settings need a restart"
+    named = set(re.findall(r"\w+", m.group(1)))
+    assert {keys[f] for f in RESTART_FIELDS} <= named, m.group(0)
+
+
 # --------------------------------------------------------------------------- commands
 
 FENCE = re.compile(r"^\s*```")

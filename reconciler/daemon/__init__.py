@@ -25,8 +25,8 @@ tells systemd STOPPING=1, releases the lease and exits 0; a second one exits at 
 staged files are removed by the next leader's recovery. SIGHUP re-reads the config
 file and swaps the settings whole (RELOADING=1 ... READY=1): the next pass, the lease, the
 leader's compaction and maintenance schedule, the spec watcher, the HTTP address and the
-log format take the new values; the database, segments, state directory, Spark master and
-Spark settings (``RESTART_FIELDS``) need a restart. Signal handlers only set a flag and
+log format take the new values; the database, segments, state directory, Spark master,
+Spark settings and snapshots kept (``RESTART_FIELDS``) need a restart. Signal handlers only set a flag and
 ring the loop's self-pipe (``waker``): the loop does the work, so a storm of signals
 cannot deadlock it.
 
@@ -74,7 +74,9 @@ __all__ = ["Daemon", "SpecWatcher", "Leadership", "Tick", "CatchUp", "HttpEndpoi
 
 log = logging.getLogger(__name__)
 
-RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf")  # not swapped by SIGHUP
+# Not swapped by SIGHUP: what the process opened (the database, the directories, the Spark
+# session) and what a leadership term's runtimes are built with (snapshots_kept).
+RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf", "snapshots_kept")
 
 
 def _key(name: str) -> str:
