@@ -160,6 +160,17 @@ class Leadership:
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
 
+    def settings_changed(self) -> None:
+        """After a SIGHUP: this term's compactor takes the new ``compactInterval``,
+        ``compactLateness``, ``maintainInterval`` and ``snapshotRetention`` (a standby's next
+        term reads them when it starts; the rest is asked for at each use)."""
+        manager = self.manager
+        if manager is not None:
+            s = self._settings()
+            manager.compactor.configure(every=s.compact_interval, lateness=s.compact_lateness,
+                                        maintain_every=s.maintain_interval,
+                                        snapshot_retention=s.snapshot_retention)
+
     def _note_standby(self) -> None:
         try:
             lease = self.store.lease()
