@@ -5,7 +5,9 @@
 * ``is_current`` only for a database at exactly that revision (not for a missing table,
   an older revision or an unknown one): every other case still goes through ``migrate``;
 * ``reconciler status --no-lag`` imports neither alembic nor pyarrow (nor numpy, the
-  planner, pyspark or a broker client), and still upgrades a database that is behind.
+  planner, pyspark or a broker client); a database that is behind is refused with the way
+  out (``reconciler db upgrade``) and left as it is: a read-only command never migrates a
+  schema under a daemon of the older version (issue 35).
 """
 
 from __future__ import annotations
@@ -46,37 +48,45 @@ _PROBE = """
 import json, sys
 from reconciler.cli import main
 sys.argv = ["reconciler", "status", "--no-lag", "-o", "json"]
+code = 0
 try:
     main()
-except SystemExit:
-    pass
+except SystemExit as exc:
+    code = exc.code
 heavy = ["alembic", "pyarrow", "numpy", "reconciler.control.plan", "pyspark", "confluent_kafka", "rstream"]
-print(json.dumps({m: m in sys.modules for m in heavy}), file=sys.stderr)
+print(json.dumps({"exit": code, **{m: m in sys.modules for m in heavy}}), file=sys.stderr)
 """
 
 
-def _probe(settings) -> tuple[dict, dict]:
+def _probe(settings) -> tuple[str, str, dict]:
     env = {**helpers.settings_env(settings), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), json.loads(proc.stderr.strip().splitlines()[-1])
+    lines = proc.stderr.strip().splitlines()
+    return proc.stdout, "\n".join(lines[:-1]), json.loads(lines[-1])
 
 
-def test_status_imports_only_what_it_needs_and_still_upgrades(tmp_path):
+def test_status_imports_only_what_it_needs_and_refuses_an_older_schema(tmp_path):
     s = helpers.make_settings(tmp_path)
     s.state_path.mkdir(parents=True, exist_ok=True)
     store = Store(s.db_url)
     try:
         store.migrate()
-        doc, imported = _probe(s)
-        assert doc["supervisors"] == [] and not any(imported.values()), imported
-        with store.engine.begin() as c:  # a database one revision behind is upgraded, as before
+        out, _, probed = _probe(s)
+        exit_code = probed.pop("exit")
+        assert exit_code in (0, None) and json.loads(out)["supervisors"] == [], out
+        assert not any(probed.values()), probed
+        with store.engine.begin() as c:  # a database one revision behind
             cfg = Config()
             cfg.set_main_option("script_location", str(MIGRATIONS))
             cfg.attributes["connection"] = c
             command.downgrade(cfg, "-1")
         assert not is_current(store.engine)
-        doc, imported = _probe(s)
-        assert imported["alembic"] and is_current(store.engine)
+        behind = store.revision()
+        out, err, probed = _probe(s)
+        assert probed.pop("exit") == 1 and out == ""
+        assert "reconciler db upgrade" in err and f"schema revision {behind}" in err, err
+        assert not any(probed.values()), probed
+        assert store.revision() == behind  # left as it was
     finally:
         store.close()
