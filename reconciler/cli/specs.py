@@ -86,12 +86,13 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
 
     desired = desired_from_directory(directory or _directory(c))
     actual = c.store.read_actual()
+    lag, now = c.store.lag_states(), datetime.now(UTC)  # lag policies act on what the daemon observed
     ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
-    first = plan(desired, actual, settings=ps)
+    first = plan(desired, actual, settings=ps, now=now, lag=lag)
     resets = [a for a in first.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
     if not resets or not with_positions:
         return first
-    positions, now = {}, datetime.now(UTC)
+    positions = {}
     for a in resets:
         rec = actual.supervisors.get(a.supervisor_id)
         spec = rec.spec if rec else (a.spec or desired.specs.get(a.supervisor_id, (None, None))[1])
@@ -101,7 +102,7 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
             positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
         except ReconcilerError as exc:
             click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {exc}", err=True)
-    return plan(desired, actual, positions=positions, settings=ps)
+    return plan(desired, actual, positions=positions, settings=ps, now=now, lag=lag)
 
 
 @cli.command("plan", epilog="Example: reconciler plan -o json | jq '.actions[].kind'")

@@ -42,6 +42,7 @@ from reconciler.model import (
 )
 from reconciler.spec import secrets
 from reconciler.store.engine import create_engine
+from reconciler.store.freshness import FreshnessStore
 from reconciler.store.records import (
     AuditEntry,
     BatchTotals,
@@ -115,8 +116,9 @@ class ResetResult:
         }
 
 
-class Store:
-    """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases."""
+class Store(FreshnessStore):
+    """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases
+    (and, from ``FreshnessStore``, lag observations and webhook cursors)."""
 
     def __init__(self, url: str):
         self.url = url
@@ -326,14 +328,19 @@ class Store:
     def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
         """Runtime status updates; written only when something changed (callers track that).
         Only ``runtime_error`` is the runtime's: the spec file's error is ``mark_invalid``'s."""
+        now = utcnow()
         values: dict[str, Any] = dict(state=state, detailed_state=detailed, runtime_error=secrets.scrub(error),
-                                      updated_at=utcnow())
+                                      updated_at=now)
         with self._write() as c:
-            c.execute(
+            before = c.execute(sa.select(supervisors.c.state).where(supervisors.c.id == supervisor_id)
+                               .with_for_update()).scalar()
+            hit = c.execute(
                 sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
                     supervisors.c.state.notin_([State.TERMINATED, State.SUSPENDED, State.COMPLETED])
                 ).values(**values)
-            )
+            ).rowcount
+            if hit and before is not None:  # UNHEALTHY and back are audited (and so sent to the webhook)
+                self._health_event(c, supervisor_id, State(before), state, detailed, error, now)
 
     def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
         now = now or utcnow()
@@ -549,6 +556,8 @@ class Store:
             return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
         if row is None or row.kind != Kind.MAIN:
             raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
+        if request.trigger == "policy" and row.state == State.SUSPENDED:  # read under the lock: exact
+            raise PermanentError(f"{row.id} is suspended: a lag policy never resets a suspended supervisor")
         current = self._checkpoints(c, request.supervisor_id)
         filled = fill_missing(current, earliest if earliest is not None else initial, initial)
         missing = {p: o for p, o in filled.items() if p not in current}
@@ -603,6 +612,7 @@ class Store:
         doc = json.loads(main.spec)
         doc.pop("backfill", None)
         doc.pop("suspended", None)
+        doc.pop("lagPolicy", None)  # a bounded supervisor is never reset: the policy stays the main's
         doc["id"] = bf_id
         if request.backfill_task_count:
             doc["taskCount"] = request.backfill_task_count

@@ -108,7 +108,7 @@ def test_valid_specs(text):
         pytest.param(
             KAFKA + "colour: blue\n",
             [
-                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, "
+                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, lagPolicy, "
                 "maxBatchBytes, maxBatchRecords, onRetentionLoss, source, startFrom, suspended, taskCount, taskDuration)"
             ],
             id="unknown-key-lists-allowed",
