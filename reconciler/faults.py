@@ -8,7 +8,8 @@ check is one dictionary lookup.
 
 Points: after-write (files staged, nothing committed), before-commit, after-commit
 (committed, files not yet moved into place), inside-reset (reset transaction open),
-after-reset (committed, marker not yet renamed).
+after-reset (committed, marker not yet renamed), after-breach (a lag policy's breach
+recorded, its reset not yet planned).
 """
 
 from __future__ import annotations

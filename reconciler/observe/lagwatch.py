@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from reconciler import faults
 from reconciler.control.actual import ActualState, Kind, SupervisorRecord
 from reconciler.control.lagpolicy import LagObservation, LagState, PolicyStatus, advance, decide
 from reconciler.errors import ReconcilerError
@@ -225,6 +226,11 @@ class LagObserver:
                 self.metrics.set_breach(sid, None)
         if rows or notes or forget:
             self.store.save_lag(rows, notes, forget, now=now)
+        for new in rows:  # a breach just recorded: the point a crash must neither repeat nor lose
+            old = states.get(new.supervisor_id)
+            if new.breach_since is not None and (old is None or old.observation is None
+                                                 or old.observation.breach_since != new.breach_since):
+                faults.crash_point("after-breach", new.supervisor_id)
         due = []
         for new in rows:
             rec = actual.supervisors[new.supervisor_id]
