@@ -266,3 +266,49 @@ def test_a_crash_between_breach_and_reset_neither_repeats_nor_loses_it(tmp_path,
     finally:
         store.close()
     h.assert_exactly_once(h.key_counts(spark, s, SID), h.keys(first + burst))
+
+
+@pytest.mark.rabbitmq
+def test_a_time_policy_on_rabbitmq_streams(tmp_path, rabbit_node, stream, spark):
+    """``maxLag`` on RabbitMQ Streams: the age of the chunk at the checkpoint. Records wait while
+    the supervisor is suspended (never reset then); resumed, it is older than the policy allows
+    and is reset once, the skipped range backfilled, every key once."""
+    s = settings(tmp_path, RECONCILER_LAG_INTERVAL="1")
+    names = [stream(), stream()]
+    policy = {"maxLag": "3s", "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
+    plain = h.spec_doc(SID, h.rabbit_source(rabbit_node.stream_uri, names), max_batch_records=600)
+    doc = {**plain, "lagPolicy": policy}
+    produced: list = []
+    ends = dict.fromkeys(names, 0)
+
+    def produce(n: int) -> None:
+        records = devservices.make_records(n, start=len(produced))
+        for i, name in enumerate(names):
+            part = records[i::2]
+            assert devservices.produce_rabbit(rabbit_node.stream_uri, name, part) == len(part)
+            ends[name] += len(part)
+        produced.extend(records)
+
+    produce(200)
+    h.write_spec(s.specs, plain)  # without the policy first: the session's start would breach 3s already
+    with Running(s) as run:
+        store = run.store
+        run.wait("the first records", lambda: store.checkpoints(SID) == ends)
+        h.write_spec(s.specs, {**doc, "suspended": True})
+        run.wait("SUSPENDED", lambda: store.get(SID).state == "SUSPENDED", 60)
+        produce(3_000)
+        time.sleep(5)  # the records age past maxLag while suspended: no reset
+        assert policy_resets(store) == []
+        h.write_spec(s.specs, doc)
+        run.wait("the policy's reset", lambda: backfills(store), timeout=60)
+        run.wait("the backfill completed", lambda: backfills(store)[0].state == "COMPLETED", timeout=300)
+        run.wait("the main at the head", lambda: store.checkpoints(SID) == ends, timeout=120)
+        import json
+
+        code, out = h.run_cli(s, "status", SID, "-o", "json")
+        assert code == 0, out
+    resets = policy_resets(store)
+    assert len(resets) == 1 and resets[0]["actor"] == "policy" and " > 3s" in resets[0]["reason"]
+    item = json.loads(out)["supervisors"][0]
+    assert item["lagSeconds"] == 0.0 and {p["partition"] for p in item["partitions"]} == set(names)
+    h.assert_exactly_once(h.key_counts(spark, s, SID), h.keys(produced))
