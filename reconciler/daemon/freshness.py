@@ -41,7 +41,7 @@ class Freshness:
 
     def follow(self, leader: bool) -> None:
         if not leader:
-            self._stop(flush=0.0)  # deposed: the new leader delivers from the stored cursors
+            self._stop(flush=0.0, wait=False)  # deposed: the new leader delivers from the stored cursors
             return
         s = self._settings()
         if self.observer is not None and self._interval != s.lag_interval:
@@ -72,10 +72,12 @@ class Freshness:
         """At shutdown: the observer at once, the delivery after flushing what is written."""
         self._stop(flush=FLUSH)
 
-    def _stop(self, flush: float) -> None:
+    def _stop(self, flush: float, *, wait: bool = True) -> None:
+        """``wait=False``: signal the threads and go on (the loop must not wait on a broker or an
+        endpoint); they leave after the call they are in."""
         if self.observer is not None:
-            self.observer.stop()
+            self.observer.stop(wait=wait)
             self.observer = None
         if self.delivery is not None:
-            self.delivery.stop(flush=flush)
+            self.delivery.stop(flush=flush, wait=wait)
             self.delivery = None

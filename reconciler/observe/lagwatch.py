@@ -104,6 +104,7 @@ class LagObserver:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._close_on_exit = False
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -114,14 +115,17 @@ class LagObserver:
         self._thread = threading.Thread(target=self._loop, name="lag-observer", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """``wait=False`` (a deposed leader): the round under way ends on its own, unwaited, and
+        the thread closes its clients as it leaves."""
+        thread, self._thread = self._thread, None
+        self._close_on_exit = not wait
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-        for seen in self._seen.values():
-            _close(seen)
-        self._seen.clear()
+        if thread is not None and wait:
+            thread.join(timeout=30)
+            for seen in self._seen.values():
+                _close(seen)
+            self._seen.clear()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -133,6 +137,9 @@ class LagObserver:
             except Exception:  # noqa: BLE001 - a bug must not end the observer
                 log.exception("lag observation failed")
             self._stop.wait(max(0.05, self.interval - (time.monotonic() - started)))
+        if self._close_on_exit:  # stopped without waiting: the clients are closed here
+            for seen in self._seen.values():
+                _close(seen)
 
     # -- one round -----------------------------------------------------------------------
 

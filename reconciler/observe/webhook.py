@@ -18,7 +18,8 @@ that made it had no webhook: one follower per endpoint reads the entries after i
 * **The cursor is in the database** (``webhook_cursors``: the last entry delivered, and since
   when the endpoint fails, for ``reconciler status``): a new leader goes on where the last one
   stopped, so delivery is at least once (a receiver deduplicates by ``id``). A new endpoint
-  starts at the newest entry, without the past.
+  starts at the newest entry, without the past; one that comes back more than ``BACKLOG``
+  entries behind is sent the last ``BACKLOG`` (the skipped ones are logged and counted).
 * **In order, without skipping.** Entries are delivered by ascending id. PostgreSQL hands out
   ids when a transaction inserts, not when it commits, so an id can become visible after a
   higher one: a hole in the ids is waited for (``GAP_WAIT``) before it is passed over (a rolled
@@ -57,6 +58,7 @@ MAX_BACKOFF = 60.0
 POLL = 0.25  # seconds between looks at the audit log while idle
 GAP_WAIT = 10.0  # seconds a hole in the audit ids is waited for
 FLUSH = 5.0  # seconds at shutdown to deliver what is already written
+BACKLOG = 10_000  # audit entries an endpoint that comes back is sent at most (the rest: dropped, logged)
 
 
 def endpoint_key(url: str) -> str:
@@ -119,10 +121,20 @@ class Endpoint:
         """Load or create the cursor (before the first pass writes anything: no event missed)."""
         now = datetime.now(UTC)
         cursor = self.store.webhook_cursor(self.key)
+        top = self.store.last_audit_id()
         if cursor is None:
-            cursor = WebhookCursor(self.key, self.label, self.store.last_audit_id())
+            cursor = WebhookCursor(self.key, self.label, top)
             self.store.save_webhook_cursor(cursor, now=now)
             log.info("webhook %s: new endpoint; events from audit entry %d on", self.label, cursor.last_id)
+        elif top - cursor.last_id > BACKLOG:  # an endpoint back after months: not months of events
+            skipped = top - BACKLOG - cursor.last_id
+            log.warning("webhook %s: %d audit entries behind; the oldest %d are not sent (see `reconciler "
+                        "history`)", self.label, top - cursor.last_id, skipped)
+            if self.metrics is not None:
+                self.metrics.webhook_dropped.labels(self.label).inc(skipped)
+            cursor = WebhookCursor(cursor.endpoint, cursor.label, top - BACKLOG, cursor.failing_since,
+                                   cursor.last_error, cursor.delivered_at)
+            self.store.save_webhook_cursor(cursor, now=now)
         self.cursor = cursor
         if self.metrics is not None:
             self.metrics.webhook_failing.labels(self.label).set(1 if cursor.failing_since else 0)
@@ -271,8 +283,10 @@ class WebhookDelivery:
         for e in self.endpoints:
             e.begin()
 
-    def stop(self, flush: float = FLUSH) -> None:
+    def stop(self, flush: float = FLUSH, *, wait: bool = True) -> None:
+        """``wait=False`` (a deposed leader): the threads leave after the POST they are in; the
+        loop does not wait for an endpoint that does not answer."""
         for e in self.endpoints:  # all drain at once: a slow endpoint does not hold the others' time
             e.request_stop(flush)
-        for e in self.endpoints:
+        for e in self.endpoints if wait else ():
             e.join()
