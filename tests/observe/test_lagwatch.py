@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 
@@ -54,7 +53,6 @@ def test_one_round(store, kafka_broker, topic):
     store.init_checkpoints("clicks", {"0": 100, "1": 0})  # partition 1 is empty: caught up
     metrics, rung = Metrics(), []
     observer = LagObserver(store, interval=5.0, metrics=metrics, on_due=lambda: rung.append(1))
-    now = datetime.now(UTC)
     [seen] = observer.observe_once()
     assert seen.records == ends[0] - 100 == 300
     by_part = {p.partition: p for p in seen.partitions}
