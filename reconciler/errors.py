@@ -24,6 +24,11 @@ class RetryableError(ReconcilerError):
     on their own schedule)."""
 
 
+class CommitOutcomeUnknown(RetryableError):
+    """The database connection failed while a transaction was committing: it may or may
+    not have committed. Never guess: a write of files is fenced before any is deleted."""
+
+
 class PermanentError(ReconcilerError):
     """A failure that needs a person: bad configuration, missing topic, bad request."""
 

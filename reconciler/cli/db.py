@@ -39,7 +39,7 @@ def db_upgrade(c: Context):
 def import_all(c, *, dry_run: bool = False, echo=click.echo) -> list:
     """Import the old layout's committed segment files of every datasource into its table
     (``reconciler db upgrade`` calls this after the migrations). Idempotent."""
-    from reconciler.table.maintenance import import_segments, old_layout_datasources
+    from reconciler.table.upgrade import import_segments, old_layout_datasources
 
     store = c.store
     segments_dir = c.settings.segments_dir

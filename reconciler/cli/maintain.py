@@ -63,7 +63,7 @@ def parse_duration(text: str) -> timedelta:
 def datasource_rollup(store, datasource: str):
     """The rollup of the spec that writes ``datasource`` (its main supervisor's, preferably a
     live one), or None. Backfills share their main's dataSchema."""
-    from reconciler.table.maintenance import Rollup
+    from reconciler.table.compact import Rollup
 
     records = [r for r in store.read_actual().supervisors.values()
                if r.spec_document.get("dataSchema", {}).get("datasource") == datasource]
@@ -114,14 +114,15 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
     expires those snapshots.
     """
     from reconciler.errors import ReconcilerError
-    from reconciler.table.maintenance import MaintenanceError, compact
+    from reconciler.table.compact import compact
+    from reconciler.table.reports import MaintenanceError
 
     try:
         tables = open_tables(c)
         if tables.load(datasource) is None:
             _refuse(f"no table '{datasource}' (datasources: {', '.join(_datasources(tables)) or 'none yet'})", output)
         rollup = None if no_rollup else datasource_rollup(c.read_store, datasource)
-        result = compact(tables, datasource, rollup=rollup, lateness=lateness, target_file_size=target_file_size,
+        result = compact(tables, datasource, store=c.store, rollup=rollup, lateness=lateness, target_file_size=target_file_size,
                          dry_run=dry_run)
     except (ReconcilerError, MaintenanceError) as exc:
         _refuse(str(exc), output)
@@ -197,12 +198,9 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
     Safe while the daemon runs. Run it daily, e.g. from a systemd timer or cron.
     """
     from reconciler.errors import ReconcilerError
-    from reconciler.table.maintenance import (
-        MaintenanceError,
-        expire_snapshots,
-        remove_orphans,
-        table_names,
-    )
+    from reconciler.table.expire import expire_snapshots
+    from reconciler.table.orphans import remove_orphans
+    from reconciler.table.reports import MaintenanceError, table_names
 
     docs = []
     try:
@@ -213,11 +211,11 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
         for name in names:
             doc: dict[str, Any] = {"table": name}
             if not no_expire:
-                doc["expire"] = expire_snapshots(tables, name, older_than=older_than, retain_last=retain_last,
+                doc["expire"] = expire_snapshots(tables, name, store=c.read_store, older_than=older_than, retain_last=retain_last,
                                                  dry_run=dry_run)
             if not no_orphans:
                 doc["orphans"] = remove_orphans(tables, name, older_than=orphans_older_than,
-                                                committed_batches=c.read_store.committed_batch_ids, dry_run=dry_run)
+                                                store=c.store, dry_run=dry_run)
             docs.append(doc)
     except (ReconcilerError, MaintenanceError) as exc:
         _refuse(str(exc), output)

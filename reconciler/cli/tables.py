@@ -76,7 +76,7 @@ def verify(c, datasource, deep, output):
     snapshots carry, per supervisor (with its backfills) and partition, and report
     overlaps and gaps, each gap with the audit log's explanation."""
     from reconciler.table.catalog import deadletter_table
-    from reconciler.table.verify import lineage_of
+    from reconciler.table.verify import SupervisorFacts, lineage_of
     from reconciler.table.verify import verify as run_verify
 
     tables = open_tables(c)
@@ -87,8 +87,13 @@ def verify(c, datasource, deep, output):
     actual = store.read_actual()
     lineages = {lineage_of(sid) for sid in actual.supervisors
                 if actual.supervisors[sid].spec_document.get("dataSchema", {}).get("datasource") == datasource}
-    history = {sid: store.history(sid) for sid in actual.supervisors if lineage_of(sid) in lineages}
-    report = run_verify(table, datasource, history, deep=deep, dead_table=tables.load(deadletter_table(datasource)))
+    mine = [sid for sid in actual.supervisors if lineage_of(sid) in lineages]
+    history = {sid: store.history(sid) for sid in mine}
+    facts = {sid: SupervisorFacts(sid, r.kind, r.state, r.generation, actual.checkpoints.get(sid, {}),
+                                  store.first_offsets(sid), r.end_offsets)
+             for sid in mine if (r := actual.supervisors[sid])}
+    report = run_verify(table, datasource, history, deep=deep, dead_table=tables.load(deadletter_table(datasource)),
+                        facts=facts)
     if output == "json":
         _echo_json(report.to_dict())
     else:
@@ -98,7 +103,8 @@ def verify(c, datasource, deep, output):
 
 
 def _report_text(report) -> str:
-    lines = [f"verify {report.datasource}: {report.snapshots} batch snapshot(s)"]
+    lines = [f"verify {report.datasource}: {report.snapshots} batch snapshot(s)"
+             + ("" if report.anchored else " (no supervisor in the database writes it: checkpoints not checked)")]
     rows = [[c.lineage, c.partition, f"[{c.start}, {c.end})", c.batches] for c in report.coverage]
     if rows:
         lines.append(render.table(["supervisor", "partition", "offsets covered", "batches"], rows))
@@ -108,7 +114,14 @@ def _report_text(report) -> str:
             what += f": {f.explanation}"
         elif f.kind == "gap":
             what += ": UNEXPLAINED (no retention loss, reset or cancelled backfill in the audit log)"
-        lines.append(("FAIL " if f.fails else "ok   ") + what)
+        elif f.kind == "ahead":
+            what += ": the table holds offsets past the checkpoint (committed by no checkpoint)"
+        mark = "FAIL " if f.fails else "wait " if f.pending else "ok   "
+        lines.append(mark + what)
+    for path in report.missing_files[:20]:
+        lines.append(f"FAIL missing file (referenced by the table): {path}")
+    if len(report.missing_files) > 20:
+        lines.append(f"FAIL ... and {len(report.missing_files) - 20} more missing file(s)")
     if report.deep is not None:
         d = report.deep
         if d.skipped:
@@ -116,10 +129,17 @@ def _report_text(report) -> str:
         else:
             lines.append(f"deep: {d.rows} rows and {d.dead_letters} dead letters; "
                          f"{len(d.duplicates)} duplicated offset(s); {d.holes} offset(s) without a record "
-                         "(transaction markers, compacted records)")
+                         "(transaction markers, tracking entries, compacted records)")
             for p, o, n in d.duplicates[:10]:
                 lines.append(f"FAIL duplicate: partition {p} offset {o} appears {n} times")
-    explained = sum(1 for f in report.findings if not f.fails)
-    lines.append("OK: every offset in exactly one batch" + (f" ({explained} explained gap(s))" if explained else "")
+            for p, n in d.missing:
+                lines.append(f"FAIL missing: partition {p}: {n} record(s) the readers delivered are not in the table")
+            if d.outside:
+                lines.append(f"FAIL {d.outside} row(s) at offsets no committed batch read")
+    explained = sum(1 for f in report.findings if not f.fails and not f.pending)
+    waiting = sum(1 for f in report.findings if f.pending)
+    tail = ", ".join(x for x in (f"{explained} explained gap(s)" if explained else "",
+                                 f"{waiting} range(s) a running backfill has still to read" if waiting else "") if x)
+    lines.append("OK: every offset in exactly one batch" + (f" ({tail})" if tail else "")
                  if report.ok else "FAILED: see the lines marked FAIL")
     return "\n".join(lines)

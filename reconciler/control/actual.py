@@ -66,6 +66,7 @@ class SupervisorRecord:
     end_offsets: Mapping[str, int] | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    generation: int = 0  # source generations: a fresh start begins a new one (verify keeps them apart)
 
     @property
     def spec(self) -> SupervisorSpec:

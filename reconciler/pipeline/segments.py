@@ -179,7 +179,9 @@ def write_batch(
     if fsync:
         # After a power loss the files must still be there once the database says committed.
         paths = [Path(f.path) for f in (*files, *dead_files)]
-        dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent}
+        # Up to the table's own directory, whose entry for data/ a new table has not made durable.
+        dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent,
+                                            data_dir.parent.parent, dead_dir.parent.parent}
         fsync_all(paths, dirs)
     return WrittenBatch(batch_id, tuple(files), tuple(dead_files),
                         input_rows() if input_rows is not None else None,

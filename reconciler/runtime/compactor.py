@@ -2,7 +2,7 @@
 
 ``RuntimeManager`` calls ``maybe_run(now)`` from its loop (cheap: a clock check); when a
 run is due it starts one background thread that compacts every datasource the
-supervisors write (``reconciler.table.maintenance.compact``, rollup per the main spec),
+supervisors write (``reconciler.table.compact.compact``, rollup per the main spec),
 then optionally expires snapshots and removes orphans. Compaction commits with the same
 compare-and-swap as the publish, so batches keep publishing meanwhile (whoever moves the
 table second is re-planned or re-staged). ``stop()`` cancels between partitions: what a
@@ -84,7 +84,7 @@ class Compactor:
 
     def datasources(self) -> dict[str, object]:
         """Datasource -> its rollup (None without), from the supervisors' specs (main first)."""
-        from reconciler.table.maintenance import Rollup
+        from reconciler.table.compact import Rollup
 
         out: dict[str, object] = {}
         records = sorted(self.ctx.store.read_actual().supervisors.values(), key=lambda r: r.kind != "main")
@@ -94,7 +94,7 @@ class Compactor:
         return out
 
     def run_once(self) -> list:
-        from reconciler.table.maintenance import DEFAULT_TARGET_FILE_SIZE, compact
+        from reconciler.table.compact import DEFAULT_TARGET_FILE_SIZE, compact
 
         tables = self.ctx.tables()
         results = []
@@ -103,7 +103,7 @@ class Compactor:
                 break
             if tables.load(name) is None:
                 continue
-            result = compact(tables, name, rollup=rollup, lateness=self.lateness,
+            result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=self.lateness,
                              target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
                              cancel=self._cancel)
             results.append(result)
@@ -112,13 +112,14 @@ class Compactor:
         return results
 
     def maintain_once(self) -> list:
-        from reconciler.table.maintenance import expire_snapshots, remove_orphans
+        from reconciler.table.expire import expire_snapshots
+        from reconciler.table.orphans import remove_orphans
 
         tables = self.ctx.tables()
         out = []
         for name in tables.names():
             if self._cancel.is_set():
                 break
-            out.append(expire_snapshots(tables, name, older_than=self.snapshot_retention))
-            out.append(remove_orphans(tables, name, committed_batches=self.ctx.store.committed_batch_ids))
+            out.append(expire_snapshots(tables, name, store=self.ctx.store, older_than=self.snapshot_retention))
+            out.append(remove_orphans(tables, name, store=self.ctx.store))
         return out

@@ -1,10 +1,17 @@
-"""Start-up clean-up of batch files, run by the leader before any runtime starts.
+"""Start-up clean-up of the files of writes that never committed, run by the leader before
+any runtime starts.
 
-A batch's data files are written under ``<table>/data/batch=<B>/`` and referenced by
-the table only once its publish committed. A crash can therefore leave files of a
-batch that never committed: invisible to readers, but taking space. They are deleted
-here (the database's ``batches`` table says which batches committed); files of
-committed batches are never touched.
+Every write (a batch, a compaction) is recorded in the database before its first file
+(``Store.begin_write``), so the writes a crash interrupted are the ones still
+``writing``: each is fenced (``Store.fence_write``: it can never commit after this) and
+its files deleted: its batch directories, its compaction output, the metadata files its
+stagings wrote (named with its tag). The cost is one query plus the writes in flight,
+whatever the tables' history.
+
+Batch directories that no write row names (written by a version before the fences) are
+found by listing each table's ``data/`` and asked about in chunks; unknown ones are fenced
+the same way. Files of committed batches are never touched, and a clean-up that fails is
+logged and never stops a leader.
 """
 
 from __future__ import annotations
@@ -12,33 +19,76 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from reconciler.store.store import Store
+from reconciler import faults
+from reconciler.errors import ReconcilerError
+from reconciler.store.store import Store, WriteIntent
 
 log = logging.getLogger(__name__)
 
 
 def recover(store: Store, segments_dir: Path) -> dict[str, int]:
-    from reconciler.pipeline import segments
     from reconciler.table.catalog import NAMESPACE
 
     root = Path(segments_dir) / NAMESPACE
-    found: dict[str, Path] = {}
-    try:
-        for table_dir in (root.iterdir() if root.is_dir() else ()):
-            if table_dir.is_dir():
-                found.update({f"{table_dir.name}/{b}": p for b, p in segments.batch_dirs(table_dir).items()})
-    except OSError as exc:  # files nobody reads: a clean-up that fails must not stop leading
-        log.warning("recovery: cannot list batch directories under %s (%s); left for the next start", root, exc)
-        return {"orphansDeleted": 0}
-    committed = store.committed_batch_ids({key.split("/", 1)[1] for key in found})
-    orphans = [p for key, p in sorted(found.items()) if key.split("/", 1)[1] not in committed]
     deleted = 0
-    for path in orphans:
-        try:
-            segments.discard(path)
-            deleted += 1
-        except OSError as exc:
-            log.warning("recovery: cannot delete uncommitted batch directory %s (%s); it stays invisible", path, exc)
+    try:
+        faults.point("recover", None)
+        for intent in store.writes_in_flight():
+            if store.fence_write(intent.write_id):
+                deleted += _delete_write(root, intent)
+        deleted += _legacy(store, root)
+    except (OSError, ReconcilerError) as exc:  # files nobody reads: a failed clean-up must not stop leading
+        log.warning("recovery: clean-up of uncommitted writes under %s stopped (%s); left for the next start",
+                    root, exc)
     if deleted:
-        log.info("recovery: %d uncommitted batch director%s deleted", deleted, "y" if deleted == 1 else "ies")
+        log.info("recovery: %d uncommitted write director%s deleted", deleted, "y" if deleted == 1 else "ies")
     return {"orphansDeleted": deleted}
+
+
+def _delete_write(root: Path, intent: WriteIntent) -> int:
+    """Delete the files of a fenced write in each table it names; the directories deleted."""
+    from reconciler.pipeline import segments
+    from reconciler.table.writeids import BATCH_DIR_PREFIX, COMPACTED_DIR, write_id_of_name
+
+    count = 0
+    for name in intent.tables:
+        table_dir = root / name
+        for d in (table_dir / "data" / f"{BATCH_DIR_PREFIX}{intent.write_id}",
+                  table_dir / "data" / COMPACTED_DIR / intent.write_id):
+            if d.exists():
+                segments.discard(d)
+                count += 1
+        meta = table_dir / "metadata"
+        if meta.is_dir():
+            for p in meta.iterdir():
+                if write_id_of_name(p.name) == intent.write_id:
+                    p.unlink(missing_ok=True)
+    return count
+
+
+def _legacy(store: Store, root: Path) -> int:
+    """Batch directories no write row names: committed ones stay, the others are fenced
+    (recorded as discarded, so a late commit of them fails) and deleted."""
+    from reconciler.pipeline import segments
+
+    found: dict[str, list[Path]] = {}
+    for table_dir in (root.iterdir() if root.is_dir() else ()):
+        if table_dir.is_dir():
+            for batch_id, path in segments.batch_dirs(table_dir).items():
+                found.setdefault(batch_id, []).append(path)
+    if not found:
+        return 0
+    statuses = store.write_statuses(found)
+    unknown = [b for b in found if b not in statuses]
+    doomed = store.fence_unknown_writes(unknown) | {b for b, s in statuses.items() if s == "discarded"}
+    count = 0
+    for batch_id in sorted(doomed):
+        for path in found[batch_id]:
+            try:
+                segments.discard(path)
+                count += 1
+            except OSError as exc:
+                log.warning("recovery: cannot delete uncommitted batch directory %s (%s); it stays invisible",
+                            path, exc)
+    return count
+

@@ -13,7 +13,6 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +24,11 @@ from reconciler import faults
 from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
-from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable, translate_failure
+from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
+from reconciler.table.writeids import new_write_id
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,17 @@ class RuntimeContext:
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
     metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
+    job: Any = None  # the batch job (runtime.jobs.BatchJob): Spark's, unless a test brings its own
+    adapters: Callable[[Any], Any] = adapter_for  # source -> stream adapter (streams.adapter_for)
     _tables: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def batch_job(self):
+        if self.job is None:
+            from reconciler.runtime.jobs import SparkJob
+
+            self.job = SparkJob(self.spark)
+        return self.job
 
     def tables(self):
         """The output tables' catalog (``reconciler.table.catalog.Tables``), opened once."""
@@ -187,50 +196,38 @@ class SupervisorRuntime:
         return checkpoint, StepOutcome(MAX_BACKOFF)
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges, capture: float = 0.0) -> int:
-        from reconciler.pipeline import segments
-        from reconciler.pipeline.batch import output_schemas, run_batch
         from reconciler.table.catalog import deadletter_table
 
         ds = spec.data_schema
-        batch_id = uuid.uuid4().hex
+        batch_id = new_write_id()
         started = time.monotonic()
         records = sum(r.size for r in ranges)
-        spark = self.ctx.spark()
+        job = self.ctx.batch_job()
         tables = self.ctx.tables()
         if self._schemas is None or self._schemas[0] != rec.spec_hash:
-            try:  # analysis only, but it is the session's first call: a lost cluster shows here
-                self._schemas = (rec.spec_hash, *output_schemas(spark, ds))
-            except Exception as exc:
-                translated = translate_failure(exc)
-                if translated is not exc:
-                    raise translated from exc
-                raise
+            # analysis only, but it is the session's first call: a lost cluster shows here
+            self._schemas = (rec.spec_hash, *job.schemas(ds))
         _, schema, dead_schema = self._schemas
-        table = tables.ensure(ds.datasource, schema, ds.segment_granularity)
-        dead_table = tables.ensure(deadletter_table(ds.datasource), dead_schema, None)
+        table = tables.ensure(ds.datasource, schema, ds.segment_granularity, rollup=ds.rollup)
+        dead_name = deadletter_table(ds.datasource)
+        dead_table = tables.ensure(dead_name, dead_schema, None)
         data_dir, dead_dir = tables.data_dir(table, batch_id), tables.data_dir(dead_table, batch_id)
+        # Recorded before any file exists: no clean-up deletes a file this batch may still
+        # commit, and a batch whose files a clean-up took can no longer commit (store/writes.py).
+        self.ctx.store.begin_write(batch_id, "batch", tables=[ds.datasource, dead_name], supervisor_id=rec.id)
         planned = time.monotonic()
+        faults.point("write-begun", rec.id)
         try:
-            written = run_batch(spark, spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir,
-                                task_count=spec.task_count)
-        except Exception as exc:  # a failed job's partial output must not linger
-            try:
-                segments.discard(data_dir, dead_dir)
-            except OSError:
-                log.debug("could not discard failed batch %s", batch_id, exc_info=True)
-            translated = translate_failure(exc)
-            if translated is not exc:
-                raise translated from exc
+            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=spec.task_count)
+        except Exception:  # a failed job's partial output must not linger
+            self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
         faults.crash_point("after-write", rec.id)
         job_done = time.monotonic()
         try:
             self._publish(rec, spec, ranges, written, schema, dead_schema, records)
-        except (PublishConflict, TableConflict):
-            segments.discard(data_dir, dead_dir)
-            raise
-        except Exception:  # the database went away mid-publish: the batch may or may not have committed
-            self._discard_unless_committed(batch_id, data_dir, dead_dir)
+        except Exception:  # lost, fenced, or the database went away mid-commit: the fence decides
+            self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
         faults.crash_point("after-commit", rec.id)
         if written.input_rows and written.input_bytes is not None:
@@ -250,16 +247,25 @@ class SupervisorRuntime:
                  extra={"supervisor": rec.id, "batch": batch_id, "phases": phases})
         return records
 
-    def _discard_unless_committed(self, batch_id: str, *dirs) -> None:
-        """Delete a batch's files only when the database says it did not commit; when that
-        cannot be asked now, the next leader's recovery decides."""
+    def _abandon(self, batch_id: str, table_names, dirs) -> None:
+        """Delete a batch's files, but only after fencing it (``Store.fence_write``): a batch
+        whose commit outcome is unknown is either committed (the fence says so and its files
+        stay) or can never commit any more. When the database cannot be asked now, the
+        files are left to the next leader's recovery."""
         from reconciler.pipeline import segments
 
+        faults.point("abandon", batch_id)
         try:
-            if batch_id not in self.ctx.store.committed_batch_ids([batch_id]):
-                segments.discard(*dirs)
-        except Exception:  # noqa: BLE001 - still unreachable: leave them to recovery
-            log.debug("batch %s left for recovery", batch_id, exc_info=True)
+            if not self.ctx.store.fence_write(batch_id):
+                log.info("batch %s committed after all: its files stay", batch_id[:12])
+                return
+            segments.discard(*dirs)
+            tables = self.ctx.tables()
+            for name in table_names:
+                for path in tables.write_metadata_files(name, batch_id):
+                    Path(path).unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - still unreachable: recovery fences and deletes them
+            log.warning("batch %s left for recovery", batch_id[:12], exc_info=True)
 
     def _publish(self, rec, spec, ranges, written, schema, dead_schema, records: int) -> None:
         """Stage the table snapshots and publish them with the checkpoints; a table moved by
@@ -269,8 +275,11 @@ class SupervisorRuntime:
             BATCH,
             DATASOURCE,
             EPOCH,
+            GENERATION,
             RANGES,
+            READ,
             RECORDS,
+            ROLLUP_PROPERTY,
             SUPERVISOR,
             UNPARSEABLE,
             deadletter_table,
@@ -282,12 +291,20 @@ class SupervisorRuntime:
                    RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges]),
                    RECORDS: str(records), UNPARSEABLE: str(written.dead_rows)}
         files = [_segment_file(f, ds.segment_granularity) for f in written.files]
+        summary[ROLLUP_PROPERTY] = str(ds.rollup).lower()
+        if rec.generation:
+            summary[GENERATION] = str(rec.generation)
+        read_counts = getattr(written, "read_counts", None)
+        if read_counts is not None:  # verify --deep tells a missing record from an offset without one
+            summary[READ] = json.dumps(dict(sorted(read_counts.items())), separators=(",", ":"))
         for attempt in range(PUBLISH_ATTEMPTS):
             commits = [tables.stage_append(ds.datasource, [f.path for f in written.files], summary,
-                                           schema=schema, granularity=ds.segment_granularity)]
+                                           schema=schema, granularity=ds.segment_granularity, rollup=ds.rollup,
+                                           write_id=written.batch_id, attempt=attempt)]
             if written.dead_files:
                 commits.append(tables.stage_append(deadletter_table(ds.datasource),
-                                                   [f.path for f in written.dead_files], summary, schema=dead_schema))
+                                                   [f.path for f in written.dead_files], summary, schema=dead_schema,
+                                                   write_id=written.batch_id, attempt=attempt))
             try:
                 faults.crash_point("before-commit", rec.id)
                 self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=written.batch_id,
@@ -301,6 +318,7 @@ class SupervisorRuntime:
                     self.ctx.metrics.publish_conflict(rec.id)
                 raise
             except TableConflict:
+                tables.discard_staged(commits)  # the transaction rolled back: nothing references them
                 if attempt == PUBLISH_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.0, 0.05 * (attempt + 1)))  # concurrent writers: spread out
@@ -331,7 +349,7 @@ class SupervisorRuntime:
     def _adapter_for(self, rec: SupervisorRecord):
         if self._adapter is None or self._adapter_hash != rec.spec_hash:
             self._drop_adapter()
-            self._adapter = adapter_for(rec.spec.source)
+            self._adapter = self.ctx.adapters(rec.spec.source)
             self._adapter_hash = rec.spec_hash
         return self._adapter
 

@@ -1,8 +1,8 @@
 """The store's freshness queries (issue 32): lag observations, policy resets, backfill
 milestones, health transitions, the webhook's cursors, and what the status page reads.
 
-Kept together, as a mixin of the ``Store`` facade (it uses the facade's ``_read``, ``_write``
-and ``_audit``), so that the whole aggregate moves as one when the store is split.
+A mixin of the ``Store`` facade like the other aggregates (it uses ``base``'s ``_read`` and
+``_write`` and ``audit``'s ``_audit``).
 
 * ``lag_observations``: one row per supervisor with a ``lagPolicy``, written by the leader's
   lag observer (``observe.lagwatch``) with the audit entries of the breaches it saw start and
@@ -29,6 +29,8 @@ import sqlalchemy as sa
 from reconciler.control.actual import DetailedState, State
 from reconciler.control.lagpolicy import LagObservation, LagState
 from reconciler.spec import secrets
+from reconciler.store.audit import _audit_entry
+from reconciler.store.base import _aware
 from reconciler.store.records import AuditEntry
 from reconciler.store.tables import audit_log, batches, lag_observations, requests, webhook_cursors
 
@@ -145,8 +147,6 @@ class FreshnessStore:
 
     def audit_after(self, after_id: int, limit: int = 100) -> list[AuditEntry]:
         """Audit entries with an id above ``after_id``, oldest first."""
-        from reconciler.store.store import _audit_entry
-
         with self._read() as c:
             rows = c.execute(sa.select(audit_log).where(audit_log.c.id > after_id)
                              .order_by(audit_log.c.id).limit(limit)).mappings().all()
@@ -219,14 +219,6 @@ def _row(o: LagObservation) -> dict[str, Any]:
 def _cursor(r, pending: int = 0) -> WebhookCursor:
     return WebhookCursor(r.endpoint, r.label, int(r.last_id), _aware(r.failing_since), r.last_error,
                          _aware(r.delivered_at), pending)
-
-
-def _aware(ts: datetime | None) -> datetime | None:
-    from datetime import UTC
-
-    if ts is None or ts.tzinfo is not None:
-        return ts
-    return ts.replace(tzinfo=UTC)  # SQLite returns naive datetimes; only UTC is written
 
 
 def _iso(ts: datetime | None) -> str | None:

@@ -31,6 +31,9 @@ supervisors = sa.Table(
     sa.Column("end_offsets", sa.Text, nullable=True),  # backfill: JSON {partition: end}
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    # Bumped by a fresh start (a new source): its offsets are not the old source's, so verify
+    # checks each generation's ranges apart. A backfill carries its main's generation.
+    sa.Column("generation", sa.Integer, nullable=False, server_default="0"),
 )
 
 spec_versions = sa.Table(
@@ -50,6 +53,9 @@ checkpoints = sa.Table(
     sa.Column("supervisor_id", sa.String(128), primary_key=True),
     sa.Column("partition", sa.String(255), primary_key=True),
     sa.Column("next_offset", sa.BigInteger, nullable=False),
+    # Where the partition started (startFrom, or earliest for one that appeared later): never
+    # moves; verify anchors the table's ranges here. NULL for rows from before revision 0003.
+    sa.Column("first_offset", sa.BigInteger, nullable=True),
 )
 
 # Published batches: 'committed' with their table snapshot ('promoted' in databases from
@@ -59,7 +65,7 @@ batches = sa.Table(
     metadata,
     sa.Column("batch_id", sa.String(128), primary_key=True),
     sa.Column("supervisor_id", sa.String(128), nullable=False, index=True),
-    sa.Column("datasource", sa.String(128), nullable=False),
+    sa.Column("datasource", sa.String(128), nullable=False, index=True),
     sa.Column("epoch", sa.Integer, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),  # committed (promoted: older rows)
     sa.Column("ranges", sa.Text, nullable=False),  # JSON [{partition, start, end}]
@@ -68,6 +74,35 @@ batches = sa.Table(
     sa.Column("unparseable", sa.BigInteger, nullable=False),
     sa.Column("committed_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("promoted_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# A write of files into a table (a batch, a compaction, an import), recorded before its
+# files are written: 'writing', then 'committed' in the commit's transaction, or
+# 'discarded' by whoever deletes its files first (a fence: the commit of a discarded write
+# fails). See migrations/versions/0003_write_fences.py.
+writes = sa.Table(
+    "writes",
+    metadata,
+    sa.Column("write_id", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # batch | compact | import | expire
+    sa.Column("status", sa.String(16), nullable=False, index=True),  # writing | committed | discarded
+    sa.Column("tables", sa.Text, nullable=True),  # JSON list of the tables it writes files into
+    sa.Column("supervisor_id", sa.String(128), nullable=True),
+    sa.Column("holder", sa.String(256), nullable=True),  # the process that writes (host:pid)
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# Per supervisor, its committed batches summed: kept by the publish (status reads one row).
+batch_totals = sa.Table(
+    "batch_totals",
+    metadata,
+    sa.Column("supervisor_id", sa.String(128), primary_key=True),
+    sa.Column("batches", sa.BigInteger, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("unparseable", sa.BigInteger, nullable=False),
+    sa.Column("first_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_at", sa.DateTime(timezone=True), nullable=True),
 )
 
 segments = sa.Table(

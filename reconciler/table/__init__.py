@@ -7,6 +7,6 @@ segments directory).
 * ``schema``: the Arrow schema and partition transform of a datasource.
 * ``offsets``: the offset ranges each snapshot carries, and the data files listing.
 * ``verify``: exactly once proven from the snapshots alone.
-* ``maintenance``: compaction, snapshot expiry, orphan files, the one-off import of
-  the old segment layout.
+* ``compact``, ``expire``, ``orphans``, ``upgrade``: table maintenance, one concern each
+  (``reach``: what the metadata references; ``reports``: their results as documents).
 """

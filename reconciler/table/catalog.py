@@ -7,7 +7,7 @@ together with the checkpoint compare-and-swap, so ``stage_append`` runs pyiceber
 transaction up to the metadata file and hands back a ``TableCommit``; the store
 executes the same compare-and-swap UPDATE inside the publish (``Store.publish``).
 Until then the new metadata file, manifests and data files are unreferenced: no
-reader sees them, and ``maintenance.remove_orphans`` deletes them if the publish lost.
+reader sees them, and ``orphans.remove_orphans`` deletes them if the publish lost.
 
 Everything else (creating tables, compaction, expiry) commits through pyiceberg's
 own ``commit_table``, the same compare-and-swap, so they interleave safely with
@@ -16,15 +16,13 @@ ingestion: whoever moves the pointer second re-stages on the new metadata.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -35,8 +33,31 @@ from pyiceberg.table import CommitTableResponse, Table, TableProperties, Transac
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.utils.properties import property_as_bool
 
+from reconciler import faults
+from reconciler.errors import PermanentError
+from reconciler.table import durable
 from reconciler.table.datafiles import describe
 from reconciler.table.schema import partition_transform
+from reconciler.table.summary import (  # noqa: F401  (the summary keys, where the publish finds them)
+    BATCH,
+    DATASOURCE,
+    EPOCH,
+    GENERATION,
+    RANGES,
+    READ,
+    RECORDS,
+    ROLLUP_PROPERTY,
+    SUPERVISOR,
+    UNPARSEABLE,
+    summary_ranges,
+)
+from reconciler.table.writeids import (
+    BATCH_DIR_PREFIX,
+    is_write_id,
+    new_write_id,
+    tag,
+    write_id_of_name,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
@@ -47,16 +68,6 @@ CATALOG = "reconciler"
 NAMESPACE = "default"
 DEADLETTER_SUFFIX = "_deadletter"
 TIME = "__time"
-BATCH_DIR_PREFIX = "batch="  # <table>/data/batch=<batch id>/...: one batch's files
-
-# Snapshot summary keys: who wrote the snapshot and which offsets it holds.
-SUPERVISOR = "reconciler.supervisor"
-BATCH = "reconciler.batch-id"
-EPOCH = "reconciler.epoch"
-RANGES = "reconciler.ranges"  # JSON [[partition, start, end], ...]
-RECORDS = "reconciler.records"
-UNPARSEABLE = "reconciler.unparseable"
-DATASOURCE = "reconciler.datasource"
 
 # Table properties set at creation: metadata files of old versions are kept to a few, and
 # the one-manifest-per-commit of a fast append is merged every 100 commits, so neither the
@@ -76,6 +87,12 @@ class TableCommit:
     expected: str
     new: str
     staged: Table | None = field(default=None, compare=False, repr=False)  # the table as it will be
+    write_id: str | None = None
+    files: tuple[str, ...] = ()  # the metadata files this staging wrote (durable before the commit)
+
+
+class RollupMismatch(PermanentError):
+    """A batch made with (or without) rollup for a table that holds the other kind of rows."""
 
 
 class TableConflict(Exception):
@@ -87,10 +104,15 @@ def deadletter_table(datasource: str) -> str:
 
 
 def local_path(location: str) -> Path:
-    """A ``file://`` location (or a plain path) as a local path."""
-    parsed = urlparse(location)
-    if parsed.scheme in ("", "file"):
-        return Path(unquote(parsed.path))
+    """A ``file://`` location (or a plain path) as a local path.
+
+    Taken as pyiceberg's file IO takes it: the path after ``file://`` as it is, never
+    percent-decoded (pyiceberg writes ``file:///a%20b`` to a directory named ``a%20b``), so
+    every clean-up looks where the files are."""
+    if location.startswith("file://"):
+        return Path(location[len("file://"):])
+    if "://" not in location:
+        return Path(location)
     raise ValueError(f"{location}: only a local (or shared, mounted) warehouse is supported here")
 
 
@@ -122,11 +144,30 @@ class _StagingCatalog(SqlCatalog):
         log_ = staged.metadata.metadata_log
         if not log_ or log_[-1].metadata_file != base_location:
             raise TableConflict(f"table {table.name()[-1]}: staged on a version other than {base_location}")
-        self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
-        after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=staged.metadata_location,
+        write_id, tag_ = self._staging.write_id, self._staging.tag
+        # pyiceberg names the file <version>-<random uuid>; the write's tag instead tells
+        # every clean-up whose file it is (writeids.py).
+        folder, name = staged.metadata_location.rsplit("/", 1)
+        location = f"{folder}/{name.split('-', 1)[0]}-{tag_}.metadata.json"
+        faults.point("write-metadata", table.name()[-1])
+        self._write_metadata(staged.metadata, staged.io, location)
+        files = _staged_files(location, str(tag_))
+        after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=location,
                       io=staged.io, catalog=self)
-        out.append(TableCommit(table.name()[-1], base_location, staged.metadata_location, after))
-        return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
+        out.append(TableCommit(table.name()[-1], base_location, location, after, write_id, files))
+        return CommitTableResponse(metadata=staged.metadata, metadata_location=location)
+
+
+def _staged_files(metadata_location: str, tag_: str) -> tuple[str, ...]:
+    """The files one staging wrote (metadata JSON, manifest list, manifests: all carry its
+    tag), made durable here, before anything can commit them."""
+    try:
+        folder = local_path(metadata_location).parent
+    except ValueError:  # object storage: a PUT that returned is durable
+        return (metadata_location,)
+    files = sorted(str(p) for p in folder.iterdir() if tag_ in p.name)
+    durable.sync(files, [folder])
+    return tuple(files)
 
 
 class _Transaction(Transaction):
@@ -154,7 +195,10 @@ class Tables:
         self.warehouse = root
         # Reads take no write lock on SQLite (see store.engine); pyiceberg's own writes
         # (create table, compaction commits) upgrade under busy_timeout.
-        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), root.as_uri(), ddl_engine=engine)
+        # The plain path, not ``root.as_uri()``: pyiceberg does not percent-decode a file URI,
+        # so a path with a space would be written under "%20" while everything else looked
+        # under " ".
+        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), str(root), ddl_engine=engine)
         self._lock = threading.Lock()
         self._namespace_ready = False
         self._engine = engine
@@ -177,9 +221,10 @@ class Tables:
         except Exception:  # noqa: BLE001 - no namespace yet: no tables
             return []
 
-    def ensure(self, name: str, schema: pa.Schema, granularity: str | None) -> Table:
+    def ensure(self, name: str, schema: pa.Schema, granularity: str | None, *, rollup: bool | None = None) -> Table:
         """The table ``name``, created with ``schema`` (and ``__time`` partitioned by
-        ``granularity``, None for unpartitioned) when it does not exist."""
+        ``granularity``, None for unpartitioned) when it does not exist. ``rollup`` is
+        recorded as the table's ``reconciler.rollup`` (see ``stage_append``)."""
         table = self.load(name)
         if table is not None:
             return table
@@ -191,17 +236,33 @@ class Tables:
                     pass
                 self._namespace_ready = True
             try:
-                table = self.catalog.create_table((NAMESPACE, name), schema=schema, properties=_TABLE_PROPERTIES)
+                props = dict(_TABLE_PROPERTIES)
+                if rollup is not None:
+                    props[ROLLUP_PROPERTY] = str(rollup).lower()
+                table = self.catalog.create_table((NAMESPACE, name), schema=schema, properties=props)
             except (TableAlreadyExistsError, sa.exc.IntegrityError):  # another process was first
                 return self.catalog.load_table((NAMESPACE, name))
             if granularity is not None:
                 with table.update_spec() as spec:
                     spec.add_field(TIME, partition_transform(granularity), f"{TIME}_{granularity_name(granularity)}")
                 table = self.catalog.load_table((NAMESPACE, name))
+            self._make_durable(table)
             log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
             return table
 
-    def _current(self, name: str) -> Table:
+    def _make_durable(self, table: Table) -> None:
+        """A new table's metadata files and every directory from them up to the warehouse:
+        pyiceberg's own commits (creating the table, its partition spec) fsync nothing, and
+        the catalog row that points at them is already committed."""
+        try:
+            folder = local_path(table.metadata_location).parent
+        except ValueError:  # object storage: a PUT that returned is durable
+            return
+        (folder.parent / "data").mkdir(exist_ok=True)  # its entry is made durable here, once
+        durable.sync([p for p in folder.iterdir() if p.is_file()],
+                     [folder.parent / "data", *durable.ancestors(folder / "x", self.warehouse.parent)])
+
+    def current(self, name: str) -> Table:
         with self._engine.connect().execution_options(readonly=True) as c, c.begin():
             location = c.execute(sa.text(
                 "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c AND table_namespace = :n "
@@ -230,32 +291,82 @@ class Tables:
 
     # -- the staged append (the publish) ----------------------------------------------
 
-    def stage_append(self, name: str, files: Sequence[str], properties: Mapping[str, str], *,
-                     schema: pa.Schema | None = None, granularity: str | None = None) -> TableCommit:
-        """Stage one snapshot appending ``files`` (written elsewhere) with ``properties`` in
-        its summary, evolving the schema and partitioning first when the batch brings new
-        columns or another segment granularity. Returns the pointer move for the publish."""
-        table = self._current(name)
+    def stage(self, name: str, build: Callable[[Transaction], None], *, write_id: str | None = None,
+              attempt: int = 0) -> TableCommit:
+        """Stage one change of table ``name``: ``build(tx)`` adds updates to a transaction on
+        the table's current version; its metadata files are written (named with the write's
+        tag) and made durable, and the pointer move is returned for the commit's own
+        transaction (``Store.publish`` or ``Store.commit_tables``)."""
+        write_id = write_id if write_id is not None and is_write_id(write_id) else new_write_id()
+        table = self.current(name)
         out: list[TableCommit] = []
-        self.catalog._staging.out = out
+        staging = self.catalog._staging
+        staging.out, staging.write_id, staging.tag = out, write_id, tag(write_id, attempt)
         try:
             with _Transaction(table) as tx:
-                if schema is not None and _new_columns(tx.table_metadata, schema):
-                    with tx.update_schema() as update:
-                        update.union_by_name(schema)
-                    tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
-                                         tx.table_metadata.schema().name_mapping.model_dump_json()})
-                if granularity is not None:
-                    _evolve_partitioning(tx, granularity)
-                _append(tx, files, properties)
+                tx.tag = staging.tag
+                build(tx)
         finally:
-            self.catalog._staging.out = None
+            staging.out = staging.write_id = staging.tag = None
         if len(out) != 1:
             raise RuntimeError(f"staging {name}: expected one metadata change, got {len(out)}")
         return out[0]
 
+    def stage_append(self, name: str, files: Sequence[str], properties: Mapping[str, str], *,
+                     schema: pa.Schema | None = None, granularity: str | None = None,
+                     rollup: bool | None = None, write_id: str | None = None, attempt: int = 0) -> TableCommit:
+        """Stage one snapshot appending ``files`` (written elsewhere) with ``properties`` in
+        its summary, evolving the schema and partitioning first when the batch brings new
+        columns or another segment granularity. Returns the pointer move for the publish.
 
-def _append(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]) -> None:
+        ``rollup`` is how the batch's rows were made. A table holds one kind only (its
+        ``reconciler.rollup``, set here for a table from before the property): compaction
+        merges rolled-up rows, and raw rows merged with them would lose their count, so a
+        batch of the other kind is refused (``RollupMismatch``) and nothing is staged."""
+
+        def build(tx: _Transaction) -> None:
+            if rollup is not None:
+                recorded = tx.table_metadata.properties.get(ROLLUP_PROPERTY)
+                if recorded is None:
+                    tx.set_properties(**{ROLLUP_PROPERTY: str(rollup).lower()})
+                elif recorded != str(rollup).lower():
+                    raise RollupMismatch(
+                        f"datasource {name} holds rows written with rollup: {recorded}; a spec with rollup: "
+                        f"{str(rollup).lower()} cannot write to it (compaction would merge raw rows into rolled-up "
+                        "ones and lose their counts). Write to a new datasource, or set rollup back")
+            if schema is not None and _new_columns(tx.table_metadata, schema):
+                with tx.update_schema() as update:
+                    update.union_by_name(schema)
+                tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                                     tx.table_metadata.schema().name_mapping.model_dump_json()})
+            if granularity is not None:
+                _evolve_partitioning(tx, granularity)
+            append_files(tx, files, properties)
+
+        return self.stage(name, build, write_id=write_id, attempt=attempt)
+
+    def discard_staged(self, commits: Sequence[TableCommit]) -> None:
+        """Delete the metadata files of stagings that did not commit (a lost compare-and-swap
+        rolled the whole transaction back, so nothing references them)."""
+        for tc in commits:
+            for f in tc.files:
+                _unlink(f)
+
+    def write_metadata_files(self, name: str, write_id: str) -> list[str]:
+        """The metadata files a write staged on table ``name`` (any attempt), found by its tag."""
+        table = self.load(name)
+        if table is None:
+            return []
+        try:
+            folder = local_path(table.location()) / "metadata"
+        except ValueError:
+            return []
+        if not folder.is_dir():
+            return []
+        return sorted(str(p) for p in folder.iterdir() if write_id_of_name(p.name) == write_id)
+
+
+def append_files(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]) -> None:
     """``tx.add_files(files)`` without its per-file schema work (``datafiles``): the
     files are a batch's, written where nothing else references them, so no duplicate
     check either."""
@@ -266,9 +377,17 @@ def _append(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]
     update = tx.update_snapshot(snapshot_properties=dict(properties))
     merge = property_as_bool(tx.table_metadata.properties, TableProperties.MANIFEST_MERGE_ENABLED,
                              TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT)
-    with (update.merge_append() if merge else update.fast_append()) as producer:
+    with tagged(update.merge_append() if merge else update.fast_append(), tx) as producer:
         for entry in entries:
             producer.append_data_file(entry)
+
+
+def tagged(producer, tx):
+    """A snapshot producer whose manifests and manifest list carry the staging's tag."""
+    tag_ = getattr(tx, "tag", None)
+    if tag_ is not None:
+        producer.commit_uuid = tag_
+    return producer
 
 
 def granularity_name(granularity: str) -> str:
@@ -295,9 +414,8 @@ def _evolve_partitioning(tx, granularity: str) -> None:
         spec.add_field(TIME, wanted, f"{TIME}_{granularity_name(granularity)}_{metadata.last_partition_id or 0}")
 
 
-def summary_ranges(properties: Mapping[str, str]) -> list[tuple[str, int, int]]:
-    """The ``[partition, start, end)`` ranges a snapshot summary carries (none for others)."""
-    raw = properties.get(RANGES)
-    if not raw:
-        return []
-    return [(str(p), int(s), int(e)) for p, s, e in json.loads(raw)]
+def _unlink(location: str) -> None:
+    try:
+        local_path(location).unlink()
+    except (FileNotFoundError, ValueError):
+        pass

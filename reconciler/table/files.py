@@ -5,6 +5,7 @@ ranges of every batch snapshot in the current lineage."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
@@ -18,7 +19,17 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from reconciler.table.catalog import BATCH, BATCH_DIR_PREFIX, EPOCH, RANGES, SUPERVISOR
+from reconciler.table.summary import (
+    BATCH,
+    EPOCH,
+    GENERATION,
+    RANGES,
+    SUPERVISOR,
+    range_key,
+    summary_ranges,
+    summary_read,
+)
+from reconciler.table.writeids import BATCH_DIR_PREFIX
 
 EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
 LAST_INSTANT = datetime.max.replace(tzinfo=UTC)  # where 9999's last partition ends (10000 has no datetime)
@@ -34,6 +45,12 @@ class BatchSnapshot:
     batch_id: str
     epoch: int
     ranges: tuple[tuple[str, int, int], ...]  # (partition, start, end)
+    generation: int = 0  # the source generation (a fresh start begins a new one)
+    read: Mapping[str, int] | None = None  # records delivered per partition, when recorded
+
+    @property
+    def key(self) -> str:
+        return range_key(self.supervisor_id, self.generation)
 
 
 @dataclass(frozen=True)
@@ -85,8 +102,8 @@ def batch_snapshots(table: Table) -> list[BatchSnapshot]:
             continue
         out.append(BatchSnapshot(
             snap.snapshot_id, _when(snap), props.get(SUPERVISOR, "?"), props.get(BATCH, "?"),
-            int(props.get(EPOCH, "0") or 0),
-            tuple((str(p), int(s), int(e)) for p, s, e in json.loads(props[RANGES])),
+            int(props.get(EPOCH, "0") or 0), tuple(summary_ranges(props)),
+            int(props.get(GENERATION, "0") or 0), summary_read(props),
         ))
     out.reverse()
     return out

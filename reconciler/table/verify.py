@@ -1,19 +1,32 @@
-"""Exactly once, proven from the table: the offset ranges of its batch snapshots.
+"""Exactly once, proven from the table, anchored in the database's checkpoints.
 
 Per supervisor lineage (a main supervisor and its backfills ``<id>-backfill-<n>``
-together cover one stream) and partition, the ranges of the current lineage's batch
-snapshots, sorted, must tile the offsets: an offset in two snapshots is an overlap
-(records twice), an offset between ranges a gap (records missing). A gap is explained
-when the audit log says why no batch read it: the broker's retention deleted it, an
-operator reset skipped it without a backfill, or a backfill was cancelled. Overlaps
-are reported with the rewind that caused them, if any, and always fail: the table
-holds those records twice.
+together cover one stream), source generation (a fresh start begins a new source, whose
+offsets are not the old one's) and partition, the ranges of the batch snapshots, sorted,
+must tile the offsets: an offset in two snapshots is an overlap (records twice), an
+offset between ranges a gap (records missing). The ranges of expired snapshots are kept
+in a table property and checked the same way.
 
-``deep`` also reads ``__partition``/``__offset`` (when the datasource keeps them as
-dimensions and does not roll up) from the data files and the dead-letter table and
-counts each (partition, offset): more than one is a duplicate; none inside a range is
-a hole (informational: a transaction marker or a compacted record has an offset and
-no record).
+The tiling is anchored at both ends (``facts``: the database's view of each supervisor):
+
+* it starts where the partition started (``checkpoints.first_offset``: startFrom, or
+  earliest for a partition that appeared later);
+* it ends at the main supervisor's checkpoint: offsets below the checkpoint that no
+  range covers were given up by the checkpoint without reaching the table (a lost
+  commit, a restored database), and a range past the checkpoint was committed by no
+  checkpoint.
+
+A gap is explained when the audit log says why no batch read it: the broker's
+retention deleted it, an operator reset skipped it without a backfill, or a backfill was
+cancelled; a gap a running backfill has still to read is pending, not missing. Overlaps
+always fail: the table holds those records twice.
+
+Every file the current snapshots reference (metadata, manifest list, manifests, data
+files) must exist. ``deep`` also reads ``__partition``/``__offset`` (when the datasource
+keeps them and does not roll up) from the data files and the dead-letter table: an offset
+held twice fails, and so does one missing where the batches recorded how many records
+their readers delivered (an offset without a record, a transaction marker or a RabbitMQ
+tracking entry, is told apart by those counts).
 """
 
 from __future__ import annotations
@@ -24,7 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.model import BACKFILL_ID
+from reconciler.table import summary
 from reconciler.table.files import EPOCH_START, BatchSnapshot, batch_snapshots
+
+_FINISHED = ("COMPLETED", "TERMINATED")
 
 
 @dataclass(frozen=True)
@@ -33,19 +49,35 @@ class Explanation:
     partition: str
     start: int
     end: int
-    kind: str  # gap | overlap
+    kind: str  # gap | overlap | ahead
     text: str
+    generation: int | None = None  # None: any generation (entries from before generations)
+    pending: bool = False  # a running backfill will read it: neither missing nor failing
+
+
+@dataclass(frozen=True)
+class SupervisorFacts:
+    """What the database says of one supervisor, for the anchors."""
+
+    id: str
+    kind: str  # main | backfill
+    state: str
+    generation: int
+    checkpoints: Mapping[str, int]
+    first_offsets: Mapping[str, int | None] = field(default_factory=dict)
+    end_offsets: Mapping[str, int] | None = None  # a backfill's bound
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # gap | overlap
+    kind: str  # gap | overlap | ahead
     lineage: str
     partition: str
     start: int
     end: int
     explanation: str | None = None
     batches: tuple[str, ...] = ()
+    pending: bool = False
 
     @property
     def fails(self) -> bool:
@@ -54,7 +86,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "supervisor": self.lineage, "partition": self.partition, "start": self.start,
                 "end": self.end, "records": self.end - self.start, "explanation": self.explanation,
-                "batches": list(self.batches), "fails": self.fails}
+                "batches": list(self.batches), "fails": self.fails, "pending": self.pending}
 
 
 @dataclass(frozen=True)
@@ -71,13 +103,20 @@ class DeepCheck:
     rows: int = 0
     dead_letters: int = 0
     duplicates: list[tuple[str, int, int]] = field(default_factory=list)  # (partition, offset, count)
-    holes: int = 0
+    holes: int = 0  # offsets in a range without a record (informational: markers, tracking entries)
+    missing: list[tuple[str, int]] = field(default_factory=list)  # (partition, records delivered but not in the table)
+    outside: int = 0  # (partition, offset) of a row that no range covers
     skipped: str | None = None  # why the deep check could not run
+
+    @property
+    def fails(self) -> bool:
+        return bool(self.duplicates or self.missing or self.outside)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "deadLetters": self.dead_letters, "holes": self.holes, "skipped": self.skipped,
                 "duplicates": [{"partition": p, "offset": o, "count": n} for p, o, n in self.duplicates[:100]],
-                "duplicateOffsets": len(self.duplicates)}
+                "duplicateOffsets": len(self.duplicates), "outside": self.outside,
+                "missing": [{"partition": p, "records": n} for p, n in self.missing]}
 
 
 @dataclass
@@ -87,17 +126,22 @@ class VerifyReport:
     coverage: list[Coverage]
     findings: list[Finding]
     deep: DeepCheck | None = None
+    missing_files: list[str] = field(default_factory=list)
+    anchored: bool = False  # the database's checkpoints were checked against the ranges
 
     @property
     def ok(self) -> bool:
-        return not any(f.fails for f in self.findings) and not (self.deep and self.deep.duplicates)
+        return (not any(f.fails for f in self.findings) and not self.missing_files
+                and not (self.deep and self.deep.fails))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "datasource": self.datasource, "ok": self.ok, "batchSnapshots": self.snapshots,
+            "anchored": self.anchored,
             "coverage": [{"supervisor": c.lineage, "partition": c.partition, "start": c.start, "end": c.end,
                           "batches": c.batches} for c in self.coverage],
             "findings": [f.to_dict() for f in self.findings],
+            "missingFiles": self.missing_files[:100], "missingFileCount": len(self.missing_files),
             "deep": self.deep.to_dict() if self.deep else None,
         }
 
@@ -105,6 +149,10 @@ class VerifyReport:
 def lineage_of(supervisor_id: str) -> str:
     m = BACKFILL_ID.match(supervisor_id)
     return m.group("parent") if m else supervisor_id
+
+
+def _label(lineage: str, generation: int) -> str:
+    return summary.range_key(lineage, generation)
 
 
 def explanations(history: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Explanation]:
@@ -128,69 +176,163 @@ def explanations(history: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Exp
                     out.append(Explanation(sid, str(part["partition"]), int(c), int(new), "gap",
                                            f"operator {action} at {at} skipped it without a backfill"))
                 elif new < c:
-                    out.append(Explanation(sid, str(part["partition"]), int(new), int(c), "overlap",
-                                           f"operator rewind ({action} at {at}) re-read it"))
+                    text = f"operator rewind ({action} at {at}) re-read it"
+                    out.append(Explanation(sid, str(part["partition"]), int(new), int(c), "overlap", text))
+                    out.append(Explanation(sid, str(part["partition"]), int(new), int(c), "ahead", text))
     return out
 
 
-def _explain(kind: str, lineage: str, partition: str, start: int, end: int,
-             known: Iterable[Explanation]) -> str | None:
-    """The explanations that together cover ``[start, end)``, or None if any offset is not covered."""
+def pending(facts: Mapping[str, SupervisorFacts]) -> list[Explanation]:
+    """What running backfills have still to read: pending, neither missing nor explained."""
+    out = []
+    for f in facts.values():
+        if f.kind != "backfill" or f.state in _FINISHED or not f.end_offsets:
+            continue
+        for p, end in f.end_offsets.items():
+            at = f.checkpoints.get(p, end)
+            if at < end:
+                out.append(Explanation(f.id, str(p), int(at), int(end), "gap",
+                                       f"backfill {f.id} has not read it yet ({f.state})", f.generation, True))
+    return out
+
+
+def _explain(kind: str, lineage: str, generation: int, partition: str, start: int, end: int,
+             known: Iterable[Explanation]) -> tuple[str | None, bool]:
+    """The explanations that together cover ``[start, end)`` (and whether all of them are
+    pending), or (None, False) if any offset is not covered."""
     pieces = sorted((x for x in known if x.kind == kind and x.partition == partition
-                     and lineage_of(x.supervisor_id) == lineage and x.start < end and x.end > start),
+                     and lineage_of(x.supervisor_id) == lineage
+                     and (x.generation is None or x.generation == generation)
+                     and x.start < end and x.end > start),
                     key=lambda x: x.start)
-    at, texts = start, []
+    at, texts, all_pending = start, [], True
     for x in pieces:
         if x.start > at:
-            return None
+            return None, False
         if x.end > at:
             texts.append(x.text)
+            all_pending = all_pending and x.pending
             at = x.end
         if at >= end:
             break
-    return "; ".join(dict.fromkeys(texts)) if at >= end else None
+    if at < end:
+        return None, False
+    return "; ".join(dict.fromkeys(texts)), all_pending
 
 
-def check_ranges(datasource: str, snaps: Sequence[BatchSnapshot], known: Sequence[Explanation]) -> VerifyReport:
-    spans: dict[tuple[str, str], list[tuple[int, int, str]]] = collections.defaultdict(list)
+def check_ranges(datasource: str, snaps: Sequence[BatchSnapshot], known: Sequence[Explanation],
+                 facts: Mapping[str, SupervisorFacts] | None = None) -> VerifyReport:
+    """Tile each (lineage, generation, partition) with its snapshots' ranges; with ``facts``,
+    anchor the tiling at each partition's first offset and the main checkpoint."""
+    spans: dict[tuple[str, int, str], list[tuple[int, int, str]]] = collections.defaultdict(list)
     for snap in snaps:
         for p, s, e in snap.ranges:
             if e > s:
-                spans[(lineage_of(snap.supervisor_id), p)].append((s, e, snap.batch_id))
+                spans[(lineage_of(snap.supervisor_id), snap.generation, p)].append((s, e, snap.batch_id))
+    known = list(known) + (pending(facts) if facts else [])
     coverage, findings = [], []
-    for (lineage, p), items in sorted(spans.items()):
+
+    def gap(lineage, gen, p, s, e, batches=()):
+        text, is_pending = _explain("gap", lineage, gen, p, s, e, known)
+        findings.append(Finding("gap", _label(lineage, gen), p, s, e, text, tuple(batches), is_pending))
+
+    ends: dict[tuple[str, int, str], tuple[int, int]] = {}
+    for (lineage, gen, p), items in sorted(spans.items()):
         items.sort()
         cursor, last_batch = items[0][0], None
         for s, e, batch in items:
             if s > cursor:
-                findings.append(Finding("gap", lineage, p, cursor, s, _explain("gap", lineage, p, cursor, s, known),
-                                        tuple(b for b in (last_batch, batch) if b)))
+                gap(lineage, gen, p, cursor, s, [b for b in (last_batch, batch) if b])
             elif s < cursor:
                 hi = min(cursor, e)
-                findings.append(Finding("overlap", lineage, p, s, hi, _explain("overlap", lineage, p, s, hi, known),
+                text, _ = _explain("overlap", lineage, gen, p, s, hi, known)
+                findings.append(Finding("overlap", _label(lineage, gen), p, s, hi, text,
                                         tuple(b for b in (last_batch, batch) if b)))
             if e >= cursor:
                 cursor, last_batch = e, batch
-        coverage.append(Coverage(lineage, p, items[0][0], cursor, len(items)))
-    return VerifyReport(datasource, len(snaps), coverage, findings)
+        coverage.append(Coverage(_label(lineage, gen), p, items[0][0], cursor, len(items)))
+        ends[(lineage, gen, p)] = (items[0][0], cursor)
+    for main in (facts or {}).values():
+        if main.kind != "main":
+            continue
+        for p, checkpoint in sorted(main.checkpoints.items()):
+            first = main.first_offsets.get(p)
+            start, end = ends.get((main.id, main.generation, p), (None, None))
+            if start is None:
+                if first is not None and checkpoint > first:
+                    gap(main.id, main.generation, p, first, checkpoint)
+                continue
+            if first is not None and start > first:
+                gap(main.id, main.generation, p, first, start)
+            if end < checkpoint:
+                gap(main.id, main.generation, p, end, checkpoint)
+            elif end > checkpoint:
+                text, _ = _explain("ahead", main.id, main.generation, p, checkpoint, end, known)
+                findings.append(Finding("ahead", _label(main.id, main.generation), p, checkpoint, end, text))
+    findings.sort(key=lambda f: (f.lineage, f.partition, f.start, f.kind))
+    return VerifyReport(datasource, len(snaps), coverage, findings, anchored=bool(facts))
 
 
 def verify(table, datasource: str, history: Mapping[str, Sequence[Mapping[str, Any]]], *,
-           deep: bool = False, dead_table=None) -> VerifyReport:
-    """Check a table's batch snapshots; ``history``: audit entries of the supervisors concerned."""
-    from reconciler.table.maintenance import expired_ranges
-
-    # Ranges of snapshots ``maintain`` expired were folded into a table property: still checked.
-    folded = [BatchSnapshot(0, EPOCH_START, sid, "(expired snapshots)", 0, tuple(ranges))
-              for sid, ranges in expired_ranges(table).items()]
-    snaps = folded + batch_snapshots(table)
-    report = check_ranges(datasource, snaps, explanations(history))
+           deep: bool = False, dead_table=None, facts: Mapping[str, SupervisorFacts] | None = None) -> VerifyReport:
+    """Check a table's batch snapshots; ``history``: audit entries of the supervisors concerned;
+    ``facts``: their checkpoints and states (the anchors), when the database is at hand."""
+    snaps = _snapshots(table)
+    report = check_ranges(datasource, snaps, explanations(history), facts)
+    report.missing_files = missing_files(table) + (missing_files(dead_table) if dead_table is not None else [])
     if deep:
-        report.deep = deep_check(table, dead_table, snaps)
+        if report.missing_files:
+            report.deep = DeepCheck(skipped=f"{len(report.missing_files)} referenced file(s) are missing")
+        else:
+            report.deep = deep_check(table, dead_table, snaps, _expired_read(table))
     return report
 
 
-def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot]) -> DeepCheck:
+def _snapshots(table) -> list[BatchSnapshot]:
+    """The batch snapshots, with the ranges of expired ones folded in front."""
+    folded = []
+    for key, ranges in summary.expired_ranges(table.properties).items():
+        sid, gen = summary.parse_range_key(key)
+        folded.append(BatchSnapshot(0, EPOCH_START, sid, "(expired snapshots)", 0, tuple(ranges), gen))
+    return folded + batch_snapshots(table)
+
+
+def _expired_read(table) -> dict[str, dict[str, int]]:
+    return summary.expired_read(table.properties)
+
+
+def missing_files(table) -> list[str]:
+    """Files the current metadata references that do not exist: the metadata file, the
+    current snapshot's manifest list and manifests, and the data files they list."""
+    from reconciler.table.catalog import local_path
+
+    paths = [table.metadata_location]
+    snap = table.current_snapshot()
+    if snap is not None:
+        paths.append(snap.manifest_list)
+        try:
+            manifests = snap.manifests(table.io)
+        except FileNotFoundError:
+            return sorted(p for p in paths if not _exists(local_path, p))
+        for m in manifests:
+            paths.append(m.manifest_path)
+            try:
+                entries = m.fetch_manifest_entry(table.io, discard_deleted=True)
+            except FileNotFoundError:
+                continue
+            paths += [e.data_file.file_path for e in entries]
+    return sorted(p for p in paths if not _exists(local_path, p))
+
+
+def _exists(local_path, location: str) -> bool:
+    try:
+        return local_path(location).exists()
+    except ValueError:  # an object store: asked through the table's file IO
+        return True
+
+
+def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot],
+               expired_read: Mapping[str, Mapping[str, int]] | None = None) -> DeepCheck:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -214,4 +356,50 @@ def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot]) -> DeepCheck:
                             dupes.column("count_all").to_pylist(), strict=True))
     expected = sum(e - s for snap in snaps for _, s, e in snap.ranges)
     holes = max(0, expected - counts.num_rows)
-    return DeepCheck(rows=rows.num_rows, dead_letters=dead_rows, duplicates=duplicates, holes=holes)
+    found = collections.Counter(counts.column("partition").to_pylist())
+    outside = _outside(counts, snaps)
+    return DeepCheck(rows=rows.num_rows, dead_letters=dead_rows, duplicates=duplicates, holes=holes,
+                     missing=_missing(snaps, expired_read or {}, found), outside=outside)
+
+
+def _outside(counts, snaps: Sequence[BatchSnapshot]) -> int:
+    """Distinct (partition, offset) of rows that no snapshot's range covers."""
+    import numpy as np
+
+    by_part: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for snap in snaps:
+        for p, s, e in snap.ranges:
+            by_part[p].append((s, e))
+    partitions = counts.column("partition").to_numpy(zero_copy_only=False)
+    offsets = counts.column("offset").to_numpy(zero_copy_only=False)
+    outside = 0
+    for p in set(partitions.tolist()):
+        mine = offsets[partitions == p]
+        covered = np.zeros(len(mine), dtype=bool)
+        for s, e in by_part.get(p, ()):
+            covered |= (mine >= s) & (mine < e)
+        outside += int((~covered).sum())
+    return outside
+
+
+def _missing(snaps: Sequence[BatchSnapshot], expired_read: Mapping[str, Mapping[str, int]],
+             found: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Per partition, records the readers delivered that the table does not hold; only
+    where every range of the partition comes with its delivered count."""
+    delivered: dict[str, int] = collections.Counter()
+    unknown: set[str] = set()
+    for snap in snaps:
+        if snap.batch_id == "(expired snapshots)":
+            counts = expired_read.get(snap.key)
+        else:
+            counts = snap.read
+        for p, s, e in snap.ranges:
+            if e <= s:
+                continue
+            if counts is None or p not in counts:
+                unknown.add(p)
+        if counts is not None:
+            for p, n in counts.items():
+                delivered[p] += int(n)
+    return sorted((p, n - found.get(p, 0)) for p, n in delivered.items()
+                  if p not in unknown and n > found.get(p, 0))

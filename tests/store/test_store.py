@@ -79,9 +79,9 @@ def test_migrate_twice_is_idempotent(db_url):
     s = Store(db_url)
     try:
         assert s.revision() is None
-        assert s.migrate() == "0003"
-        assert s.migrate() == "0003"
-        assert s.revision() == "0003"
+        assert s.migrate() == "0004"
+        assert s.migrate() == "0004"
+        assert s.revision() == "0004"
         assert count(s, "alembic_version") == 1
         assert s.read_actual().supervisors == {}
     finally:
@@ -571,7 +571,8 @@ def test_fresh_start_drops_the_old_checkpoints_and_fences(store: Store, clicks):
     assert store.checkpoints("clicks") == {}
     assert store.get("clicks").epoch == 2  # a batch of the old topic in flight cannot publish
     [entry] = [e for e in store.history("clicks") if e["action"] == "fresh-start"]
-    assert entry["details"] == {"droppedCheckpoints": {"0": 10, "1": 20}}
+    assert entry["details"] == {"droppedCheckpoints": {"0": 10, "1": 20}, "generation": 1}
+    assert store.get("clicks").generation == 1  # verify keeps the old source's offsets apart
     with pytest.raises(PublishConflict):
         publish(store, "old-topic", [("0", 10, 15)], epoch=1)
 

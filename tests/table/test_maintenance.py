@@ -20,7 +20,10 @@ from pyiceberg.exceptions import CommitFailedException
 
 from reconciler.store.store import Store
 from reconciler.store.tables import batches as batches_table
-from reconciler.table import maintenance as m
+from reconciler.table import compact as mc
+from reconciler.table import expire as me
+from reconciler.table import orphans as mo
+from reconciler.table import upgrade as mu
 from reconciler.table.catalog import (
     BATCH,
     EPOCH,
@@ -103,14 +106,14 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
     """Batches keep committing (4 hours of data each) while compactions run in a loop: every
     compaction either commits on the current table or is planned again; every key stays
     exactly once, the file count drops, and the compaction snapshots carry no offsets."""
-    _, tables = env
+    store, tables = env
     n_batches, per_batch = 16, 40
     done = threading.Event()
     results = []
 
     def compact_loop():
         while not done.is_set():
-            results.append(m.compact(tables, "clicks", now=LONG_AGO, attempts=50))
+            results.append(mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO, attempts=50))
 
     _append_batch(tables, "clicks", "b000", _rows(range(per_batch), lambda k: k % 240, lambda k: "u"), [("0", 0, per_batch)])
     worker = threading.Thread(target=compact_loop)
@@ -123,7 +126,7 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
     finally:
         done.set()
         worker.join()
-    final = m.compact(tables, "clicks", now=LONG_AGO)
+    final = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
 
     ids = collections.Counter(_scan(tables, "clicks").column("id").to_pylist())
     assert set(ids.values()) == {1} and len(ids) == n_batches * per_batch
@@ -133,24 +136,24 @@ def test_compaction_concurrent_with_appends_keeps_every_key_once(env):
     assert len(files) == 4  # one per closed hour, from 4 per batch
     table = tables.load("clicks")
     ops = [s.summary.additional_properties for s in table.snapshots()]
-    compactions = [p for p in ops if p.get(m.OPERATION) == "compact"]
+    compactions = [p for p in ops if p.get(mc.OPERATION) == "compact"]
     assert compactions and all(RANGES not in p and SUPERVISOR not in p for p in compactions)
     spans = sorted(r for p in ops for r in summary_ranges(p))
     assert spans == [("0", b * per_batch, (b + 1) * per_batch) for b in range(n_batches)]
 
 
 def test_open_partitions_are_left_alone_and_small_files_only(env):
-    _, tables = env
+    store, tables = env
     for b in range(3):
         _append_batch(tables, "clicks", f"b{b}", _rows(range(b * 10, b * 10 + 10), lambda k: 0, lambda k: "u"),
                       [("0", b * 10, b * 10 + 10)])
-    still_open = m.compact(tables, "clicks", now=T0 + timedelta(minutes=90), lateness=timedelta(hours=1))
+    still_open = mc.compact(tables, store=store, datasource="clicks", now=T0 + timedelta(minutes=90), lateness=timedelta(hours=1))
     assert not still_open.partitions and still_open.open_partitions == 1 and len(_files(tables, "clicks")) == 3
-    dry = m.compact(tables, "clicks", now=LONG_AGO, dry_run=True)
+    dry = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO, dry_run=True)
     assert [p.files_before for p in dry.partitions] == [3] and len(_files(tables, "clicks")) == 3
-    done = m.compact(tables, "clicks", now=LONG_AGO)
+    done = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
     assert done.committed and done.files_after == 1
-    again = m.compact(tables, "clicks", now=LONG_AGO)  # one file: nothing to do, no empty commit
+    again = mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)  # one file: nothing to do, no empty commit
     assert not again.partitions and not again.committed
     assert len(tables.load("clicks").snapshots()) == 4
 
@@ -158,7 +161,7 @@ def test_open_partitions_are_left_alone_and_small_files_only(env):
 def test_rollup_compaction_one_row_per_time_and_dimensions(env):
     """Four batches repeat the same (minute, user) keys: the compaction leaves one row per
     key, counts and sums added, mins taken, nulls a key like any other."""
-    _, tables = env
+    store, tables = env
     users = lambda k: None if k % 7 == 0 else f"u{k % 3}"  # noqa: E731
     expected: dict = collections.defaultdict(lambda: [0, 0, None])
     for b in range(4):
@@ -170,16 +173,16 @@ def test_rollup_compaction_one_row_per_time_and_dimensions(env):
             e[0] += 1
             e[1] += k
             e[2] = k if e[2] is None else min(e[2], k)
-    rollup = m.Rollup(("id", "user"), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
+    rollup = mc.Rollup(("id", "user"), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
     # "id" differs on every row: a rollup whose spec names it keeps every row
-    keep = m.compact(tables, "rolled", rollup=rollup, now=LONG_AGO, dry_run=True)
+    keep = mc.compact(tables, store=store, datasource="rolled", rollup=rollup, now=LONG_AGO, dry_run=True)
     assert keep.partitions and keep.rollup
 
     table = tables.load("rolled")
     with table.update_schema() as upd:
         upd.delete_column("id")
-    rollup = m.Rollup(("user",), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
-    result = m.compact(tables, "rolled", rollup=rollup, now=LONG_AGO)
+    rollup = mc.Rollup(("user",), (("count", "count"), ("bytes", "longSum"), ("low", "longMin")))
+    result = mc.compact(tables, store=store, datasource="rolled", rollup=rollup, now=LONG_AGO)
     assert result.committed and result.files_after == 1
     got = _scan(tables, "rolled").to_pylist()
     by_key = {(int((r["__time"] - T0).total_seconds() // 60), r["user"]): [r["count"], r["bytes"], r["low"]]
@@ -191,7 +194,7 @@ def test_rollup_compaction_one_row_per_time_and_dimensions(env):
 def test_rollup_rows_combines_each_metric_type():
     rows = pa.table({"__time": pa.array([T0, T0, T0], pa.timestamp("us", tz="UTC")), "d": ["a", "a", "b"],
                      "c": [1, 2, 3], "s": [1.5, 2.5, 1.0], "lo": [5, 3, 9], "hi": [5.0, 3.0, 9.0]})
-    out = m.rollup_rows(rows, m.Rollup(("d",), (("c", "count"), ("s", "doubleSum"), ("lo", "longMin"),
+    out = mc.rollup_rows(rows, mc.Rollup(("d",), (("c", "count"), ("s", "doubleSum"), ("lo", "longMin"),
                                                  ("hi", "doubleMax"))))
     assert out.schema == rows.schema
     assert sorted(out.to_pylist(), key=lambda r: r["d"]) == [
@@ -213,7 +216,7 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
         _append_batch(tables, "clicks", f"b{b}", _rows(range(b * 10, b * 10 + 10), lambda k: 0, lambda k: "u"),
                       [("0", b * 10, b * 10 + 10)])
     _mark_committed(store, [f"b{b}" for b in range(4)])
-    m.compact(tables, "clicks", now=LONG_AGO)
+    mc.compact(tables, store=store, datasource="clicks", now=LONG_AGO)
     table = tables.load("clicks")
     root = local_path(table.location())
     data = root / "data"
@@ -230,24 +233,28 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
         _age(p, 3 * 86400)
 
     # defaults: nothing is old enough to expire
-    assert m.expire_snapshots(tables, "clicks").expired_snapshots == 0
-    dry = m.expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1, dry_run=True)
+    assert me.expire_snapshots(tables, "clicks", store=store).expired_snapshots == 0
+    dry = me.expire_snapshots(tables, "clicks", store=store, older_than=timedelta(0), retain_last=1, dry_run=True)
     assert dry.expired_snapshots == 4 and len(tables.load("clicks").snapshots()) == 5
-    expired = m.expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1)
+    expired = me.expire_snapshots(tables, "clicks", store=store, older_than=timedelta(0), retain_last=1)
     assert expired.committed and expired.expired_snapshots == 4
     # the compacted-away batch files went with the snapshots that alone referenced them
     assert {Path(p).name for p in expired.deleted_files if "/data/" in p} == {"part-00000.parquet"}
     table = tables.load("clicks")
     assert len(table.snapshots()) == 1
-    assert m.expired_ranges(table) == {"clicks": [("0", 0, 40)]}
+    assert me.expired_ranges(table) == {"clicks": [("0", 0, 40)]}
 
-    dry = m.remove_orphans(tables, "clicks", committed_batches=store.committed_batch_ids, dry_run=True)
+    store.begin_write("inflight", "batch", tables=["clicks"])  # a batch still being written or published
+    dry = mo.remove_orphans(tables, "clicks", store=store, dry_run=True)
+    # judged by the write's fence, not by age: the unknown batch, the committed batch's
+    # unreferenced file, and the file of no write that is old enough
     assert sorted(Path(p).relative_to(data).as_posix() for p in dry.deleted_files) == [
-        "batch=lost/part-0.parquet", "stray.parquet"]
-    orphans = m.remove_orphans(tables, "clicks", committed_batches=store.committed_batch_ids)
-    assert orphans.kept_young >= 1 and orphans.kept_committed_batch == 1
+        "batch=b0/extra.parquet", "batch=lost/part-0.parquet", "stray.parquet"]
+    assert store.write_statuses(["lost"]) == {"lost": "discarded"}  # fenced before it is deleted
+    orphans = mo.remove_orphans(tables, "clicks", store=store)
+    assert orphans.kept_in_flight == 1
     assert not (data / "batch=lost").exists() and not (data / "stray.parquet").exists()
-    assert (data / "batch=inflight" / "part-0.parquet").exists() and (data / "batch=b0" / "extra.parquet").exists()
+    assert (data / "batch=inflight" / "part-0.parquet").exists() and not (data / "batch=b0" / "extra.parquet").exists()
     # every file the table (and its metadata log) references is still there, and readable
     for f in _files(tables, "clicks"):
         assert local_path(f.file_path).exists()
@@ -259,7 +266,7 @@ def test_expire_and_orphans_never_remove_a_referenced_file(env):
 
 
 def test_fold_ranges_merges_adjacent_and_keeps_overlaps_and_gaps():
-    folded = m.fold_ranges({"a": [("0", 0, 10), ("0", 10, 20), ("0", 25, 30), ("1", 0, 5)]},
+    folded = me.fold_ranges({"a": [("0", 0, 10), ("0", 10, 20), ("0", 25, 30), ("1", 0, 5)]},
                            {"a": [("0", 28, 40)], "b": [("0", 0, 3)]})
     assert folded == {"a": [["0", 0, 20], ["0", 25, 30], ["0", 28, 40], ["1", 0, 5]], "b": [["0", 0, 3]]}
 
@@ -301,21 +308,21 @@ def test_import_of_the_old_layout_loses_nothing_and_runs_once(env, tmp_path):
     _mark_committed(store, ["old3"], status="committed", ranges=ranges)
     _mark_committed(store, ["bf1"], status="promoted", ranges={"bf1": [["0", 100, 110]]}, sup="clicks-backfill-1")
 
-    assert m.old_layout_datasources(segments) == ["clicks"]
-    dry = m.import_segments(tables, store, segments, "clicks", dry_run=True)
+    assert mu.old_layout_datasources(segments) == ["clicks"]
+    dry = mu.import_segments(tables, store, segments, "clicks", dry_run=True)
     assert tables.load("clicks") is None and dry.files == 3
-    result = m.import_segments(tables, store, segments, "clicks", granularity="hour")
+    result = mu.import_segments(tables, store, segments, "clicks", granularity="hour")
     assert result.files == 4 and result.rows == 40 and result.dead_files == 1 and result.promoted_staged_batches == 1
     assert final.exists() and not (segments / "_staging" / "old3").exists()
     assert sorted(_scan(tables, "clicks").column("id").to_pylist()) == [f"k{k:05d}" for k in range(40)]
     assert _scan(tables, "clicks_deadletter").column("offset").to_pylist() == [7]
     assert all(p.exists() for p in [*files, final])  # referenced in place, not moved
     snaps = [s.summary.additional_properties for s in tables.load("clicks").snapshots()]
-    imported = {p[SUPERVISOR]: summary_ranges(p) for p in snaps if p.get(m.OPERATION) == "import"}
+    imported = {p[SUPERVISOR]: summary_ranges(p) for p in snaps if p.get(mc.OPERATION) == "import"}
     assert imported == {"clicks": [("0", 0, 40)], "clicks-backfill-1": [("0", 100, 110)]}
-    assert tables.load("clicks").properties[m.IMPORTED] == "true"
+    assert tables.load("clicks").properties[mu.IMPORTED] == "true"
 
-    again = m.import_segments(tables, store, segments, "clicks")
+    again = mu.import_segments(tables, store, segments, "clicks")
     assert again.already_imported
     assert _scan(tables, "clicks").num_rows == 40 and _scan(tables, "clicks_deadletter").num_rows == 1
 
@@ -346,15 +353,16 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
         granularity={"segment": "hour", "query": "minute", "rollup": True}))
 
     tables = h.open_tables(s)
+    store = Store(s.db_url)
     done = threading.Event()
     results = collections.defaultdict(list)
 
     def compact_loop():
-        rollup = m.Rollup(("user",), (("count", "count"), ("bytes", "longSum")))
+        rollup = mc.Rollup(("user",), (("count", "count"), ("bytes", "longSum")))
         while not done.is_set():
             for ds, r in (("plain", None), ("rolled", rollup)):
                 if tables.load(ds) is not None:
-                    results[ds].append(m.compact(tables, ds, rollup=r, attempts=50))
+                    results[ds].append(mc.compact(tables, ds, store=store, rollup=r, attempts=50))
             time.sleep(0.3)
 
     worker = threading.Thread(target=compact_loop)
@@ -367,16 +375,16 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
     assert code == 0
     assert any(r.committed for r in results["plain"]), [r.message for r in results["plain"]]
 
-    from reconciler.table.maintenance import Rollup
+    from reconciler.table.compact import Rollup
 
-    m.compact(tables, "plain")
-    m.compact(tables, "rolled", rollup=Rollup(("user",), (("count", "count"), ("bytes", "longSum"))))
+    mc.compact(tables, store=store, datasource="plain")
+    mc.compact(tables, store=store, datasource="rolled", rollup=Rollup(("user",), (("count", "count"), ("bytes", "longSum"))))
     h.assert_exactly_once(h.key_counts(spark, s, "plain"), h.keys(records))
     assert len(_files(tables, "plain")) == 3 and len(_files(tables, "rolled")) == 3
     # the batches' snapshots tile the offsets; compactions carry none
     for ds in ("plain", "rolled"):
         props = [x.summary.additional_properties for x in tables.load(ds).snapshots()]
-        assert all(RANGES not in p for p in props if p.get(m.OPERATION) == "compact")
+        assert all(RANGES not in p for p in props if p.get(mc.OPERATION) == "compact")
     expected: dict = collections.defaultdict(lambda: [0, 0])
     for _, value in records:
         doc = json.loads(value)

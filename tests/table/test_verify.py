@@ -178,12 +178,12 @@ def test_a_commit_staged_on_a_moved_table_conflicts_and_publishes_nothing(setup)
 def test_verify_still_covers_the_offsets_of_expired_snapshots(setup):
     from datetime import timedelta
 
-    from reconciler.table.maintenance import expire_snapshots
+    from reconciler.table.expire import expire_snapshots
 
     s, store, tables = setup
     for i, (lo, hi) in enumerate([(0, 10), (10, 25), (25, 40)]):
         _publish(store, tables, "clicks", f"b{i}", "0", lo, hi)
-    expire_snapshots(tables, "clicks", older_than=timedelta(0), retain_last=1)
+    expire_snapshots(tables, "clicks", store=store, older_than=timedelta(0), retain_last=1)
     table = tables.load("clicks")
     assert len(batch_snapshots(table)) == 1  # two of the three snapshots are gone
     report = h.cli_json(s, "verify", "clicks", "--deep")

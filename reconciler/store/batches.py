@@ -1,0 +1,162 @@
+"""Batches: the publish (table snapshots and checkpoints in one compare-and-swap
+transaction), and what committed (ids, totals, segment rows)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from reconciler.errors import PublishConflict, RetryableError
+from reconciler.model import PartitionRange
+from reconciler.store.base import _aware, utcnow
+from reconciler.store.records import BatchTotals, SegmentRow
+from reconciler.store.tables import (
+    batch_totals,
+    batches,
+    checkpoints,
+    iceberg_tables,
+    segments,
+    supervisors,
+)
+
+TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
+
+
+class TableConflict(RetryableError):
+    """A table's metadata pointer moved since the commit was staged (another batch of
+    the same datasource, a compaction): nothing was published; stage again and retry."""
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One committed Parquet file, as the pipeline reports it to publish."""
+
+    segment: str
+    interval_start: str
+    interval_end: str
+    path: str
+    rows: int
+    bytes: int
+
+
+class BatchesMixin:
+    def publish(self, *, supervisor_id: str, epoch: int, batch_id: str, datasource: str,
+                ranges: Sequence[PartitionRange], files: Iterable[SegmentFile], records: int,
+                unparseable: int, lease: tuple[str, int] | None = None, now=None,
+                table_commits: Sequence[Any] = ()) -> None:
+        """Commit a batch's table snapshots and move its checkpoints, or nothing.
+
+        ``table_commits`` (``reconciler.table.catalog.TableCommit``: table, expected, new)
+        move each table's metadata pointer with a compare-and-swap on its current
+        location, in this transaction: readers see the batch's rows exactly when the
+        checkpoints move. Raises PublishConflict when the supervisor's epoch changed
+        (reset, terminate, recreate), any checkpoint is no longer at its range's start, or
+        the lease (holder, token) is no longer ours; TableConflict when a table moved since
+        its commit was staged (nothing is published: stage again).
+        """
+        now = now or utcnow()
+        files = list(files)
+        with self._write() as c:
+            if lease is not None:
+                self._check_lease(c, *lease)
+            hit = c.execute(
+                sa.update(supervisors).where(supervisors.c.id == supervisor_id, supervisors.c.epoch == epoch)
+                .values(updated_at=now)
+            ).rowcount
+            if hit != 1:
+                raise PublishConflict(f"{supervisor_id}: epoch is no longer {epoch} (reset, recreate or terminate); batch {batch_id} discarded")
+            for rng in ranges:
+                moved = c.execute(
+                    sa.update(checkpoints).where(
+                        checkpoints.c.supervisor_id == supervisor_id,
+                        checkpoints.c.partition == rng.partition,
+                        checkpoints.c.next_offset == rng.start,
+                    ).values(next_offset=rng.end)
+                ).rowcount
+                if moved != 1:
+                    raise PublishConflict(
+                        f"{supervisor_id}: partition {rng.partition} checkpoint is no longer {rng.start}; batch {batch_id} discarded"
+                    )
+            _move_pointers(c, table_commits, f"batch {batch_id}")
+            self._finish_write(c, batch_id, "batch", supervisor_id=supervisor_id)
+            c.execute(sa.insert(batches).values(
+                batch_id=batch_id, supervisor_id=supervisor_id, datasource=datasource, epoch=epoch,
+                status="committed", ranges=json.dumps([[r.partition, r.start, r.end] for r in ranges]),
+                rows=sum(f.rows for f in files), records=records, unparseable=unparseable, committed_at=now,
+            ))
+            if files:
+                c.execute(sa.insert(segments), [
+                    dict(datasource=datasource, supervisor_id=supervisor_id, batch_id=batch_id, segment=f.segment,
+                         interval_start=f.interval_start, interval_end=f.interval_end, path=f.path, rows=f.rows,
+                         bytes=f.bytes, created_at=now)
+                    for f in files
+                ])
+            _add_totals(c, supervisor_id, records, unparseable, now)
+
+    def commit_tables(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
+        """Commit a maintenance write (compaction, import, expiry): move the tables' metadata
+        pointers (compare-and-swap, as in ``publish``) and finish the write, in one
+        transaction. Raises TableConflict when a table moved since it was staged and
+        WriteFenced when a clean-up discarded the write first (nothing committed)."""
+        with self._write() as c:
+            _move_pointers(c, table_commits, f"{kind} {write_id}")
+            self._finish_write(c, write_id, kind)
+
+    def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
+        ids = list(batch_ids)
+        if not ids:
+            return set()
+        with self._read() as c:
+            return set(c.execute(sa.select(batches.c.batch_id).where(batches.c.batch_id.in_(ids))).scalars())
+
+    def batch_totals(self, supervisor_id: str) -> BatchTotals:
+        with self._read() as c:
+            row = c.execute(sa.select(batch_totals).where(batch_totals.c.supervisor_id == supervisor_id)).first()
+        return _totals(row) if row else BatchTotals()
+
+    def all_batch_totals(self) -> dict[str, BatchTotals]:
+        """``batch_totals`` of every supervisor with batches, in one query (``status`` of a thousand)."""
+        with self._read() as c:
+            rows = c.execute(sa.select(batch_totals)).all()
+        return {r.supervisor_id: _totals(r) for r in rows}
+
+    def segments(self, datasource: str) -> list[SegmentRow]:
+        with self._read() as c:
+            rows = c.execute(
+                sa.select(segments, batches.c.ranges).join(batches, batches.c.batch_id == segments.c.batch_id)
+                .where(segments.c.datasource == datasource).order_by(segments.c.interval_start, segments.c.id)
+            ).mappings().all()
+        return [SegmentRow(**r) for r in rows]
+
+
+def _move_pointers(c, table_commits: Sequence[Any], what: str) -> None:
+    """The tables' metadata pointers from the version each commit was staged on to its new
+    one (``reconciler.table.catalog.TableCommit``), or TableConflict."""
+    for tc in table_commits:
+        moved = c.execute(
+            sa.update(iceberg_tables).where(
+                iceberg_tables.c.catalog_name == TABLE_CATALOG,
+                iceberg_tables.c.table_namespace == TABLE_NAMESPACE,
+                iceberg_tables.c.table_name == tc.table,
+                iceberg_tables.c.metadata_location == tc.expected,
+            ).values(metadata_location=tc.new, previous_metadata_location=tc.expected)
+        ).rowcount
+        if moved != 1:
+            raise TableConflict(f"table {tc.table} changed since {what} was staged")
+
+
+def _add_totals(c, supervisor_id: str, records: int, unparseable: int, now) -> None:
+    hit = c.execute(sa.update(batch_totals).where(batch_totals.c.supervisor_id == supervisor_id).values(
+        batches=batch_totals.c.batches + 1, records=batch_totals.c.records + records,
+        unparseable=batch_totals.c.unparseable + unparseable, last_at=now)).rowcount
+    if not hit:
+        c.execute(sa.insert(batch_totals).values(supervisor_id=supervisor_id, batches=1, records=records,
+                                                 unparseable=unparseable, first_at=now, last_at=now))
+
+
+def _totals(r) -> BatchTotals:
+    return BatchTotals(int(r.batches), int(r.records), int(r.unparseable), _aware(r.first_at), _aware(r.last_at))

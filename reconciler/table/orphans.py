@@ -1,0 +1,171 @@
+"""Orphan clean-up: delete files under a table's location that nothing references, never a
+file that a publish or a compaction in flight may still commit.
+
+Safety is a fence in the database, not a clock. Every write records itself before its
+first file (``Store.begin_write``) and its files carry its id (``writeids``: the batch or
+compaction directory, the tag in a metadata file's name). An unreferenced file of a write
+that is
+
+* ``writing`` is kept: it may commit any moment;
+* ``discarded``, or a committed batch's (superseded and expired), is deleted;
+* unknown to the database (written by an older version) is fenced first: recorded as
+  ``discarded``, so a late commit of it fails, then deleted.
+
+Only files that carry no write id (an older version's compaction output, the metadata
+pyiceberg's own commits write when a table is created) fall back to their age
+(``older_than``). Files are listed BEFORE the metadata is read, so a file committed in
+between is seen as referenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from reconciler import faults
+from reconciler.table.catalog import Tables, local_path
+from reconciler.table.reach import _norm, _referenced, _unlink
+from reconciler.table.reports import MaintenanceError, _camel
+from reconciler.table.writeids import write_id_of_data_path, write_id_of_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ORPHAN_AGE = timedelta(days=1)
+
+
+@dataclass
+class OrphanResult:
+    table: str
+    dry_run: bool
+    scanned_files: int = 0
+    deleted_files: list[str] = field(default_factory=list)
+    deleted_bytes: int = 0
+    kept_young: int = 0  # unreferenced, of no known write, younger than the cut-off
+    kept_in_flight: int = 0  # unreferenced files of a write that may still commit
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _camel(asdict(self) | {"deletedFileCount": len(self.deleted_files)})
+
+
+def remove_orphans(
+    tables: Tables,
+    name: str,
+    *,
+    store: Any = None,
+    older_than: timedelta = DEFAULT_ORPHAN_AGE,
+    now: datetime | None = None,
+    dry_run: bool = False,
+) -> OrphanResult:
+    """Delete the files under table ``name``'s location that nothing references.
+
+    Referenced: the current metadata file and every one in its metadata log, and for each
+    of them every snapshot's manifest list, manifests and data files (deleted entries
+    too). What is unreferenced is judged by its write's fence in ``store`` (the module's
+    docstring). Without a store nothing that carries a write id is deleted."""
+    now = now or datetime.now(UTC)
+    cutoff = (now - older_than).timestamp()
+    result = OrphanResult(table=name, dry_run=dry_run)
+    table = tables.load(name)
+    if table is None:
+        result.message = f"no table {name}"
+        return result
+    root = local_path(table.location())
+    listed = _list_files(root)
+    result.scanned_files = len(listed)
+    faults.point("orphans-listed", name)
+    table = tables.load(name)  # after the listing: whatever committed meanwhile is referenced
+    if table is None:
+        raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
+    referenced = _referenced(table)
+    candidates = {p: st for p, st in listed.items() if _norm(p) not in referenced}
+    by_write: dict[str, list[str]] = defaultdict(list)
+    for path in candidates:
+        wid = _write_of(root, path)
+        if wid is not None:
+            by_write[wid].append(path)
+    doomed = _finished_writes(store, by_write) if store is not None else set()
+    for path, (mtime, size) in sorted(candidates.items()):
+        wid = _write_of(root, path)
+        if wid is not None:
+            if wid not in doomed:
+                result.kept_in_flight += 1
+                continue
+        elif mtime >= cutoff:
+            result.kept_young += 1
+            continue
+        result.deleted_files.append(path)
+        result.deleted_bytes += size
+    if not dry_run:
+        faults.point("orphans-delete", name)
+        for path in result.deleted_files:
+            _unlink(Path(path))
+        _remove_empty_dirs(root, cutoff, doomed)
+    verb = "would delete" if dry_run else "deleted"
+    result.message = (f"{verb} {len(result.deleted_files)} orphan file(s) ({result.deleted_bytes} bytes); "
+                      f"kept {result.kept_in_flight} of writes in flight and {result.kept_young} younger than "
+                      "the cut-off")
+    if result.deleted_files and not dry_run:
+        log.info("maintenance of %s: %s", name, result.message)
+    return result
+
+
+def _finished_writes(store: Any, by_write: dict[str, list[str]]) -> set[str]:
+    """Of the writes whose unreferenced files were found, those whose files may go: done
+    (committed) or discarded, and unknown ones once fenced."""
+    if not by_write:
+        return set()
+    statuses = store.write_statuses(by_write)
+    done = {w for w, s in statuses.items() if s in ("committed", "discarded")}
+    unknown = [w for w in by_write if w not in statuses]
+    return done | store.fence_unknown_writes(unknown)
+
+
+def _write_of(root: Path, path: str) -> str | None:
+    """The write a file under the table belongs to, from its path, else None."""
+    p = Path(path)
+    try:
+        rel = p.relative_to(root)
+    except ValueError:
+        return None
+    if rel.parts and rel.parts[0] == "data":
+        return write_id_of_data_path("/".join(rel.parts[1:]))
+    if rel.parts and rel.parts[0] == "metadata":
+        return write_id_of_name(p.name)
+    return None
+
+
+def _list_files(root: Path) -> dict[str, tuple[float, int]]:
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                continue
+            out[os.path.abspath(p)] = (st.st_mtime, st.st_size)
+    return out
+
+
+def _remove_empty_dirs(root: Path, cutoff: float, finished: set[str]) -> None:
+    """Remove empty directories of finished writes, and other empty ones older than the
+    cut-off (a legacy writer may be about to put a file in a young one)."""
+    keep = {root, root / "data", root / "metadata"}
+    for dirpath, _dirs, _files in os.walk(root, topdown=False):
+        d = Path(dirpath)
+        if d in keep:
+            continue
+        try:
+            if any(d.iterdir()):
+                continue
+            wid = _write_of(root, str(d / "x"))
+            if (wid is not None and wid in finished) or (wid is None and d.stat().st_mtime < cutoff):
+                d.rmdir()
+        except OSError:
+            pass

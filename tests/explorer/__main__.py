@@ -1,0 +1,134 @@
+"""Run the schedule explorer from the command line.
+
+    .venv/bin/python -m tests.explorer --db sqlite --schedules 1000          # seeds 0..999
+    .venv/bin/python -m tests.explorer --db postgres --seeds 5000:6000 --workers 2
+    .venv/bin/python -m tests.explorer --db sqlite --seed 1234 -v            # replay one seed, with its trace
+    .venv/bin/python -m tests.explorer --db postgres --named cancel-during-publish
+    .venv/bin/python -m tests.explorer --named all
+
+Prints one line per failing schedule, with the command that replays it, and a JSON
+summary last; exits 1 when any schedule failed. With ``--db postgres`` a throwaway
+PostgreSQL cluster is started on a free loopback port (the tests' launcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.explorer.schedules import NAMED, Result, Runner, random_schedule
+
+
+def _replay(result: Result) -> str:
+    db = "postgres" if result.db.startswith("postgres") else "sqlite"
+    what = f"--named {result.name}" if result.name != "random" else f"--seed {result.seed}"
+    return f".venv/bin/python -m tests.explorer --db {db} {what} -v"
+
+
+def _work(args: tuple) -> list[dict]:
+    """One worker: its own directory and database, schedules one after another."""
+    db_url, workdir, db_name, jobs = args
+    logging.disable(logging.CRITICAL)
+    runner = Runner(db_url, Path(workdir), db_name)
+    out = []
+    try:
+        for kind, value in jobs:
+            schedule = NAMED[value]() if kind == "named" else random_schedule(value)
+            r = runner.run(schedule)
+            out.append({"name": r.name, "seed": r.seed, "db": db_name, "ok": r.ok, "problems": r.problems,
+                        "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes,
+                        "trace": r.trace if not r.ok else []})
+    finally:
+        runner.close()
+    return out
+
+
+def explore(db: str, jobs: list[tuple[str, object]], workers: int, root: Path, *,
+            pg_url_for=None) -> list[dict]:
+    """Run ``jobs`` (("seed", n) or ("named", name)) on ``workers`` processes."""
+    workers = max(1, min(workers, len(jobs)))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    args = []
+    for i, chunk in enumerate(chunks):
+        workdir = root / f"w{i}"
+        if db == "postgres":
+            url = pg_url_for(f"explorer_w{i}_{os.getpid()}")
+        else:
+            url = f"sqlite:///{workdir / 'reconciler.db'}"
+        args.append((url, str(workdir), db, chunk))
+    if workers == 1:
+        return _work(args[0])
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        return [r for part in pool.map(_work, args) for r in part]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.explorer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--seed", type=int, help="replay one random schedule")
+    ap.add_argument("--seeds", help="a range of seeds, A:B")
+    ap.add_argument("--schedules", type=int, help="this many random schedules from --first")
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--named", help="a named schedule, or 'all'")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("-v", "--verbose", action="store_true", help="print the trace of failing schedules")
+    a = ap.parse_args(argv)
+    jobs: list[tuple[str, object]] = []
+    if a.named:
+        names = sorted(NAMED) if a.named == "all" else [a.named]
+        unknown = [n for n in names if n not in NAMED]
+        if unknown:
+            ap.error(f"no named schedule {unknown}; there are: {', '.join(sorted(NAMED))}")
+        jobs += [("named", n) for n in names]
+    if a.seed is not None:
+        jobs.append(("seed", a.seed))
+    if a.seeds:
+        lo, hi = (int(x) for x in a.seeds.split(":"))
+        jobs += [("seed", s) for s in range(lo, hi)]
+    if a.schedules:
+        jobs += [("seed", s) for s in range(a.first, a.first + a.schedules)]
+    if not jobs:
+        ap.error("nothing to run: give --seed, --seeds, --schedules or --named")
+    started = time.monotonic()
+    cluster = None
+    try:
+        pg_url_for = None
+        if a.db == "postgres":
+            import devservices
+
+            cluster = devservices.PostgresCluster()
+            cluster.start()
+            pg_url_for = cluster.create_database
+        with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:
+            results = explore(a.db, jobs, a.workers, Path(tmp), pg_url_for=pg_url_for)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    failed = [r for r in results if not r["ok"]]
+    for r in failed:
+        print(f"FAILED {r['name']} seed {r['seed']} on {r['db']}: {'; '.join(r['problems'])[:600]}\n"
+              f"  faults: {r['faults']}\n  replay: {_replay(Result(r['name'], r['seed'], r['db'], [], [], {}, 0))}")
+        if a.verbose:
+            print("  trace:\n    " + "\n    ".join(r["trace"]))
+    seconds = time.monotonic() - started
+    faults: dict[str, int] = {}
+    for r in results:
+        for f in r["faults"]:
+            kind = f.split()[0]
+            faults[kind] = faults.get(kind, 0) + 1
+    print(json.dumps({"db": a.db, "schedules": len(results), "failed": len(failed), "seconds": round(seconds, 1),
+                      "faultsInjected": dict(sorted(faults.items())),
+                      "medianSeconds": round(sorted(r["seconds"] for r in results)[len(results) // 2], 3)}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The invariants, checked from the outside (the model stream and a scan of the tables),
+never from what the product says of itself, and ``verify``'s verdict held against them.
+
+* **now** (right after the schedule, before any recovery: what a reader sees at any
+  moment): every file the tables reference exists; no (partition, offset) twice; each
+  main checkpoint equals the end of the offsets its lineage's snapshots cover (what a
+  running backfill has still to read aside); no range a cancel reported unread is in the
+  table; no rolled-up row without its count.
+* **final** (after a fresh leader's recovery, catching up and an orphan clean-up): every
+  record of the stream is in the table exactly once, except the ones retention deleted
+  before they were read and the ones a cancelled backfill left unread; nothing but
+  referenced files is left; ``verify --deep`` passes.
+* **verify's verdict equals the truth**: after a sabotage (a data file deleted by hand,
+  the table's pointer rolled back under the checkpoints, a batch's file appended again)
+  ``verify`` must fail exactly when the truth is broken.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from reconciler.table.catalog import Tables, deadletter_table
+from reconciler.table.verify import SupervisorFacts, lineage_of, verify
+from tests.explorer.world import DATASOURCE, MAIN, World, rows_without_count
+
+
+@dataclass
+class Truth:
+    duplicates: int = 0
+    missing: int = 0
+    extra: int = 0
+    unreadable: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicates or self.missing or self.extra or self.unreadable)
+
+
+def facts(store) -> dict[str, SupervisorFacts]:
+    actual = store.read_actual()
+    return {sid: SupervisorFacts(sid, r.kind, r.state, r.generation, actual.checkpoints.get(sid, {}),
+                                 store.first_offsets(sid), r.end_offsets)
+            for sid, r in actual.supervisors.items() if lineage_of(sid) == MAIN}
+
+
+def run_verify(world: World, tables: Tables, store, deep: bool):
+    table = tables.load(DATASOURCE)
+    if table is None:
+        return None
+    history = {sid: store.history(sid) for sid in store.read_actual().supervisors if lineage_of(sid) == MAIN}
+    return verify(table, DATASOURCE, history, deep=deep, dead_table=tables.load(deadletter_table(DATASOURCE)),
+                  facts=facts(store))
+
+
+def truth(world: World, tables: Tables, store, *, final: bool) -> Truth:
+    """What the table holds against what the stream holds, record by record (by key: the
+    records of a source a fresh start left behind are other records than the new one's)."""
+    t = Truth()
+    try:
+        held = world.table_keys(tables)
+    except (FileNotFoundError, OSError, ValueError) as exc:
+        t.unreadable = f"{type(exc).__name__}: {exc}"[:300]
+        t.problems.append(f"the table cannot be read: {t.unreadable}")
+        return t
+    counts = collections.Counter(held)
+    t.duplicates = sum(1 for n in counts.values() if n > 1)
+    if t.duplicates:
+        first = sorted(k for k, n in counts.items() if n > 1)[:5]
+        t.problems.append(f"{t.duplicates} record(s) held twice or more, e.g. {first}")
+    present = set(counts)
+    current = {r.key: r for r in world.stream.records()}
+    old = {r.key for s in world.retired for r in s.records()}
+    extra = present - set(current) - old
+    t.extra = len(extra)
+    if extra:
+        t.problems.append(f"{t.extra} row(s) of records the stream never had: {sorted(extra)[:5]}")
+    cancelled = _cancelled(store)
+    unread = {k for k, r in current.items() if (r.partition, r.offset) in cancelled}
+    if unread & present:
+        t.problems.append(f"a cancel reported as unread records the table holds: {sorted(unread & present)[:5]}")
+        t.extra += len(unread & present)
+    checkpoints = store.read_actual().checkpoints.get(MAIN, {})
+    pending = _pending(store)
+    missing = []
+    for key, r in current.items():
+        at = (r.partition, r.offset)
+        if at in world.stream.deleted or at in cancelled or at in pending or key in present:
+            continue
+        if final or r.offset < checkpoints.get(r.partition, 0):
+            missing.append(key)
+    t.missing = len(missing)
+    if missing:
+        t.problems.append(f"{len(missing)} record(s) below the checkpoint are not in the table, e.g. "
+                          f"{sorted(missing)[:5]}")
+    return t
+
+
+def _cancelled(store) -> set[tuple[str, int]]:
+    """Offsets an operator's cancel left unread, as the cancel recorded them (the records
+    not required in the table; none of them may be in it)."""
+    out = set()
+    for sid in store.read_actual().supervisors:
+        for entry in store.history(sid):
+            if entry["action"] == "cancel-backfill":
+                for p, (s, e) in ((entry["details"] or {}).get("unreadRanges") or {}).items():
+                    out |= {(str(p), o) for o in range(int(s), int(e))}
+    return out
+
+
+def _pending(store) -> set[tuple[str, int]]:
+    """Offsets a running backfill has still to read."""
+    actual = store.read_actual()
+    out = set()
+    for sid, r in actual.supervisors.items():
+        if r.kind == "backfill" and r.state not in ("COMPLETED", "TERMINATED") and r.end_offsets:
+            at = actual.checkpoints.get(sid, {})
+            for p, end in r.end_offsets.items():
+                out |= {(p, o) for o in range(at.get(p, end), end)}
+    return out
+
+
+def check_now(world: World, tables: Tables, store) -> list[str]:
+    """Safety at the moment the schedule ended, before anything recovers."""
+    problems = []
+    report = run_verify(world, tables, store, deep=False)
+    if report is not None and report.missing_files:
+        problems.append(f"{len(report.missing_files)} referenced file(s) missing: {report.missing_files[:3]}")
+    t = truth(world, tables, store, final=False)
+    problems += t.problems
+    if report is not None:
+        failing = [f for f in report.findings if f.fails and f.kind != "gap"]
+        problems += [f"verify now: {f.kind} {f.lineage} p{f.partition} [{f.start}, {f.end})" for f in failing]
+        if t.ok and not report.missing_files and not report.ok:
+            gaps = [f for f in report.findings if f.fails]
+            problems.append(f"verify fails while the table is right: {[f.to_dict() for f in gaps][:3]}")
+    if world.rollup and rows_without_count(tables):
+        problems.append(f"{rows_without_count(tables)} rolled-up row(s) without a count")
+    return problems
+
+
+def check_final(world: World, tables: Tables, store) -> list[str]:
+    problems = []
+    t = truth(world, tables, store, final=True)
+    problems += [f"final: {p}" for p in t.problems]
+    garbage = world.unreferenced_files(tables)
+    if garbage:
+        problems.append(f"final: {len(garbage)} unreferenced file(s) left after recovery and clean-up: {garbage[:3]}")
+    report = run_verify(world, tables, store, deep=True)
+    if report is not None and report.ok != t.ok:
+        problems.append(f"final: verify says {'ok' if report.ok else 'FAILED'} but the truth is "
+                        f"{'ok' if t.ok else 'broken'}: {report.to_dict()['findings'][:3]}")
+    return problems
+
+
+def check_verdict(world: World, tables: Tables, store, sabotage: str) -> list[str]:
+    """After a sabotage: verify (deep) must fail exactly when the truth is broken."""
+    t = truth(world, tables, store, final=True)
+    report = run_verify(world, tables, store, deep=True)
+    if report is None:
+        return []
+    if report.ok != t.ok:
+        return [f"sabotage {sabotage}: verify says {'ok' if report.ok else 'FAILED'} but the truth is "
+                f"{'ok' if t.ok else 'broken'} ({'; '.join(t.problems)[:300]})"]
+    return []

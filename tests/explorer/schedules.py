@@ -1,0 +1,545 @@
+"""Schedules: random ones drawn from a seed, and named ones that replay the interleavings
+reviews found (each defect of issue 28 is one).
+
+A schedule is a world (partitions, records, markers, dead letters, rollup), a set of
+actors (each a process's thread doing product operations), a fault plan and optionally a
+script (whose actor runs until which point) and a sabotage. ``run`` executes it and
+returns the problems the invariants found (empty: it passed).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from reconciler.model import SupervisorSpec
+from reconciler.store.store import Store
+from reconciler.table.catalog import Tables, deadletter_table, local_path
+from tests.explorer import check
+from tests.explorer.disk import Ledger, install, uninstall
+from tests.explorer.sched import FaultPlan, Hang, Scheduler, installed
+from tests.explorer.world import DATASOURCE, MAIN, World
+
+SABOTAGES = ("delete-file", "rollback-pointer", "foreign-append")
+
+
+@dataclass
+class Schedule:
+    name: str
+    seed: int
+    world: dict = field(default_factory=dict)
+    actors: list[tuple[str, str, Callable[[World], Callable[[], None]]]] = field(default_factory=list)
+    plan: FaultPlan = field(default_factory=FaultPlan)
+    script: list[tuple[str, str | None]] = field(default_factory=list)
+    sabotage: str | None = None
+    setup: Callable[[World], None] | None = None
+    expect: Callable[[World, Tables, Store], list[str]] | None = None  # extra checks of a named schedule
+    heal: bool = True
+
+
+@dataclass
+class Result:
+    name: str
+    seed: int
+    db: str
+    problems: list[str]
+    faults: list[str]
+    outcomes: dict[str, str]
+    seconds: float
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --------------------------------------------------------------------------- random schedules
+
+
+def _op(fn_name: str, *args, **kw) -> Callable[[World], Callable[[], None]]:
+    """An actor's body: the world's operation ``fn_name`` in its process."""
+
+    def bind(world: World, process: str) -> Callable[[], None]:
+        proc = world.process(process)
+        return lambda: getattr(world, fn_name)(proc, *args, **kw)
+
+    return bind
+
+
+def _seq(*steps: Callable) -> Callable:
+    def bind(world: World, process: str) -> Callable[[], None]:
+        bodies = [s(world, process) for s in steps]
+
+        def run():
+            for body in bodies:
+                try:
+                    body()
+                except Exception as exc:  # noqa: BLE001 - one failed operation; the process goes on
+                    world.notes.append(f"{process}: {type(exc).__name__}: {exc}"[:300])
+        return run
+
+    return bind
+
+
+def _plain(fn: Callable[[World], None]) -> Callable:
+    def bind(world: World, process: str) -> Callable[[], None]:
+        return lambda: fn(world)
+
+    return bind
+
+
+def random_schedule(seed: int) -> Schedule:
+    rng = random.Random(seed)
+    s = Schedule("random", seed)
+    s.world = dict(partitions=rng.choice([1, 2, 2]), records=rng.choice([18, 30]),
+                   marker_every=rng.choice([0, 0, 7]), bad_every=rng.choice([0, 0, 9]),
+                   tables=rng.random() < 0.8)  # else the first batch creates them, under the faults
+    main_steps = rng.randint(2, 6)
+    s.actors.append(("main", "daemon", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(main_steps)])))
+    if rng.random() < 0.6:
+        s.actors.append(("reset", "cli-reset", _seq(_op("reset"))))
+        s.actors.append(("backfills", "daemon", _seq(*[_op("step_backfills", 1) for _ in range(rng.randint(1, 4))])))
+    if rng.random() < 0.5:
+        s.actors.append(("compact", "cli-compact", _seq(*[_op("compact") for _ in range(rng.randint(1, 2))])))
+    if rng.random() < 0.5:
+        s.actors.append(("maintain", "cli-maintain", _seq(_op("expire"), _op("orphans"))))
+    if rng.random() < 0.2:
+        s.actors.append(("cancel", "cli-cancel", _seq(_op("cancel"))))
+    if rng.random() < 0.2:
+        s.actors.append(("takeover", "daemon2", _seq(_op("lead"), _op("step", MAIN, rng.randint(1, 3)))))
+    if rng.random() < 0.3:
+        s.actors.append(("producer", "producer", _plain(lambda w: w.produce(7))))
+    if rng.random() < 0.1:
+        s.actors.append(("retention", "broker", _plain(lambda w: w.retain("0", 5))))
+    quiet = rng.random() < 0.25
+    s.plan = FaultPlan() if quiet else FaultPlan(kill=0.012, power=0.004, drop=0.03, limbo=0.03, enospc=0.02)
+    if rng.random() < 0.25:
+        s.sabotage = rng.choice(SABOTAGES)
+    return s
+
+
+# --------------------------------------------------------------------------- running
+
+
+class Runner:
+    """Runs schedules one after another in one directory and one database, each from a
+    snapshot of the set-up world (the schema, the supervisor, the two tables): restored in
+    milliseconds instead of built again. The paths stay the same (the tables' metadata
+    holds them), so restoring is copying files back (and, on PostgreSQL, rows)."""
+
+    def __init__(self, db_url: str, workdir: Path, db_name: str = "sqlite"):
+        self.db_url = db_url
+        self.workdir = Path(workdir)
+        self.db_name = db_name
+        self.postgres = db_url.startswith("postgresql")
+        self.store = Store(db_url)
+        self._snapshots: dict[tuple, tuple[Path, dict]] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def fresh(self, rollup: bool, warehouse_name: str, tables: bool = True) -> None:
+        key = (rollup, warehouse_name, tables)
+        self.store.engine.dispose()
+        if key not in self._snapshots:
+            self._wipe()
+            World.setup(self.workdir, self.store, rollup=rollup, warehouse_name=warehouse_name, tables=tables)
+            self.store.engine.dispose()
+            saved = self.workdir.with_name(f"{self.workdir.name}.template{len(self._snapshots)}")
+            shutil.rmtree(saved, ignore_errors=True)
+            shutil.copytree(self.workdir, saved)
+            self._snapshots[key] = (saved, self._rows() if self.postgres else {})
+            return
+        saved, rows = self._snapshots[key]
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.copytree(saved, self.workdir)
+        if self.postgres:
+            self._restore(rows)
+
+    def _wipe(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir.mkdir(parents=True)
+        if self.postgres:
+            with self.store.engine.begin() as c:
+                c.exec_driver_sql("DROP SCHEMA public CASCADE")
+                c.exec_driver_sql("CREATE SCHEMA public")
+            self.store.engine.dispose()
+
+    def _rows(self) -> dict[str, list[dict]]:
+        with self.store.engine.connect() as c:
+            names = sa.inspect(c).get_table_names()
+            return {n: [dict(r) for r in c.execute(sa.text(f'SELECT * FROM "{n}"')).mappings()] for n in names}
+
+    def _restore(self, rows: dict[str, list[dict]]) -> None:
+        with self.store.engine.begin() as c:
+            c.exec_driver_sql("TRUNCATE " + ", ".join(f'"{n}"' for n in rows) + " RESTART IDENTITY CASCADE")
+            meta = sa.MetaData()
+            for name, data in rows.items():
+                table = sa.Table(name, meta, autoload_with=c)
+                if data:
+                    c.execute(table.insert(), data)
+                if "id" in table.c and data and isinstance(table.c.id.type, sa.Integer):
+                    c.exec_driver_sql(f"SELECT setval(pg_get_serial_sequence('\"{name}\"', 'id'), "
+                                      f"(SELECT max(id) FROM \"{name}\"))")
+        self.store.engine.dispose()
+
+    def run(self, schedule: Schedule) -> Result:
+        started = time.monotonic()
+        problems: list[str] = []
+        rng = random.Random(schedule.seed * 7919 + 13)
+        world_args = dict(schedule.world)
+        self.fresh(world_args.get("rollup", False), world_args.get("warehouse_name", "segments"),
+                   world_args.pop("tables", True))
+        world = World(self.workdir, self.db_url, store=self.store, **world_args)
+        if schedule.setup is not None:
+            schedule.setup(world)
+        ledger = Ledger(world.warehouse)
+        install(ledger)
+        sched = Scheduler(rng, schedule.plan)
+        sched.script = list(schedule.script)
+        try:
+            for name, process, bind in schedule.actors:
+                sched.spawn(name, process, bind(world, process))
+            with installed(sched):
+                try:
+                    sched.run()
+                except Hang as exc:
+                    problems.append(f"hang: {exc}")
+            if sched.power_cut:
+                world.notes.append(f"power cut: lost {ledger.power_cut()}")
+            world.close()
+            tables = Tables(self.store.engine, world.warehouse)
+            problems += check.check_now(world, tables, self.store)
+            if schedule.expect is not None:
+                problems += schedule.expect(world, tables, self.store)
+            if schedule.heal and not problems:
+                problems += world.heal()
+                tables = Tables(self.store.engine, world.warehouse)
+                problems += check.check_final(world, tables, self.store)
+                if schedule.sabotage and not problems:
+                    _sabotage(schedule.sabotage, world, tables, self.store, rng)
+                    tables = Tables(self.store.engine, world.warehouse)
+                    problems += check.check_verdict(world, tables, self.store, schedule.sabotage)
+        except Exception:  # noqa: BLE001 - the explorer's own failure is a finding too
+            problems.append("explorer error: " + traceback.format_exc(limit=8)[-1500:])
+        finally:
+            uninstall(ledger)
+            world.close()
+        outcomes = {a.name: a.outcome for a in sched.actors.values()}
+        return Result(schedule.name, schedule.seed, self.db_name, problems, sched.faults, outcomes,
+                      time.monotonic() - started, sched.trace + [f"note: {n}" for n in world.notes])
+
+
+def _sabotage(kind: str, world: World, tables: Tables, store: Store, rng: random.Random) -> None:
+    table = tables.load(DATASOURCE)
+    if table is None or table.current_snapshot() is None:
+        return
+    files = sorted(t.file.file_path for t in table.scan().plan_files())
+    if kind == "delete-file" and files:
+        local_path(rng.choice(files)).unlink()
+    elif kind == "rollback-pointer":  # the catalog's pointers restored from before their last commits
+        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+            t = tables.load(name)
+            older = [e.metadata_file for e in (t.metadata.metadata_log if t else ())
+                     if local_path(e.metadata_file).exists()]
+            if older:
+                with store.engine.begin() as c:
+                    c.execute(sa.text("UPDATE iceberg_tables SET metadata_location = :m WHERE table_name = :t"),
+                              {"m": older[-1], "t": name})
+    elif kind == "foreign-append" and files:
+        from reconciler.table.writeids import new_write_id
+
+        wid = new_write_id()
+        store.begin_write(wid, "batch", tables=[DATASOURCE])
+        commit = tables.stage_append(DATASOURCE, [rng.choice(files)], {"reconciler.operation": "foreign"},
+                                     write_id=wid)
+        store.commit_tables(wid, "foreign", [commit])
+
+
+
+# --------------------------------------------------------------------------- named schedules
+#
+# Each replays an interleaving a review found (issue 28), or a fault at an exact place.
+# ``until=""`` in a script: run the actor to its end.
+
+END = ""
+
+
+def _ingest(steps: int = 6) -> Callable:
+    return _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(steps)])
+
+
+def orphans_during_publish() -> Schedule:
+    """Defect 1: orphan clean-up ran while a batch was written but not yet published."""
+    s = Schedule("orphans-during-publish", 1)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 1))),
+                ("maintain", "cli-maintain", _seq(_op("orphans")))]
+    s.script = [("main", "before-commit"), ("maintain", END), ("main", END)]
+    return s
+
+
+def orphans_during_compaction() -> Schedule:
+    """Defect 1, compaction: its output, written and not yet committed, met an orphan clean-up."""
+    s = Schedule("orphans-during-compaction", 2)
+    s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact"))),
+                ("maintain", "cli-maintain", _seq(_op("orphans")))]
+    s.script = [("main", END), ("compact", "compact-written"), ("maintain", END), ("compact", END)]
+    return s
+
+
+def ambiguous_commit() -> Schedule:
+    """Defect 2: the connection dropped after COMMIT was sent; the server commits a moment
+    after the daemon was told the outcome is unknown."""
+    s = Schedule("ambiguous-commit", 3)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 1)))]
+    s.plan = FaultPlan(armed={("main", "before-commit"): ("commit-before", "limbo-commit")})
+    return s
+
+
+def power_cut_after_commit() -> Schedule:
+    """Defect 3: a power cut right after the publish committed, the table created by that
+    first batch: everything the database points at must have been on stable storage."""
+    s = Schedule("power-cut-after-commit", 4)
+    s.world = dict(tables=False)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 1)))]
+    s.plan = FaultPlan(forced={("main", "after-commit", 0): "power"})
+    return s
+
+
+def power_cut_after_compaction() -> Schedule:
+    """Defect 3, compaction: a power cut right after the compaction committed."""
+    s = Schedule("power-cut-after-compaction", 5)
+    s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact")))]
+    s.script = [("main", END), ("compact", END)]
+    s.plan = FaultPlan(armed={("compact", "compact-commit"): ("commit-after", "power")})
+    return s
+
+
+def two_upgrades() -> Schedule:
+    """Defect 4: two ``db upgrade`` runs at once import the old layout."""
+    s = Schedule("two-upgrades", 6)
+    s.world = dict(tables=False, partitions=1, records=24)
+    s.setup = _old_layout
+    s.actors = [("up1", "upgrade-1", _plain(lambda w: _import(w, "upgrade-1"))),
+                ("up2", "upgrade-2", _plain(lambda w: _import(w, "upgrade-2")))]
+    s.script = [("up1", "import-commit"), ("up2", "import-commit"), ("up1", END), ("up2", END)]
+    return s
+
+
+def many_batch_directories(count: int = 70_000) -> Schedule:
+    """Defect 5: a leader starts beside more batch directories than one query can name."""
+    s = Schedule("many-batch-directories", 7)
+    s.setup = lambda w: _batch_dirs(w, count)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 2)))]
+    s.expect = lambda w, tables, store: _no_stray_batch_dirs(w)
+    return s
+
+
+def cancel_during_publish() -> Schedule:
+    """Defect 6: ``backfill cancel`` while the backfill's publish is committing: the range
+    it records as left unread must not hold a record the publish committed."""
+    s = Schedule("cancel-during-publish", 8)
+    s.setup = _behind_with_backfill
+    s.actors = [("backfill", "daemon", _seq(_op("step_backfills", 1))),
+                ("cancel", "cli-cancel", _seq(_op("cancel")))]
+    s.plan = FaultPlan(armed={("backfill", "before-commit"): ("commit-before", "limbo-commit")})
+    s.script = [("backfill", "abandon"), ("cancel", END), ("backfill", END)]
+    return s
+
+
+def rollup_flip() -> Schedule:
+    """Defect 7: a datasource's spec changes from ``rollup: false`` to ``true``; compaction
+    must never merge the raw rows into rolled-up ones (a null count)."""
+    s = Schedule("rollup-flip", 9)
+    s.actors = [("main", "daemon", _ingest(3)),
+                ("flip", "editor", _plain(_flip_rollup)),
+                ("after", "daemon-after", _seq(_op("lead"), _op("step", MAIN, 2), _op("compact")))]
+    s.script = [("main", END), ("flip", END), ("after", END)]
+    s.expect = _rollup_kept
+    s.heal = False
+    return s
+
+
+def verify_missing_file() -> Schedule:
+    """Defect 8: a committed data file deleted by hand; verify must fail."""
+    s = Schedule("verify-missing-file", 10)
+    s.actors = [("main", "daemon", _ingest(6))]
+    s.sabotage = "delete-file"
+    return s
+
+
+def verify_lost_commit() -> Schedule:
+    """Defect 8: the tables' pointers restored from before their last commit while the
+    checkpoints stay: verify must see the checkpoint ahead of the table."""
+    s = Schedule("verify-lost-commit", 11)
+    s.actors = [("main", "daemon", _ingest(6))]
+    s.sabotage = "rollback-pointer"
+    return s
+
+
+def verify_foreign_append() -> Schedule:
+    """Defect 8: a data file appended again by another writer: verify --deep must fail."""
+    s = Schedule("verify-foreign-append", 12)
+    s.actors = [("main", "daemon", _ingest(6))]
+    s.sabotage = "foreign-append"
+    return s
+
+
+def two_expiries() -> Schedule:
+    """Two expiries at once: the second must plan again, never fail nor lose the first's ranges."""
+    s = Schedule("two-expiries", 13)
+    s.actors = [("main", "daemon", _ingest(6)), ("exp1", "cli-maintain-1", _seq(_op("expire"))),
+                ("exp2", "cli-maintain-2", _seq(_op("expire")))]
+    s.script = [("main", END), ("exp1", "expire-commit"), ("exp2", "expire-commit"), ("exp1", END), ("exp2", END)]
+    s.expect = lambda w, tables, store: [f"an expiry failed: {n}" for n in w.notes if "Error" in n]
+    return s
+
+
+def fresh_start() -> Schedule:
+    """After a ``freshStart`` (a new source whose offsets start again at 0), verify must not
+    report the new source's ranges as overlaps with the old one's."""
+    s = Schedule("fresh-start", 14)
+    s.actors = [("main", "daemon", _ingest(6)), ("switch", "editor", _plain(_fresh_start)),
+                ("after", "daemon-after", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(6)]))]
+    s.script = [("main", END), ("switch", END), ("after", END)]
+    s.expect = _verify_ok
+    s.heal = False
+    return s
+
+
+def percent_path() -> Schedule:
+    """A warehouse path that needs percent-encoding: clean-up must look where pyiceberg wrote."""
+    s = Schedule("percent-path", 15)
+    s.world = dict(warehouse_name="seg ments%20#x")
+    s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact"))),
+                ("maintain", "cli-maintain", _seq(_op("expire"), _op("orphans")))]
+    s.script = [("main", END), ("compact", END), ("maintain", END)]
+    return s
+
+
+# -- set-ups and checks of the named schedules --------------------------------------------------
+
+
+def _old_layout(world: World) -> None:
+    """Committed files of the layout before the tables (``<segments>/<D>/time_chunk=...``),
+    the batches that wrote them in the database, and the checkpoint after them."""
+    import json
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reconciler.store.tables import batches, checkpoints
+    from tests.explorer.model import ROW_SCHEMA
+
+    store = world.shared
+    records = [r for r in world.stream.records() if r.partition == "0" and r.offset < 12 and not r.bad]
+    for i, chunk in enumerate((records[:6], records[6:12])):
+        batch_id = f"old{i}"
+        for hour in sorted({r.time.hour for r in chunk}):  # one file per batch and time chunk, as then
+            rows = [r for r in chunk if r.time.hour == hour]
+            path = world.warehouse / DATASOURCE / f"time_chunk=20261101T{hour:02d}00Z" / f"{batch_id}-{hour}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({
+                "__time": pa.array([r.time for r in rows], pa.timestamp("us", tz="UTC")),
+                "id": [r.key for r in rows], "__partition": [r.partition for r in rows],
+                "__offset": pa.array([r.offset for r in rows], pa.int64())}, schema=ROW_SCHEMA), path)
+        with store.engine.begin() as c:
+            c.execute(sa.insert(batches).values(
+                batch_id=batch_id, supervisor_id=MAIN, datasource=DATASOURCE, epoch=1, status="committed",
+                ranges=json.dumps([["0", i * 6, i * 6 + 6]]), rows=len(chunk), records=len(chunk), unparseable=0,
+                committed_at=datetime.now(UTC)))
+    with store.engine.begin() as c:
+        c.execute(sa.insert(checkpoints).values(supervisor_id=MAIN, partition="0", next_offset=12, first_offset=0))
+
+
+def _import(world: World, process: str) -> None:
+    from reconciler.table.upgrade import import_segments
+
+    proc = world.process(process)
+    import_segments(proc.tables, proc.store, world.warehouse, DATASOURCE, granularity="hour")
+
+
+def _batch_dirs(world: World, count: int) -> None:
+    from reconciler.table.writeids import new_write_id
+
+    data = world.warehouse / "default" / DATASOURCE / "data"
+    for _ in range(count):
+        (data / f"batch={new_write_id()}").mkdir(parents=True)
+
+
+def _no_stray_batch_dirs(world: World) -> list[str]:
+    data = world.warehouse / "default" / DATASOURCE / "data"
+    batch_dirs = [d for d in data.iterdir() if d.name.startswith("batch=")] if data.is_dir() else []
+    empty = [d for d in batch_dirs if not any(d.iterdir())]
+    return [f"{len(empty)} uncommitted batch directories left after the leader's start"] if empty else []
+
+
+def _behind_with_backfill(world: World) -> None:
+    """The main supervisor ingested its stream, then fell behind and was reset with a backfill."""
+    proc = world.process("setup")
+    world.lead(proc)
+    for _ in range(8):
+        world.step(proc, MAIN, 1)
+    world.produce(20)
+    world.reset(proc)
+    proc.runtimes.clear()
+
+
+def _flip_rollup(world: World) -> None:
+    from tests.explorer.world import spec_document
+
+    spec = SupervisorSpec.from_document(spec_document(rollup=True))
+    world.shared.update_spec(spec, None, actor="explorer")
+    world.produce(10)
+
+
+def _rollup_kept(world: World, tables: Tables, store: Store) -> list[str]:
+    from tests.explorer.world import rows_without_count
+
+    problems = []
+    if rows_without_count(tables):
+        problems.append(f"{rows_without_count(tables)} row(s) merged into rolled-up rows without a count")
+    error = store.get(MAIN).runtime_error or ""
+    if "rollup" not in error:
+        problems.append(f"the flipped spec was not refused with the reason: {error!r}")
+    return problems
+
+
+def _fresh_start(world: World) -> None:
+    from tests.explorer.model import ModelStream
+    from tests.explorer.world import spec_document
+
+    doc = spec_document()
+    doc["source"]["topic"] = "clicks-v2"
+    doc["freshStart"] = True
+    world.shared.update_spec(SupervisorSpec.from_document(doc), None, actor="explorer",
+                             fresh_start="topic clicks -> clicks-v2")
+    old = ModelStream(prefix=world.stream.prefix)
+    old.partitions, old.earliest_offset = world.stream.partitions, world.stream.earliest_offset
+    world.retired.append(old)
+    new = ModelStream(prefix="v2-")
+    for p in sorted(old.partitions):
+        new.produce(p, 12)
+    # The adapters and the job read ``world.stream``'s partitions: swapped in place.
+    world.stream.partitions, world.stream.earliest_offset, world.stream.prefix = (
+        new.partitions, new.earliest_offset, new.prefix)
+
+
+def _verify_ok(world: World, tables: Tables, store: Store) -> list[str]:
+    report = check.run_verify(world, tables, store, deep=False)
+    bad = [f.to_dict() for f in report.findings if f.fails] if report is not None else []
+    return [f"verify after a fresh start: {bad}"] if bad else []
+
+
+NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
+    orphans_during_publish, orphans_during_compaction, ambiguous_commit, power_cut_after_commit,
+    power_cut_after_compaction, two_upgrades, many_batch_directories, cancel_during_publish, rollup_flip,
+    verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path)}

@@ -1,0 +1,286 @@
+"""One explorer world: a metadata database, a warehouse, a model stream, and the
+supervisors of one datasource, driven through the product's own code.
+
+Each process of a schedule (a daemon, a second daemon taking over, a ``reconciler
+maintain``, a ``reconciler reset``) has its own ``Store`` (connections) and its own
+``Tables`` (catalog and its cache), as separate processes would. What a process does is
+the product's code: ``SupervisorRuntime.step`` (cut, write, publish, fence and discard),
+``Applier`` (the reset), ``compact``, ``expire_snapshots``, ``remove_orphans``,
+``Store.control_backfill`` (cancel), ``import_segments`` (``db upgrade``) and
+``runtime.recovery.recover`` (a new leader's start).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from reconciler.control.actual import Kind, State
+from reconciler.control.apply import Applier
+from reconciler.control.plan import Action, ActionKind
+from reconciler.control.requests import from_cli
+from reconciler.model import Position, SupervisorSpec
+from reconciler.runtime.recovery import recover
+from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
+from reconciler.store.store import Store
+from reconciler.table.catalog import Tables, deadletter_table, local_path
+from reconciler.table.compact import Rollup, compact
+from reconciler.table.expire import expire_snapshots
+from reconciler.table.orphans import remove_orphans
+from tests.explorer.model import DEAD_SCHEMA, ROW_SCHEMA, ModelAdapter, ModelJob, ModelStream
+
+DATASOURCE = "clicks"
+MAIN = "clicks"
+FAR = datetime(2100, 1, 1, tzinfo=UTC)  # "now" for compaction: every partition is closed
+
+
+def spec_document(*, rollup: bool = False, max_batch_records: int = 12, datasource: str = DATASOURCE,
+                  sid: str = MAIN) -> dict[str, Any]:
+    gran: dict[str, Any] = {"segment": "hour", "query": "none", "rollup": rollup}
+    doc: dict[str, Any] = {
+        "id": sid,
+        "source": {"type": "kafka", "bootstrapServers": "model:9092", "topic": "clicks"},
+        "startFrom": "earliest",
+        "taskCount": 1,
+        "taskDuration": "1s",
+        "maxBatchRecords": max_batch_records,
+        "onRetentionLoss": "continue",
+        "dataSchema": {
+            "datasource": datasource,
+            "format": "json",
+            "timestamp": {"column": "ts", "format": "millis"},
+            "dimensions": ["id", "__partition", "__offset"],
+            "granularity": gran,
+        },
+    }
+    if rollup:
+        doc["dataSchema"]["metrics"] = [{"name": "count", "type": "count"}]
+    return doc
+
+
+@dataclass
+class Process:
+    """One process of the schedule: its own connections, catalog and lease."""
+
+    name: str
+    world: World
+    store: Store
+    lease_token: int | None = None
+    runtimes: dict[str, SupervisorRuntime] = field(default_factory=dict)
+    _ctx: RuntimeContext | None = None
+
+    @property
+    def ctx(self) -> RuntimeContext:
+        if self._ctx is None:
+            w = self.world
+            holder = self.name
+            self._ctx = RuntimeContext(
+                store=self.store, segments_dir=w.warehouse, spark=lambda: None,
+                lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
+                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream))
+        return self._ctx
+
+    @property
+    def tables(self) -> Tables:
+        return self.ctx.tables()
+
+    def close(self, keep_store: bool = False) -> None:
+        for rt in self.runtimes.values():
+            rt.close()
+        if not keep_store:
+            self.store.close()
+
+
+class World:
+    def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
+                 rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
+                 bad_every: int = 0, store: Store | None = None):
+        """A world over a database and warehouse already set up (``setup``). ``store`` is
+        shared by the world's processes (one engine: its compiled statements are reused
+        from schedule to schedule; each process still has its own connections)."""
+        self.root = Path(root)
+        self.db_url = db_url
+        self.warehouse = self.root / warehouse_name
+        self.stream = ModelStream()
+        for p in range(partitions):
+            self.stream.produce(str(p), records, marker_every=marker_every, bad_every=bad_every)
+        self.rollup = rollup
+        self.shared = store
+        self.processes: dict[str, Process] = {}
+        self.cancelled: dict[str, tuple[int, int]] = {}  # "<backfill>:<partition>" -> its unread range
+        self.notes: list[str] = []
+        self.retired: list[ModelStream] = []  # sources a fresh start left behind
+
+    @staticmethod
+    def setup(root: Path, store: Store, *, rollup: bool = False, warehouse_name: str = "segments",
+              tables: bool = True) -> None:
+        """The database and warehouse every world starts from: the schema, the main
+        supervisor, and (unless the first batch is to create them) its two tables."""
+        store.migrate()
+        spec = SupervisorSpec.from_document(spec_document(rollup=rollup))
+        store.create_supervisor(spec, None, actor="explorer")
+        if not tables:
+            (Path(root) / warehouse_name).mkdir(parents=True, exist_ok=True)
+            return
+        tables = Tables(store.engine, Path(root) / warehouse_name)
+        tables.ensure(DATASOURCE, ROW_SCHEMA, "hour", rollup=rollup)
+        tables.ensure(deadletter_table(DATASOURCE), DEAD_SCHEMA, None)
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def process(self, name: str) -> Process:
+        if name not in self.processes:
+            self.processes[name] = Process(name, self, self.shared or Store(self.db_url))
+        return self.processes[name]
+
+    def close(self) -> None:
+        for p in self.processes.values():
+            p.close(keep_store=self.shared is not None)
+        self.processes.clear()
+
+    # -- what processes do (each runs in an actor's thread) ---------------------------------------
+
+    def lead(self, proc: Process) -> None:
+        """Take the leader lease (the previous holder's lapses at once) and run start-up recovery."""
+        store = proc.store
+        with store.engine.begin() as c:
+            c.execute(sa.text("UPDATE leases SET expires_at = :t WHERE name = 'leader'"),
+                      {"t": datetime.now(UTC) - timedelta(seconds=1)})
+        proc.lease_token = store.acquire_lease(proc.name, 3600.0)
+        recover(store, self.warehouse)
+
+    def step(self, proc: Process, supervisor_id: str, steps: int = 1) -> None:
+        rt = proc.runtimes.get(supervisor_id)
+        if rt is None:
+            rt = proc.runtimes[supervisor_id] = SupervisorRuntime(supervisor_id, proc.ctx)
+        for _ in range(steps):
+            if rt.step().done:
+                return
+
+    def step_backfills(self, proc: Process, steps: int = 1) -> None:
+        for rec in list(proc.store.read_actual().supervisors.values()):
+            if rec.kind == Kind.BACKFILL and rec.state not in (State.COMPLETED, State.TERMINATED):
+                self.step(proc, rec.id, steps)
+
+    def reset(self, proc: Process, backfill: bool = True) -> None:
+        req = from_cli(MAIN, Position("latest"), operation_id=uuid.uuid4().hex[:12], backfill=backfill,
+                       reason="explorer")
+        applier = Applier(proc.store, actor="explorer", capture=lambda spec, pos, now: (
+            self.stream.positions(), self.stream.earliest()), missing_retry_delays=())
+        kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
+        [result] = applier.apply([Action(kind, MAIN, "explorer reset", request=req)])
+        if not result.ok:
+            self.notes.append(f"reset failed: {result.message}")
+
+    def compact(self, proc: Process) -> None:
+        rollup = Rollup(("id", "__partition", "__offset"), (("count", "count"),)) if self.rollup else None
+        compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=FAR,
+                target_file_size=1 << 30, attempts=3)
+
+    def expire(self, proc: Process) -> None:
+        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+            if proc.tables.load(name) is not None:
+                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0), retain_last=1,
+                                 attempts=3)
+
+    def orphans(self, proc: Process) -> None:
+        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+            if proc.tables.load(name) is not None:
+                remove_orphans(proc.tables, name, store=proc.store, older_than=timedelta(0))
+
+    def cancel(self, proc: Process) -> None:
+        for rec in proc.store.read_actual().supervisors.values():
+            if rec.kind == Kind.BACKFILL and rec.state not in (State.COMPLETED, State.TERMINATED):
+                details = proc.store.control_backfill(rec.id, "cancel", "explorer", actor="explorer")
+                for p, (s, e) in (details.get("unreadRanges") or {}).items():
+                    self.cancelled[f"{rec.id}:{p}"] = (int(s), int(e))
+                return
+
+    def produce(self, n: int = 10) -> None:
+        for p in sorted(self.stream.partitions):
+            self.stream.produce(p, n)
+
+    def retain(self, partition: str, offset: int) -> None:
+        self.stream.retain_from(partition, offset)
+
+    # -- healing: what the next start does -------------------------------------------------------
+
+    def heal(self, rounds: int = 60) -> list[str]:
+        """A fresh daemon: lead (recovery), ingest until caught up and every backfill is done,
+        then a clean-up of orphans. Returns what went wrong on the way."""
+        proc = self.process(f"healer-{uuid.uuid4().hex[:6]}")
+        self.lead(proc)
+        problems = []
+        for _ in range(rounds):
+            self.step(proc, MAIN, 1)
+            self.step_backfills(proc, 1)
+            if self.caught_up(proc):
+                break
+        else:
+            actual = proc.store.read_actual()
+            states = {sid: (r.state, r.runtime_error) for sid, r in actual.supervisors.items()}
+            problems.append(f"not caught up after {rounds} rounds: {states}")
+        self.orphans(proc)
+        return problems
+
+    def caught_up(self, proc: Process) -> bool:
+        actual = proc.store.read_actual()
+        latest = self.stream.latest()
+        main = actual.checkpoints.get(MAIN, {})
+        if any(main.get(p, -1) < end for p, end in latest.items()):
+            return False
+        return all(r.state in (State.COMPLETED, State.TERMINATED) for r in actual.supervisors.values()
+                   if r.kind == Kind.BACKFILL)
+
+    # -- reading the truth ------------------------------------------------------------------------
+
+    def table_keys(self, tables: Tables) -> list[str]:
+        """The key of every record the table and its dead letters hold, with repeats."""
+        out: list[str] = []
+        table = tables.load(DATASOURCE)
+        if table is not None and table.current_snapshot() is not None:
+            out += table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        dead = tables.load(deadletter_table(DATASOURCE))
+        if dead is not None and dead.current_snapshot() is not None:
+            out += dead.scan(selected_fields=("key",)).to_arrow().column("key").to_pylist()
+        return out
+
+    def unreferenced_files(self, tables: Tables) -> list[str]:
+        """Files under the tables that no metadata references (garbage after a clean-up)."""
+        from reconciler.table.reach import _norm, _referenced
+
+        out = []
+        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+            table = tables.load(name)
+            if table is None:
+                continue
+            root = local_path(table.location())
+            referenced = _referenced(table)
+            for dirpath, _dirs, files in os.walk(root):
+                out += [os.path.join(dirpath, f) for f in files
+                        if _norm(os.path.join(dirpath, f)) not in referenced]
+        return sorted(out)
+
+
+def rows_without_count(tables: Tables) -> int:
+    """Rolled-up rows whose count is null: raw rows merged into rolled-up ones."""
+    table = tables.load(DATASOURCE)
+    if table is None or table.current_snapshot() is None:
+        return 0
+    names = {f.name for f in table.schema().fields}
+    if "count" not in names:
+        return 0
+    rows = table.scan(selected_fields=("count",)).to_arrow()
+    return rows.column("count").null_count
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+
