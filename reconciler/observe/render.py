@@ -149,7 +149,7 @@ def _age(seconds: float) -> str:
     seconds = int(seconds)
     if seconds < 120:
         return f"{seconds}s"
-    if seconds < 7200:
+    if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 

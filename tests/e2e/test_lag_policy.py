@@ -155,8 +155,8 @@ def lag_policy_status(s, sid: str = SID) -> str | None:
 def test_no_reset_while_the_policy_backfill_runs_nor_within_the_cooldown(tmp_path, kafka_broker, topic, spark):
     s = settings(tmp_path, RECONCILER_LAG_INTERVAL="1")
     name = topic(partitions=2)
-    policy = {"maxRecords": 2000, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
-    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=500))
+    policy = {"maxRecords": 1000, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
+    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=250))
     produced, head = [], {}
 
     def burst(n: int) -> None:
@@ -164,28 +164,38 @@ def test_no_reset_while_the_policy_backfill_runs_nor_within_the_cooldown(tmp_pat
         head.update({str(p): e for p, e in devservices.produce_kafka(kafka_broker.bootstrap, name, records).items()})
         produced.extend(records)
 
-    burst(500)
+    def breaches() -> list:
+        return [e for e in store.history(SID) if e["action"] == "lag-breach"]
+
+    statuses: set[str | None] = set()
+
+    def caught_up_watching() -> bool:
+        statuses.add(lag_policy_status(s))  # what status and plan said while the main caught up
+        return store.checkpoints(SID) == head
+
+    burst(250)
     with Running(s) as run:
         store = run.store
-        run.wait("the first records", lambda: sum(store.checkpoints(SID).values()) == 500)
-        burst(20_000)
+        run.wait("the first records", lambda: sum(store.checkpoints(SID).values()) == 250)
+        burst(3_000)
         run.wait("the policy's reset", lambda: backfills(store))
         code, out = h.run_cli(s, "backfill", "suspend", f"{SID}-backfill-1", "--reason", "hold it running")
         assert code == 0, out
-        burst(10_000)  # breached again while the policy's backfill has not completed
-        run.wait("the running-backfill rule", lambda: lag_policy_status(s) == "backfill-running", timeout=60)
-        assert len(policy_resets(store)) == 1
+        burst(2_000)  # breached again while the policy's backfill has not completed: no reset
+        run.wait("the second breach", lambda: len(breaches()) == 2, timeout=60)
+        run.wait("the main caught up by itself", caught_up_watching, timeout=300)
+        assert len(policy_resets(store)) == 1 and "backfill-running" in statuses
         code, out = h.run_cli(s, "backfill", "resume", f"{SID}-backfill-1")
         assert code == 0, out
         run.wait("the backfill completed", lambda: backfills(store)[0].state == "COMPLETED", timeout=300)
-        burst(10_000)  # breached again, the backfill done, within the cooldown
-        run.wait("the cooldown", lambda: lag_policy_status(s) == "cooling", timeout=60)
+        statuses.clear()
+        burst(2_000)  # breached again, the backfill done, within the cooldown: no reset
+        run.wait("the third breach", lambda: len(breaches()) == 3, timeout=60)
         code, out = h.run_cli(s, "plan")
-        assert f"lag policy {SID}: maxRecords 2000, for 0s, resetToLatestAndBackfill, cooldown 10m" in out
-        run.wait("the main caught up by itself", lambda: store.checkpoints(SID) == head, timeout=300)
-    assert len(policy_resets(store)) == 1 and len(backfills(store)) == 1
-    breaches = [e for e in store.history(SID) if e["action"] == "lag-breach"]
-    assert len(breaches) >= 3 and all(e["actor"] == "policy" for e in breaches)
+        run.wait("the main caught up by itself", caught_up_watching, timeout=300)
+        assert len(policy_resets(store)) == 1 and "cooling" in statuses
+    assert f"lag policy {SID}: maxRecords 1000, for 0s, resetToLatestAndBackfill, cooldown 10m: " in out
+    assert len(backfills(store)) == 1 and all(e["actor"] == "policy" for e in breaches())
     h.assert_exactly_once(h.key_counts(spark, s, SID), h.keys(produced))
 
 
@@ -237,12 +247,12 @@ def test_a_crash_between_breach_and_reset_neither_repeats_nor_loses_it(tmp_path,
     s = settings(tmp_path)
     name = topic(partitions=2)
     policy = {"maxRecords": 2000, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
-    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=500))
+    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=1000))
     first = devservices.make_records(600)
     devservices.produce_kafka(kafka_broker.bootstrap, name, first)
     code, _ = h.run_daemon(s, until_caught_up=True, timeout=180)
     assert code == 0
-    burst = devservices.make_records(20_000, start=600)
+    burst = devservices.make_records(6_000, start=600)
     devservices.produce_kafka(kafka_broker.bootstrap, name, burst)
 
     crashed = h.run_subprocess(s, "run", env={"RECONCILER_CRASH_AT": point, "RECONCILER_CRASH_SUPERVISOR": SID,

@@ -72,3 +72,25 @@ def test_a_supervisor_page():
     assert "0:[0,100)" in html.split("<table id=batches>")[1]
     assert "lag policy: 500 records &gt; 100" in html.split("<table id=audit>")[1]
     assert html.count("<svg") == 2 and "<script" not in html
+
+
+def test_terminal_rendering_of_policies_lag_age_and_webhooks():
+    from reconciler.observe import render
+
+    policy = {"supervisor": "clicks", "status": "due", "message": "30,000 records > 20,000 since 11:58:00Z: the next "
+              "pass resets to latest with a backfill",
+              "policy": {"maxRecords": 20000, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}}
+    text = render.plan_text({"actions": [], "notes": [], "policies": [policy]})
+    assert ("lag policy clicks: maxRecords 20000, for 0s, resetToLatestAndBackfill, cooldown 10m: due: 30,000 "
+            "records > 20,000") in text
+    item = {**ITEM, "lag": 300, "lagSeconds": 5040.0, "override": None, "lagPolicy": policy,
+            "partitions": [{"partition": "0", "checkpoint": 10, "latest": 310, "end": None, "lag": 300,
+                            "lagSeconds": 5040.0}]}
+    out = render.status_text([item], detail=True)
+    header, _, row = out.splitlines()[:3]
+    assert "lag age" in header and "1h24m" in row
+    assert "clicks: lag policy due: 30,000 records > 20,000" in out
+    assert "last commit of clicks:" in out and "(75s ago)" in out
+    hooks = render.webhooks_text([{"endpoint": "https://hooks.example#1a2b3c", "failing": True, "pending": 3,
+                                   "failingSince": NOW.isoformat(), "lastError": "HTTP 503", "deliveredAt": None}])
+    assert hooks.startswith("webhook https://hooks.example#1a2b3c: FAILING since ") and "3 event(s) waiting" in hooks
