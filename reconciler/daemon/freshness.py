@@ -3,9 +3,9 @@
 Both run only while this daemon leads (one observer, one delivery per endpoint across the
 daemons), both on threads of their own so that the loop and the reconcile pass never wait on
 a broker or an endpoint. ``follow`` is called by the loop after each ``Leadership.hold``: it
-starts them when this daemon becomes the leader, stops them when it is deposed, and restarts
-the delivery when a SIGHUP changed the ``webhook`` setting (the observer's interval is asked
-at each round's start only by a new observer: a changed ``lagInterval`` restarts it too).
+starts them when this daemon becomes the leader, stops them when it is deposed (without
+waiting: the loop must not wait on a broker or an endpoint), and restarts either when a SIGHUP
+changed its setting (``webhook``, ``lagInterval``).
 
 The webhook's cursors are loaded before the first pass of a term (``follow`` runs before
 ``maybe_reconcile``), so no audit entry of the term is written before its follower knows
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from reconciler.errors import ReconcilerError
 from reconciler.observe.lagwatch import LagObserver
 from reconciler.observe.metrics import Metrics
 from reconciler.observe.webhook import FLUSH, WebhookDelivery
@@ -56,10 +57,14 @@ class Freshness:
             self.delivery.stop(flush=FLUSH)
             self.delivery = None
         if self.delivery is None and s.webhooks:
-            self._urls = s.webhooks
             delivery = WebhookDelivery(self._store, s.webhooks, self._metrics)
-            delivery.start()
-            self.delivery = delivery
+            try:
+                delivery.start()  # reads (or makes) the cursors: the database must answer
+            except ReconcilerError as exc:
+                delivery.stop(flush=0.0, wait=False)
+                log.warning("webhook: not started yet (%s); trying again", exc)
+                return
+            self._urls, self.delivery = s.webhooks, delivery
             log.info("webhook: delivering every audit event to %s",
                      ", ".join(e.label for e in delivery.endpoints))
 
