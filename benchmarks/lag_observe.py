@@ -9,8 +9,12 @@ not breached (so nothing resets). No Spark, no runtime: the observer alone.
 * ``observe_round``: ``LagObserver.observe_once()`` (latest offsets and the record time at
   each checkpoint, every supervisor at once on its pool; the observations and audit written),
   ``--repetitions`` times after a first round that builds the clients (reported apart as
-  ``first``); median, p95, max;
-* ``records_only``: the same rounds with the record-time fetch left out (the lag in records
+  ``first``), every checkpoint moved one record before each round (as when every supervisor
+  publishes between two rounds: each record time is fetched again, the worst case); median,
+  p95, max, and the mean CPU seconds a round costs this process;
+* ``observe_round_unmoved``: the same without moving the checkpoints (the record times are
+  known from the round before: a supervisor stuck behind costs no fetch);
+* ``records_only``: the moving rounds with the record-time fetch left out (the lag in records
   alone, what the observer would cost without lag in time): the baseline, same run;
 * ``status_with_lag``: ``all_status`` (what ``reconciler status`` asks: latest offsets and the
   record times, clients built per call), and ``status_records_only`` its baseline without the
@@ -36,12 +40,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import sqlalchemy as sa  # noqa: E402
+
 import devservices  # noqa: E402
 from reconciler.control.actual import State  # noqa: E402
 from reconciler.model import SupervisorSpec  # noqa: E402
 from reconciler.observe import lagwatch, status  # noqa: E402
 from reconciler.observe.lagwatch import LagObserver  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402
+from reconciler.store.tables import checkpoints  # noqa: E402
 from reconciler.streams import lagtime  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -67,16 +74,27 @@ def build(tmp: Path, n: int, bootstrap: str, topic: str, partitions: int, middle
     return store
 
 
-def rounds(observer: LagObserver, repetitions: int) -> tuple[float, list[float]]:
+def advance(store: Store) -> None:
+    """Every checkpoint one record further (what publishes do between two rounds)."""
+    with store.engine.begin() as c:
+        c.execute(sa.update(checkpoints).values(next_offset=checkpoints.c.next_offset + 1))
+
+
+def rounds(observer: LagObserver, repetitions: int, between=None) -> tuple[float, list[float], float]:
+    """(first round's wall time, the next rounds' wall times, their mean CPU time in this
+    process); ``between`` runs before each timed round, outside the timing."""
     t = time.perf_counter()
     observer.observe_once()
     first = time.perf_counter() - t
-    out = []
+    out, cpu = [], 0.0
     for _ in range(repetitions):
-        t = time.perf_counter()
+        if between is not None:
+            between()
+        c, t = time.process_time(), time.perf_counter()
         observer.observe_once()
         out.append(time.perf_counter() - t)
-    return first, out
+        cpu += time.process_time() - c
+    return first, out, cpu / repetitions
 
 
 def main() -> int:
@@ -100,11 +118,12 @@ def main() -> int:
                 log.warning("%d supervisors", n)
                 store = build(tmp, n, broker.bootstrap, "clicks", args.partitions, middle)
                 observer = LagObserver(store, interval=5.0)
-                first, with_time = rounds(observer, args.repetitions)
+                first, with_time, cpu = rounds(observer, args.repetitions, lambda store=store: advance(store))
+                _, static, static_cpu = rounds(observer, args.repetitions)
                 observer.stop()
                 lagwatch.record_times = lambda *a: {}  # the baseline: lag in records only
                 observer = LagObserver(store, interval=5.0)
-                base_first, records_only = rounds(observer, args.repetitions)
+                base_first, records_only, base_cpu = rounds(observer, args.repetitions, lambda store=store: advance(store))
                 observer.stop()
                 lagwatch.record_times = real_record_times
                 seen = observer.snapshot() or {}
@@ -122,8 +141,10 @@ def main() -> int:
                     status_base.append(time.perf_counter() - t)
                 status.record_times = real_record_times
                 doc[str(n)] = {
-                    "observe_round": summary(with_time) | {"first": round(first, 4)},
-                    "records_only": summary(records_only) | {"first": round(base_first, 4)},
+                    "observe_round": summary(with_time) | {"first": round(first, 4), "cpu_seconds": round(cpu, 4)},
+                    "observe_round_unmoved": summary(static) | {"cpu_seconds": round(static_cpu, 4)},
+                    "records_only": summary(records_only) | {"first": round(base_first, 4),
+                                                             "cpu_seconds": round(base_cpu, 4)},
                     "ratio_median": round(statistics.median(with_time) / statistics.median(records_only), 3),
                     "status_with_lag": summary(status_t), "status_records_only": summary(status_base),
                     "observed": len(seen),
