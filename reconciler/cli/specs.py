@@ -16,6 +16,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.observe import render
 
 if TYPE_CHECKING:  # the plan module is imported by the commands that plan (status and history do not)
+    from reconciler.control.actual import ActualState
     from reconciler.control.plan import Plan
 
 
@@ -79,14 +80,19 @@ def _directory(c: Context):
     return load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs)
 
 
-def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None) -> Plan:
-    """Plan, then capture stream positions for the resets it contains and plan again to preview them."""
+def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None,
+                 actual: ActualState | None = None, lag=None) -> Plan:
+    """Plan, then capture stream positions for the resets it contains and plan again to preview
+    them. Against ``actual`` (and the observed ``lag`` of the lag policies) when given, else what
+    the database holds (created and migrated first: apply writes anyway)."""
     from reconciler.control.plan import ActionKind, PlanSettings, desired_from_directory, plan
     from reconciler.control.positions import capture
 
     desired = desired_from_directory(directory or _directory(c))
-    actual = c.store.read_actual()
-    lag, now = c.store.lag_states(), datetime.now(UTC)  # lag policies act on what the daemon observed
+    if actual is None:
+        actual = c.store.read_actual()
+        lag = c.store.lag_states()
+    now = datetime.now(UTC)  # lag policies act on what the daemon observed (``lag``), measured against now
     ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
     first = plan(desired, actual, settings=ps, now=now, lag=lag)
     resets = [a for a in first.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
@@ -114,18 +120,30 @@ def plan_cmd(c: Context, output, no_positions):
 
     Also lists what apply would NOT do and why: every invalid spec or marker file (as
     FILE:LINE:COLUMN: FIELD: MESSAGE, whether or not the daemon already recorded it) and
-    every termination the mass-deletion guard holds. Changes nothing.
+    every termination the mass-deletion guard holds. Changes nothing: it writes nothing, not
+    even a database where none exists yet (it plans against an empty one and says so), and
+    refuses a database of another schema version.
     Exit 0 when there is nothing to do (held terminations wait for a confirmation), 2 when
     there are changes, 1 when the spec directory cannot be read or a file is invalid.
     """
+    from reconciler.control.actual import ActualState
+
+    notes = []
     try:
         directory = _directory(c)
-        p = compute_plan(c, with_positions=not no_positions, directory=directory)
+        store = c.existing_store()
+        if store is None:
+            notes.append(f"no database at {c.database_shown()} yet: planned against an empty one "
+                         "(the daemon or `reconciler apply` creates it)")
+        actual = store.read_actual() if store is not None else ActualState()
+        lag = store.lag_states() if store is not None else {}
+        p = compute_plan(c, with_positions=not no_positions, directory=directory, actual=actual, lag=lag)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     errors = ([f"{c.settings.specs}: {directory.error}"] if not directory.ok else []) + \
         [str(problem) for problem in directory.problems]
     doc = {**p.to_dict(), "errors": errors}
+    doc["notes"] += notes
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
     else:

@@ -80,7 +80,15 @@ def verify(c, datasource, deep, output):
     from reconciler.table.verify import verify as run_verify
 
     tables = open_tables(c)
-    table = tables.load(datasource)
+    try:
+        table = tables.load(datasource)
+        dead_table = tables.load(deadletter_table(datasource))
+    except OSError as exc:  # the catalog points at a metadata file that is not there
+        if output == "json":
+            _echo_json({"datasource": datasource, "ok": False, "error": f"the table cannot be read: {exc}"})
+        else:
+            click.echo(f"verify {datasource}:\nFAIL the table cannot be read: {exc}\nFAILED: see the lines marked FAIL")
+        raise SystemExit(1) from None
     if table is None:
         raise click.ClickException(_no_table(c, datasource))
     store = c.read_store
@@ -92,8 +100,7 @@ def verify(c, datasource, deep, output):
     facts = {sid: SupervisorFacts(sid, r.kind, r.state, r.generation, actual.checkpoints.get(sid, {}),
                                   store.first_offsets(sid), r.end_offsets)
              for sid in mine if (r := actual.supervisors[sid])}
-    report = run_verify(table, datasource, history, deep=deep, dead_table=tables.load(deadletter_table(datasource)),
-                        facts=facts)
+    report = run_verify(table, datasource, history, deep=deep, dead_table=dead_table, facts=facts)
     if output == "json":
         _echo_json(report.to_dict())
     else:

@@ -229,6 +229,12 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
             out.append(Action(ActionKind.MARK_INVALID, spec.id, "incompatible source change", path=path, error=error))
         return out
     fresh = change if change and spec.fresh_start else None
+    flipped = rollup_change(rec, spec) if rec is not None and rec.spec_hash != digest else None
+    if flipped:
+        error = f"{path}: dataSchema.granularity.rollup: {flipped}"
+        if rec.spec_error != error:
+            out.append(Action(ActionKind.MARK_INVALID, spec.id, "rollup changed", path=path, error=error))
+        return out
     if rec is None or rec.state == State.TERMINATED:
         why = "new spec file" if rec is None else "spec file is back; continues from the kept checkpoint"
         if fresh:
@@ -251,6 +257,23 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
     if req is not None and req.token not in actual.handled_tokens:
         out.append(_reset_action(req, path))
     return out
+
+
+def rollup_change(rec: SupervisorRecord, spec: SupervisorSpec) -> str | None:
+    """Why a spec that turns rollup on or off for the datasource it already writes is
+    refused: the table holds one kind of rows, and compaction merging raw rows into
+    rolled-up ones would lose their counts."""
+    try:
+        old = rec.spec.data_schema
+    except Exception:  # noqa: BLE001 - a stored spec from an older schema: nothing to compare
+        return None
+    new = spec.data_schema
+    if old.datasource != new.datasource or old.rollup == new.rollup:
+        return None
+    return (f"changed from {str(old.rollup).lower()} to {str(new.rollup).lower()}, but datasource "
+            f"{new.datasource} already holds rows written with rollup: {str(old.rollup).lower()} (compaction would "
+            "merge raw rows into rolled-up ones and lose their counts); write to a new datasource instead, "
+            "or revert rollup. The supervisor keeps its last valid spec")
 
 
 def source_change_error(path: str, change: str, *, terminated: bool = False) -> str:

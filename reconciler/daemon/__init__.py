@@ -23,8 +23,10 @@ SIGTERM (or SIGINT) stops scheduling, lets in-flight batches publish (or be fenc
 tells systemd STOPPING=1, releases the lease and exits 0; a second one exits at once
 (re-raised with the default action): a batch cut short publishes nothing and its
 staged files are removed by the next leader's recovery. SIGHUP re-reads the config
-file and swaps the settings whole (RELOADING=1 ... READY=1); the database, segments,
-state directory and Spark master need a restart. Signal handlers only set a flag and
+file and swaps the settings whole (RELOADING=1 ... READY=1): the next pass, the lease, the
+leader's compaction and maintenance schedule, the spec watcher, the HTTP address and the
+log format take the new values; the database, segments, state directory, Spark master,
+Spark settings and snapshots kept (``RESTART_FIELDS``) need a restart. Signal handlers only set a flag and
 ring the loop's self-pipe (``waker``): the loop does the work, so a storm of signals
 cannot deadlock it.
 
@@ -69,11 +71,21 @@ from .tick import SUMMARY_EVERY, CatchUp, Tick
 from .watcher import MAX_HOLD, SpecWatcher
 
 __all__ = ["Daemon", "SpecWatcher", "Leadership", "Tick", "CatchUp", "HttpEndpoint",
-           "MAX_HOLD", "SUMMARY_EVERY", "RESTART_FIELDS"]
+           "MAX_HOLD", "SUMMARY_EVERY", "RESTART_FIELDS", "RESTART_KEYS"]
 
 log = logging.getLogger(__name__)
 
-RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf")  # not swapped by SIGHUP
+# Not swapped by SIGHUP: what the process opened (the database, the directories, the Spark
+# session) and what a leadership term's runtimes are built with (snapshots_kept).
+RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf", "snapshots_kept")
+
+
+def _key(name: str) -> str:
+    """A setting's config-file key, the name an operator knows it by."""
+    return next(f.metadata["key"] for f in dataclasses.fields(Settings) if f.name == name)
+
+
+RESTART_KEYS = ", ".join(_key(name) for name in RESTART_FIELDS)
 
 
 class Daemon:
@@ -244,13 +256,18 @@ class Daemon:
             return watcher, next_tick
         fixed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(old, f)]
         if fixed:
-            log.warning("SIGHUP: %s cannot change while running (restart to change them); kept", ", ".join(fixed))
+            log.warning("SIGHUP: %s cannot change while running (restart to change them); kept",
+                        ", ".join(_key(f) for f in fixed))
         new = dataclasses.replace(new, **{f: getattr(old, f) for f in RESTART_FIELDS})
         self.settings = new
         logs.setup(new.log_level, new.log_format)
         changes = [f"{f.metadata['key']} {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}"
                    for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
-        log.info("SIGHUP: settings reloaded: %s", "; ".join(changes) or "no changes")
+        log.info("SIGHUP: settings reloaded: %s (%s need a restart)", "; ".join(changes) or "no changes",
+                 RESTART_KEYS)
+        if self._leadership is not None:
+            self._leadership.settings_changed()
+        self.metrics.max_loop_age = max(10.0, new.lease_ttl)
         if new.specs != old.specs:
             watcher.stop()
             watcher = SpecWatcher(new.specs, self.wake).start()

@@ -149,7 +149,8 @@ class Leadership:
         holder = self.holder
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=settings.segments_dir, spark=self._spark,
-                             lease=lambda: (holder, token), metrics=self._metrics)
+                             lease=lambda: (holder, token), metrics=self._metrics,
+                             snapshots_kept=settings.snapshots_kept)
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
@@ -158,6 +159,17 @@ class Leadership:
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
+
+    def settings_changed(self) -> None:
+        """After a SIGHUP: this term's compactor takes the new ``compactInterval``,
+        ``compactLateness``, ``maintainInterval`` and ``snapshotRetention`` (a standby's next
+        term reads them when it starts; the rest is asked for at each use)."""
+        manager = self.manager
+        if manager is not None:
+            s = self._settings()
+            manager.compactor.configure(every=s.compact_interval, lateness=s.compact_lateness,
+                                        maintain_every=s.maintain_interval,
+                                        snapshot_retention=s.snapshot_retention)
 
     def _note_standby(self) -> None:
         try:

@@ -7,6 +7,11 @@ then optionally expires snapshots and removes orphans. Compaction commits with t
 compare-and-swap as the publish, so batches keep publishing meanwhile (whoever moves the
 table second is re-planned or re-staged). ``stop()`` cancels between partitions: what a
 cancelled run wrote is deleted, nothing half-committed is left.
+
+``configure`` changes the intervals, the lateness and the retention of a running compactor
+(SIGHUP): a run is due ``every`` seconds after the last one started, whatever ``every`` was
+then, so a shorter interval brings the next run forward and a longer one puts it off; a run
+under way finishes with the values it started with.
 """
 
 from __future__ import annotations
@@ -31,19 +36,45 @@ class Compactor:
         last 100 kept) + orphan clean-up (files older than a day) runs (0: never here, leave
         it to ``reconciler maintain``); the first run comes ``first_delay`` after start."""
         self.ctx = ctx
-        self.every = every
-        self.lateness = timedelta(seconds=lateness)
         self.target_file_size = target_file_size
-        self.maintain_every = maintain_every
-        self.snapshot_retention = timedelta(seconds=snapshot_retention)
         self._clock = clock
-        start = clock()
-        self._next = start + min(first_delay, every) if every > 0 else float("inf")
-        self._next_maintain = start + max(first_delay, maintain_every) if maintain_every > 0 else float("inf")
+        self._started = clock()
+        self._first_delay = first_delay
+        # When the last run of each kind started; None before the first. The next due time is
+        # derived from it and the current interval, so configure() only swaps values.
+        self._last_compact: float | None = None
+        self._last_maintain: float | None = None
+        self.configure(every=every, lateness=lateness, maintain_every=maintain_every,
+                       snapshot_retention=snapshot_retention)
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_results: list = []
         self.last_error: str | None = None
+
+    def configure(self, *, every: float, lateness: float, maintain_every: float,
+                  snapshot_retention: float) -> None:
+        """New intervals, lateness and retention (the settings' ``compactInterval``,
+        ``compactLateness``, ``maintainInterval`` and ``snapshotRetention``), from the next run
+        on. Plain attribute writes: the manager's thread reads each whole."""
+        self.every = every
+        self.lateness = timedelta(seconds=lateness)
+        self.maintain_every = maintain_every
+        self.snapshot_retention = timedelta(seconds=snapshot_retention)
+
+    def next_runs(self) -> tuple[float, float]:
+        """When compaction and maintenance are next due (clock time; inf when disabled)."""
+        every, maintain_every = self.every, self.maintain_every
+        if every > 0:
+            compact = (self._last_compact + every if self._last_compact is not None
+                       else self._started + min(self._first_delay, every))
+        else:
+            compact = float("inf")
+        if maintain_every > 0:
+            maintain = (self._last_maintain + maintain_every if self._last_maintain is not None
+                        else self._started + max(self._first_delay, maintain_every))
+        else:
+            maintain = float("inf")
+        return compact, maintain
 
     @property
     def running(self) -> bool:
@@ -54,13 +85,14 @@ class Compactor:
         now = self._clock() if now is None else now
         if self.running or self._cancel.is_set():
             return False
-        compact_due, maintain_due = now >= self._next, now >= self._next_maintain
+        next_compact, next_maintain = self.next_runs()
+        compact_due, maintain_due = now >= next_compact, now >= next_maintain
         if not (compact_due or maintain_due):
             return False
         if compact_due:
-            self._next = now + self.every
+            self._last_compact = now
         if maintain_due:
-            self._next_maintain = now + self.maintain_every
+            self._last_maintain = now
         self._thread = threading.Thread(target=self._run, args=(compact_due, maintain_due),
                                         name="compactor", daemon=True)
         self._thread.start()
@@ -97,13 +129,14 @@ class Compactor:
         from reconciler.table.compact import DEFAULT_TARGET_FILE_SIZE, compact
 
         tables = self.ctx.tables()
+        lateness = self.lateness  # read once: a SIGHUP during the run applies to the next one
         results = []
         for name, rollup in sorted(self.datasources().items()):
             if self._cancel.is_set():
                 break
             if tables.load(name) is None:
                 continue
-            result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=self.lateness,
+            result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
                              target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
                              cancel=self._cancel)
             results.append(result)
@@ -116,10 +149,11 @@ class Compactor:
         from reconciler.table.orphans import remove_orphans
 
         tables = self.ctx.tables()
+        retention = self.snapshot_retention  # read once, as run_once reads the lateness
         out = []
         for name in tables.names():
             if self._cancel.is_set():
                 break
-            out.append(expire_snapshots(tables, name, store=self.ctx.store, older_than=self.snapshot_retention))
+            out.append(expire_snapshots(tables, name, store=self.ctx.store, older_than=retention))
             out.append(remove_orphans(tables, name, store=self.ctx.store))
         return out

@@ -67,15 +67,21 @@ def _delete_write(root: Path, intent: WriteIntent) -> int:
 
 
 def _legacy(store: Store, root: Path) -> int:
-    """Batch directories no write row names: committed ones stay, the others are fenced
-    (recorded as discarded, so a late commit of them fails) and deleted."""
+    """Batch directories of a version before the fences (their ids are not write ids):
+    committed ones stay, the others are fenced (recorded as discarded, so a late commit of
+    them fails) and deleted. A write id's directory is never asked about: its write was
+    recorded before it existed, so it is committed, in flight (fenced above), or discarded
+    (orphan clean-up's); asking about every committed batch would make a start cost the
+    table's whole history."""
     from reconciler.pipeline import segments
+    from reconciler.table.writeids import is_write_id
 
     found: dict[str, list[Path]] = {}
     for table_dir in (root.iterdir() if root.is_dir() else ()):
         if table_dir.is_dir():
             for batch_id, path in segments.batch_dirs(table_dir).items():
-                found.setdefault(batch_id, []).append(path)
+                if not is_write_id(batch_id):
+                    found.setdefault(batch_id, []).append(path)
     if not found:
         return 0
     statuses = store.write_statuses(found)

@@ -48,6 +48,7 @@ class RuntimeContext:
     metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
     job: Any = None  # the batch job (runtime.jobs.BatchJob): Spark's, unless a test brings its own
     adapters: Callable[[Any], Any] = adapter_for  # source -> stream adapter (streams.adapter_for)
+    snapshots_kept: int = 25  # settings.snapshotsKept: the publish expires the snapshots beyond
     _tables: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -64,7 +65,7 @@ class RuntimeContext:
             if self._tables is None:
                 from reconciler.table.catalog import Tables
 
-                self._tables = Tables(self.store.engine, self.segments_dir)
+                self._tables = Tables(self.store.engine, self.segments_dir, snapshots_kept=self.snapshots_kept)
             return self._tables
 
 

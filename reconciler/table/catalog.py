@@ -35,8 +35,10 @@ from pyiceberg.utils.properties import property_as_bool
 
 from reconciler import faults
 from reconciler.errors import PermanentError
-from reconciler.table import durable
+from reconciler.table import durable, retention
 from reconciler.table.datafiles import describe
+from reconciler.table.locations import local_path
+from reconciler.table.reach import _ManifestReader
 from reconciler.table.schema import partition_transform
 from reconciler.table.summary import (  # noqa: F401  (the summary keys, where the publish finds them)
     BATCH,
@@ -69,14 +71,8 @@ NAMESPACE = "default"
 DEADLETTER_SUFFIX = "_deadletter"
 TIME = "__time"
 
-# Table properties set at creation: metadata files of old versions are kept to a few, and
-# the one-manifest-per-commit of a fast append is merged every 100 commits, so neither the
-# metadata log nor the manifest list grows with the table's history.
-_TABLE_PROPERTIES = {
-    "write.metadata.previous-versions-max": "20",
-    "commit.manifest-merge.enabled": "true",
-    "write.parquet.compression-codec": "snappy",
-}
+# Table properties set at creation: a short metadata log, merged manifests (retention.py).
+_TABLE_PROPERTIES = {**retention.PROPERTIES, "write.parquet.compression-codec": "snappy"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +85,7 @@ class TableCommit:
     staged: Table | None = field(default=None, compare=False, repr=False)  # the table as it will be
     write_id: str | None = None
     files: tuple[str, ...] = ()  # the metadata files this staging wrote (durable before the commit)
+    superseded: tuple[str, ...] = ()  # files the version before needed and this one does not (retention.py)
 
 
 class RollupMismatch(PermanentError):
@@ -101,19 +98,6 @@ class TableConflict(Exception):
 
 def deadletter_table(datasource: str) -> str:
     return datasource + DEADLETTER_SUFFIX
-
-
-def local_path(location: str) -> Path:
-    """A ``file://`` location (or a plain path) as a local path.
-
-    Taken as pyiceberg's file IO takes it: the path after ``file://`` as it is, never
-    percent-decoded (pyiceberg writes ``file:///a%20b`` to a directory named ``a%20b``), so
-    every clean-up looks where the files are."""
-    if location.startswith("file://"):
-        return Path(location[len("file://"):])
-    if "://" not in location:
-        return Path(location)
-    raise ValueError(f"{location}: only a local (or shared, mounted) warehouse is supported here")
 
 
 class _StagingCatalog(SqlCatalog):
@@ -154,7 +138,9 @@ class _StagingCatalog(SqlCatalog):
         files = _staged_files(location, str(tag_))
         after = Table(identifier=staged.name(), metadata=staged.metadata, metadata_location=location,
                       io=staged.io, catalog=self)
-        out.append(TableCommit(table.name()[-1], base_location, location, after, write_id, files))
+        reader = _ManifestReader(staged.io)
+        gone = retention.superseded(base, staged.metadata, reader) + retention.unused(files, location, staged.metadata, reader)
+        out.append(TableCommit(table.name()[-1], base_location, location, after, write_id, files, tuple(gone)))
         return CommitTableResponse(metadata=staged.metadata, metadata_location=location)
 
 
@@ -189,7 +175,8 @@ class _Transaction(Transaction):
 class Tables:
     """The datasources' tables: create, evolve, stage appends, load for reading."""
 
-    def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str]):
+    def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str], *,
+                 snapshots_kept: int = retention.DEFAULT_KEPT):
         root = Path(warehouse).absolute()
         root.mkdir(parents=True, exist_ok=True)
         self.warehouse = root
@@ -206,6 +193,7 @@ class Tables:
         # Reading a metadata file costs more the longer the table's history; a cheap pointer
         # query says whether it moved.
         self._known: dict[str, tuple] = {}
+        self.snapshots_kept = snapshots_kept
 
     # -- tables -----------------------------------------------------------------------
 
@@ -280,10 +268,15 @@ class Tables:
                      catalog=self.catalog)
 
     def committed(self, commits: Sequence[TableCommit]) -> None:
-        """The publish of ``commits`` succeeded: their staged tables are the tables now."""
+        """The commit of ``commits`` succeeded (and is durable): their staged tables are the
+        tables now, and the files only the versions before them needed go."""
         for tc in commits:
             if tc.staged is not None:
                 self._known[tc.table] = (tc.new, tc.staged.metadata, tc.staged.io)
+        faults.point("superseded-delete", None)
+        for tc in commits:
+            for path in tc.superseded:
+                _unlink(path)
 
     def data_dir(self, table: Table, batch_id: str) -> Path:
         """Where one batch's data files are written (unreferenced until the publish)."""
@@ -341,7 +334,9 @@ class Tables:
                                      tx.table_metadata.schema().name_mapping.model_dump_json()})
             if granularity is not None:
                 _evolve_partitioning(tx, granularity)
+            retention.converge_properties(tx)
             append_files(tx, files, properties)
+            retention.expire_beyond(tx, self.snapshots_kept)
 
         return self.stage(name, build, write_id=write_id, attempt=attempt)
 

@@ -4,52 +4,100 @@ clean-up decide what they may delete from it."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import threading
 from pathlib import Path
 
 from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from reconciler.table.catalog import (
-    local_path,
-)
+from reconciler.table.locations import local_path
 
 log = logging.getLogger(__name__)
 
+class _Cache:
+    """A bounded, thread-safe map from an immutable file's path to what was read from it.
+
+    Iceberg's manifest lists and manifests are never rewritten in place (every write has
+    a new name: pyiceberg's random UUID, or our write's tag), so what one read found stays
+    true: expiry, orphan clean-up and verify, run again and again by a daemon, read each
+    file once."""
+
+    def __init__(self, size: int = 8192):
+        self.size = size
+        self._data: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        return None
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
+_LISTS = _Cache()
+_ENTRIES = _Cache()
+
+
 class _ManifestReader:
-    """Files reachable from snapshots, each manifest list and manifest read once. A missing
-    manifest list or manifest is an error, unless ``missing_ok`` (snapshots of an older
-    metadata version, whose expired files are already gone)."""
+    """Files reachable from snapshots, each manifest list and manifest read once (and kept,
+    by path, for the next reader: ``_Cache``). A missing manifest list or manifest is an
+    error, unless ``missing_ok`` (snapshots of an older metadata version, whose expired
+    files are already gone)."""
 
     def __init__(self, io):
         self.io = io
-        self._lists: dict[str, list[ManifestFile]] = {}
-        self._entries: dict[tuple[str, bool], set[str]] = {}
 
     def manifests(self, snapshot, missing_ok: bool = False) -> list[ManifestFile]:
-        if snapshot.manifest_list not in self._lists:
+        found = _LISTS.get(snapshot.manifest_list)
+        if found is None:
             try:
-                self._lists[snapshot.manifest_list] = snapshot.manifests(self.io)
+                found = snapshot.manifests(self.io)
             except FileNotFoundError:
                 if not missing_ok:
                     raise
                 return []
-        return self._lists[snapshot.manifest_list]
+            _LISTS.put(snapshot.manifest_list, found)
+        return found
 
     def data_files(self, manifest: ManifestFile, live_only: bool, missing_ok: bool = False) -> set[str]:
         key = (manifest.manifest_path, live_only)
-        if key not in self._entries:
+        found = _ENTRIES.get(key)
+        if found is None:
             try:
                 entries = manifest.fetch_manifest_entry(self.io, discard_deleted=False)
             except FileNotFoundError:
                 if not missing_ok:
                     raise
                 return set()
-            self._entries[key] = {e.data_file.file_path for e in entries
-                                  if not live_only or e.status != ManifestEntryStatus.DELETED}
-        return self._entries[key]
+            found = frozenset(e.data_file.file_path for e in entries
+                              if not live_only or e.status != ManifestEntryStatus.DELETED)
+            _ENTRIES.put(key, found)
+        return found
+
+    def deleted_files(self, manifest: ManifestFile) -> frozenset[str]:
+        """The data files a manifest records as deleted (a compaction's inputs)."""
+        key = (manifest.manifest_path, "deleted")
+        found = _ENTRIES.get(key)
+        if found is None:
+            try:
+                entries = manifest.fetch_manifest_entry(self.io, discard_deleted=False)
+            except FileNotFoundError:
+                return frozenset()
+            found = frozenset(e.data_file.file_path for e in entries if e.status == ManifestEntryStatus.DELETED)
+            _ENTRIES.put(key, found)
+        return found
 
     def reachable(self, snapshots, *, live_only: bool, missing_ok: bool = False) -> set[str]:
         out: set[str] = set()

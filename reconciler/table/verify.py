@@ -305,22 +305,23 @@ def missing_files(table) -> list[str]:
     """Files the current metadata references that do not exist: the metadata file, the
     current snapshot's manifest list and manifests, and the data files they list."""
     from reconciler.table.catalog import local_path
+    from reconciler.table.reach import _ManifestReader
 
     paths = [table.metadata_location]
     snap = table.current_snapshot()
     if snap is not None:
         paths.append(snap.manifest_list)
+        reader = _ManifestReader(table.io)
         try:
-            manifests = snap.manifests(table.io)
+            manifests = reader.manifests(snap)
         except FileNotFoundError:
             return sorted(p for p in paths if not _exists(local_path, p))
         for m in manifests:
             paths.append(m.manifest_path)
             try:
-                entries = m.fetch_manifest_entry(table.io, discard_deleted=True)
+                paths += sorted(reader.data_files(m, live_only=True))
             except FileNotFoundError:
                 continue
-            paths += [e.data_file.file_path for e in entries]
     return sorted(p for p in paths if not _exists(local_path, p))
 
 

@@ -163,7 +163,9 @@ def test_validate_missing_directory(tmp_path):
 def test_plan_json_then_apply_then_plan_exits_0(run: Cli):
     doc = run.json("plan", "-o", "json", code=2)
     assert kinds(doc) == [("create", "clicks"), ("create", "clicks-rollup")]
-    assert doc["notes"] == [] and doc["heldTerminations"] == []
+    assert [n.split(" yet: ")[1] for n in doc["notes"]] == [  # plan created no database
+        "planned against an empty one (the daemon or `reconciler apply` creates it)"]
+    assert doc["heldTerminations"] == []
     assert doc["actions"][0]["path"] == str(run.specs / "clicks.yaml")
     assert len(doc["actions"][0]["specHash"]) == 16
 
@@ -299,6 +301,69 @@ def test_read_only_commands_never_create_a_database(tmp_path, specs, command):
     assert not db.exists() and not db.parent.exists()
 
 
+def _tables(db_url: str) -> list[str]:
+    import sqlalchemy as sa
+
+    from reconciler.store.engine import create_engine
+
+    engine = create_engine(db_url)
+    try:
+        return sorted(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_plan_without_a_database_plans_against_an_empty_one_and_creates_nothing(tmp_path, specs):
+    state = tmp_path / "absent" / "state"
+    run = Cli(specs, state, None)
+    result = run("plan")
+    assert result.exit_code == 2, result.stderr  # the examples would be created
+    assert f"note: no database at {state / 'reconciler.db'} yet: planned against an empty one" in result.stdout
+    assert [line.split()[:2] for line in result.stdout.splitlines()[:2]] == [
+        ["create", "clicks"], ["create", "clicks-rollup"]]
+    assert not state.exists()  # neither the database nor its directory
+    doc = run.json("plan", "-o", "json", code=2)
+    assert [n for n in doc["notes"] if n.startswith("no database at")]
+    assert not state.exists()
+
+
+def test_plan_of_a_database_without_tables_creates_none(run: Cli):
+    """On PostgreSQL the database exists before anything ran: plan leaves it empty."""
+    url = run.db
+    if not url.startswith("postgresql"):
+        from sqlalchemy.engine import make_url
+
+        path = Path(make_url(url).database)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()  # an empty file is a SQLite database without tables
+    assert run.json("plan", "-o", "json", code=2)["actions"]
+    assert _tables(url) == []
+
+
+def test_an_older_schema_is_neither_migrated_nor_read_by_plan_and_status(run: Cli):
+    from alembic import command
+    from alembic.config import Config
+
+    from reconciler.store.schema import head_revision
+    from reconciler.store.store import MIGRATIONS, Store
+
+    store = Store(run.db)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+    store.close()
+    for command_line in (("plan",), ("status",), ("history", "clicks")):
+        result = run(*command_line)
+        assert result.exit_code == 1, (command_line, result.stdout)
+        assert f"has schema revision 0001, and this version of reconciler reads {head_revision()}: upgrade it " \
+               "with `reconciler db upgrade`" in result.stderr, result.stderr
+    assert "overrides" not in _tables(run.db)  # 0002's table: nothing migrated
+    assert run("db", "upgrade").exit_code == 0
+    assert run("plan").exit_code == 2
+
+
 def test_reset_dry_run_of_unknown_supervisor(run: Cli):
     result = run("reset", "nope", "--to", "latest", "--dry-run")
     assert result.exit_code == 1
@@ -334,8 +399,10 @@ def test_environment_variables(tmp_path, specs):
            "RECONCILER_STATE_DIR": str(tmp_path / "state")}
     result = run("plan", "-o", "json", "--no-positions", env=env, globals_=False)
     assert result.exit_code == 2, result.output
-    assert kinds(json.loads(result.stdout)) == [("create", "clicks"), ("create", "clicks-rollup")]
-    assert db.is_file()
+    doc = json.loads(result.stdout)
+    assert kinds(doc) == [("create", "clicks"), ("create", "clicks-rollup")]
+    assert doc["notes"][0].startswith(f"no database at {db} yet")  # the one the variable names, not created
+    assert not db.exists()
 
 
 def test_config_file(tmp_path, specs):
@@ -358,18 +425,21 @@ def test_cli_beats_env_beats_file(tmp_path):
     env = {"RECONCILER_CONFIG": str(config)}
     run = Cli(tmp_path, tmp_path / "state", None)
 
-    def planned(*args: str, extra_env: dict[str, str] | None = None) -> list[str]:
+    def planned(*args: str, extra_env: dict[str, str] | None = None) -> tuple[list[str], str]:
+        """The supervisors planned, and the database file plan names (it creates none)."""
         result = run(*args, "plan", "-o", "json", env=env | (extra_env or {}), globals_=False)
         assert result.exit_code == 2, result.output
-        return [a["supervisor"] for a in json.loads(result.stdout)["actions"]]
+        doc = json.loads(result.stdout)
+        db = Path(doc["notes"][0].removeprefix("no database at ").split(" yet:")[0])
+        return [a["supervisor"] for a in doc["actions"]], db.name
 
-    assert planned() == ["clicks"]
+    assert planned() == (["clicks"], "file.db")
     assert planned(extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
-                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == ["clicks-rollup"]
+                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == (["clicks-rollup"], "env.db")
     assert planned("--specs", str(dirs["orders"]), "--db", f"sqlite:///{tmp_path / 'cli.db'}",
                    extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
-                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == ["orders"]
-    assert {p.name for p in tmp_path.glob("*.db")} == {"file.db", "env.db", "cli.db"}
+                              "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == (["orders"], "cli.db")
+    assert list(tmp_path.glob("*.db")) == []
 
 
 def test_bad_config_file_is_a_clear_error(tmp_path, specs):
@@ -435,9 +505,11 @@ def script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_console_script_is_installed():
     assert SCRIPT.is_file(), f"{SCRIPT} missing: pip install -e . into the virtualenv"
+    from importlib.metadata import version
+
     result = script("--version", cwd=ROOT)
     assert result.returncode == 0
-    assert "0.1.0" in result.stdout
+    assert result.stdout.strip() == f"reconciler, version {version('stream-reconciler')}"  # from the git tag
 
 
 def test_script_validate(tmp_path, specs):

@@ -712,3 +712,29 @@ def test_preview_of_a_partition_gone_is_an_error():
                positions=pos).actions
     [error] = a.to_dict()["errors"]
     assert error.startswith("partition(s) 1 have a checkpoint but the source no longer has them")
+
+
+# --------------------------------------------------------------------------- issue 28 item 7: rollup flipped
+
+
+@pytest.mark.parametrize("state", [State.RUNNING, State.TERMINATED])
+@pytest.mark.parametrize(("before", "after"), [(False, True), (True, False)])
+def test_a_spec_that_turns_rollup_on_or_off_for_its_datasource_is_refused(state, before, after):
+    def with_rollup(rollup: bool) -> SupervisorSpec:
+        doc = document("a")
+        doc["dataSchema"]["granularity"] = {"segment": "hour", "query": "none", "rollup": rollup}
+        doc["dataSchema"]["metrics"] = [{"name": "count", "type": "count"}]
+        return SupervisorSpec.from_document(doc)
+
+    [a] = plan(desired(with_rollup(after)), actual(record(with_rollup(before), state)), (), NOW).actions
+    assert a.kind == ActionKind.MARK_INVALID
+    assert f"rollup: changed from {str(before).lower()} to {str(after).lower()}" in a.error
+    assert "new datasource" in a.error
+    # recorded once; a spec that also moves to another datasource is an ordinary update
+    assert plan(desired(with_rollup(after)), actual(record(with_rollup(before), state, last_error=a.error)),
+                (), NOW).actions == ()
+    moved = with_rollup(after).document | {"dataSchema": {**with_rollup(after).document["dataSchema"],
+                                                           "datasource": "elsewhere"}}
+    [b] = plan(desired(SupervisorSpec.from_document(moved)), actual(record(with_rollup(before), state)),
+               (), NOW).actions
+    assert b.kind in (ActionKind.UPDATE, ActionKind.CREATE)

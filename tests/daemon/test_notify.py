@@ -464,7 +464,8 @@ def test_sighup_rereads_the_config_and_swaps_settings(tmp_path, daemons):
     before, after = lines[:first_json], [json.loads(line) for line in lines[first_json:]]  # one event a line
     assert all(" DEBUG " not in line for line in before)
     assert after[0]["msg"] == ("SIGHUP: settings reloaded: tickInterval 60.0 -> 0.3; "
-                               "logFormat 'text' -> 'json'; logLevel 'INFO' -> 'DEBUG'")
+                               "logFormat 'text' -> 'json'; logLevel 'INFO' -> 'DEBUG' "
+                               "(db, segments, stateDir, sparkMaster, spark, snapshotsKept need a restart)")
     debug = [e for e in after if e["level"] == "debug"]  # the new level is in effect too
     assert any(e["msg"].startswith("reconcile pass (tick): no changes") for e in debug)
     assert all(e["priority"] == 7 for e in debug)

@@ -124,7 +124,10 @@ def _pending(store) -> set[tuple[str, int]]:
 def check_now(world: World, tables: Tables, store) -> list[str]:
     """Safety at the moment the schedule ended, before anything recovers."""
     problems = []
-    report = run_verify(world, tables, store, deep=False)
+    try:
+        report = run_verify(world, tables, store, deep=False)
+    except OSError as exc:
+        return [f"the table cannot be loaded: {exc}"[:400]]
     if report is not None and report.missing_files:
         problems.append(f"{len(report.missing_files)} referenced file(s) missing: {report.missing_files[:3]}")
     t = truth(world, tables, store, final=False)

@@ -101,8 +101,10 @@ class Actor:
 
 
 class Scheduler:
-    def __init__(self, rng: random.Random, plan: FaultPlan, *, limbo_commits: Callable[[], bool] | None = None):
+    def __init__(self, rng: random.Random, plan: FaultPlan, *, limbo_commits: Callable[[], bool] | None = None,
+                 hang: float = HANG):
         self.rng = rng
+        self.hang = hang
         self.plan = plan
         self.cond = threading.Condition()
         self.actors: dict[str, Actor] = {}
@@ -221,12 +223,12 @@ class Scheduler:
             actor.thread.start()
         while True:
             with self.cond:
-                deadline = time.monotonic() + HANG
+                deadline = time.monotonic() + self.hang
                 while any(a.state in ("new", "running") for a in self.actors.values()):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         running = [f"{a.name}@{a.point}" for a in self.actors.values() if a.state != "done"]
-                        raise Hang(f"no point reached within {HANG:.0f}s: {running}")
+                        raise Hang(f"no point reached within {self.hang:.0f}s: {running}")
                     self.cond.wait(left)
                 parked = sorted((a for a in self.actors.values() if a.state == "parked"), key=lambda a: a.name)
                 if not parked:

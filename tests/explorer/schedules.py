@@ -42,6 +42,7 @@ class Schedule:
     setup: Callable[[World], None] | None = None
     expect: Callable[[World, Tables, Store], list[str]] | None = None  # extra checks of a named schedule
     heal: bool = True
+    hang: float = 30.0  # seconds an actor may run between two points
 
 
 @dataclass
@@ -100,7 +101,8 @@ def random_schedule(seed: int) -> Schedule:
     s = Schedule("random", seed)
     s.world = dict(partitions=rng.choice([1, 2, 2]), records=rng.choice([18, 30]),
                    marker_every=rng.choice([0, 0, 7]), bad_every=rng.choice([0, 0, 9]),
-                   tables=rng.random() < 0.8)  # else the first batch creates them, under the faults
+                   tables=rng.random() < 0.8,  # else the first batch creates them, under the faults
+                   snapshots_kept=rng.choice([1, 2, 3, 25]))  # small: publishes expire as they commit
     main_steps = rng.randint(2, 6)
     s.actors.append(("main", "daemon", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(main_steps)])))
     if rng.random() < 0.6:
@@ -179,6 +181,9 @@ class Runner:
 
     def _restore(self, rows: dict[str, list[dict]]) -> None:
         with self.store.engine.begin() as c:
+            present = sa.inspect(c).get_table_names()  # a table made after the snapshot goes too
+            for extra in set(present) - set(rows):
+                c.exec_driver_sql(f'DROP TABLE "{extra}" CASCADE')
             c.exec_driver_sql("TRUNCATE " + ", ".join(f'"{n}"' for n in rows) + " RESTART IDENTITY CASCADE")
             meta = sa.MetaData()
             for name, data in rows.items():
@@ -202,7 +207,7 @@ class Runner:
             schedule.setup(world)
         ledger = Ledger(world.warehouse)
         install(ledger)
-        sched = Scheduler(rng, schedule.plan)
+        sched = Scheduler(rng, schedule.plan, hang=schedule.hang)
         sched.script = list(schedule.script)
         try:
             for name, process, bind in schedule.actors:
@@ -290,7 +295,7 @@ def orphans_during_compaction() -> Schedule:
     s = Schedule("orphans-during-compaction", 2)
     s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact"))),
                 ("maintain", "cli-maintain", _seq(_op("orphans")))]
-    s.script = [("main", END), ("compact", "compact-written"), ("maintain", END), ("compact", END)]
+    s.script = [("main", END), ("compact", "compact-commit"), ("maintain", END), ("compact", END)]
     return s
 
 
@@ -339,6 +344,7 @@ def many_batch_directories(count: int = 70_000) -> Schedule:
     s.setup = lambda w: _batch_dirs(w, count)
     s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 2)))]
     s.expect = lambda w, tables, store: _no_stray_batch_dirs(w)
+    s.hang = 600.0
     return s
 
 
@@ -393,11 +399,13 @@ def verify_foreign_append() -> Schedule:
 
 
 def two_expiries() -> Schedule:
-    """Two expiries at once: the second must plan again, never fail nor lose the first's ranges."""
+    """Two expiries at once, the second keeping more snapshots than the first: it must plan
+    again on the first's result, never fail, never bring back a snapshot whose files the
+    first deleted, nor lose the first's folded ranges."""
     s = Schedule("two-expiries", 13)
-    s.actors = [("main", "daemon", _ingest(6)), ("exp1", "cli-maintain-1", _seq(_op("expire"))),
-                ("exp2", "cli-maintain-2", _seq(_op("expire")))]
-    s.script = [("main", END), ("exp1", "expire-commit"), ("exp2", "expire-commit"), ("exp1", END), ("exp2", END)]
+    s.actors = [("main", "daemon", _ingest(6)), ("exp1", "cli-maintain-1", _seq(_op("expire", retain_last=1))),
+                ("exp2", "cli-maintain-2", _seq(_op("expire", retain_last=3)))]
+    s.script = [("main", END), ("exp2", "expire-commit"), ("exp1", END), ("exp2", END)]
     s.expect = lambda w, tables, store: [f"an expiry failed: {n}" for n in w.notes if "Error" in n]
     return s
 
@@ -411,6 +419,18 @@ def fresh_start() -> Schedule:
     s.script = [("main", END), ("switch", END), ("after", END)]
     s.expect = _verify_ok
     s.heal = False
+    return s
+
+
+def continuous_expiry() -> Schedule:
+    """Issue 34: publishes that expire old snapshots as they commit (keep 1), beside a
+    compaction and an orphan clean-up, and a power cut between a commit and the deletion
+    of what it superseded."""
+    s = Schedule("continuous-expiry", 16)
+    s.world = dict(partitions=2, records=90, snapshots_kept=1)
+    s.actors = [("main", "daemon", _ingest(16)), ("compact", "cli-compact", _seq(_op("compact"), _op("compact"))),
+                ("maintain", "cli-maintain", _seq(_op("orphans"), _op("orphans")))]
+    s.plan = FaultPlan(forced={("main", "superseded-delete", 10): "power"})
     return s
 
 
@@ -468,11 +488,13 @@ def _import(world: World, process: str) -> None:
 
 
 def _batch_dirs(world: World, count: int) -> None:
-    from reconciler.table.writeids import new_write_id
+    """Uncommitted batch directories of a version before the write fences (ids of 32 hex
+    digits), as a crash loop of such a version leaves them."""
+    import uuid
 
     data = world.warehouse / "default" / DATASOURCE / "data"
     for _ in range(count):
-        (data / f"batch={new_write_id()}").mkdir(parents=True)
+        (data / f"batch={uuid.uuid4().hex}").mkdir(parents=True)
 
 
 def _no_stray_batch_dirs(world: World) -> list[str]:
@@ -542,4 +564,5 @@ def _verify_ok(world: World, tables: Tables, store: Store) -> list[str]:
 NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     orphans_during_publish, orphans_during_compaction, ambiguous_commit, power_cut_after_commit,
     power_cut_after_compaction, two_upgrades, many_batch_directories, cancel_during_publish, rollup_flip,
-    verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path)}
+    verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
+    continuous_expiry)}

@@ -84,7 +84,8 @@ class Process:
             self._ctx = RuntimeContext(
                 store=self.store, segments_dir=w.warehouse, spark=lambda: None,
                 lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
-                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream))
+                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream),
+                snapshots_kept=w.snapshots_kept)
         return self._ctx
 
     @property
@@ -101,7 +102,7 @@ class Process:
 class World:
     def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
                  rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
-                 bad_every: int = 0, store: Store | None = None):
+                 bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25):
         """A world over a database and warehouse already set up (``setup``). ``store`` is
         shared by the world's processes (one engine: its compiled statements are reused
         from schedule to schedule; each process still has its own connections)."""
@@ -112,6 +113,7 @@ class World:
         for p in range(partitions):
             self.stream.produce(str(p), records, marker_every=marker_every, bad_every=bad_every)
         self.rollup = rollup
+        self.snapshots_kept = snapshots_kept  # small: the publishes expire snapshots as they go
         self.shared = store
         self.processes: dict[str, Process] = {}
         self.cancelled: dict[str, tuple[int, int]] = {}  # "<backfill>:<partition>" -> its unread range
@@ -184,11 +186,11 @@ class World:
         compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=FAR,
                 target_file_size=1 << 30, attempts=3)
 
-    def expire(self, proc: Process) -> None:
+    def expire(self, proc: Process, retain_last: int = 1) -> None:
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):
             if proc.tables.load(name) is not None:
-                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0), retain_last=1,
-                                 attempts=3)
+                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0),
+                                 retain_last=retain_last, attempts=3)
 
     def orphans(self, proc: Process) -> None:
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):

@@ -1,0 +1,244 @@
+"""Commit cost and disk as a table's history grows: a day of one-second batches, compressed.
+
+Publishes ``--commits`` tiny batches (default 100,000) through the product's own runtime:
+``SupervisorRuntime.step`` cuts each batch, records its write, writes one Parquet file with
+pyarrow (the benchmark's job, in place of Spark), stages the table commit, publishes it
+with the checkpoints in one transaction and deletes what the commit superseded. No broker
+and no Spark: the stream is a counter that grows by ``--records`` each step.
+
+Prints ONE JSON document on stdout (progress on stderr): per window of ``--window``
+commits (default 10,000), the publish latency (the runtime's ``publish`` phase: staging,
+the transaction, the clean-up after it) median / p95 / p99 / max, and at the window's end
+the size of the current metadata file, the files in the table's ``metadata/``, the
+database's size; then ``verify``'s run time at the end, and the goal ratios of issue 34
+(the last window's median over the second's; metadata files; metadata size; verify).
+
+    .venv/bin/python benchmarks/commit_growth.py                       # SQLite, 100,000 commits
+    .venv/bin/python benchmarks/commit_growth.py --db postgres         # a throwaway PostgreSQL cluster
+    .venv/bin/python benchmarks/commit_growth.py --commits 20000 --window 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from reconciler.model import SupervisorSpec  # noqa: E402
+from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime  # noqa: E402
+from reconciler.store.store import Store  # noqa: E402
+from reconciler.table import durable  # noqa: E402
+from reconciler.table.catalog import deadletter_table  # noqa: E402
+
+SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
+                    ("__partition", pa.string()), ("__offset", pa.int64())])
+DEAD = pa.schema([("partition", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
+T0 = datetime(2026, 11, 20, tzinfo=UTC)
+SID = "trickle"
+
+
+class Counter:
+    """A one-partition stream whose end grows by ``step`` each time it is asked."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.end = 0
+
+    def partitions(self):
+        return ["0"]
+
+    def earliest(self):
+        return {"0": 0}
+
+    def latest(self):
+        self.end += self.step
+        return {"0": self.end}
+
+    def offsets_for_time(self, ms):
+        return {"0": 0}
+
+    def close(self):
+        pass
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str
+    segment: str | None
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class _Written:
+    batch_id: str
+    files: tuple
+    dead_files: tuple
+    read_counts: dict
+    input_rows: int | None = None
+    input_bytes: int | None = None
+
+    @property
+    def dead_rows(self) -> int:
+        return 0
+
+
+class TinyJob:
+    """The batch job: the range's records as one Parquet file, fsynced like the sink's."""
+
+    def schemas(self, data_schema):
+        return SCHEMA, DEAD
+
+    def run(self, spec, ranges, batch_id, *, data_dir, dead_dir, task_count):
+        [rng] = ranges
+        hour = T0 + timedelta(seconds=rng.start)
+        chunk = hour.strftime("%Y%m%dT%H00Z")
+        path = Path(data_dir) / f"time_chunk={chunk}" / "part-00000.parquet"
+        path.parent.mkdir(parents=True)
+        n = rng.end - rng.start
+        pq.write_table(pa.table({
+            "__time": pa.array([hour.replace(minute=0, second=0)] * n, pa.timestamp("us", tz="UTC")),
+            "id": [f"k{o}" for o in range(rng.start, rng.end)], "__partition": ["0"] * n,
+            "__offset": pa.array(range(rng.start, rng.end), pa.int64())}, schema=SCHEMA), path)
+        durable.sync([path], [path.parent, Path(data_dir), Path(data_dir).parent, Path(data_dir).parent.parent])
+        return _Written(batch_id, (_File(str(path), chunk, n, path.stat().st_size),), (), {"0": n}, n, 0)
+
+
+class Phases:
+    """The runtime's metrics hook: keeps each batch's publish time."""
+
+    def __init__(self):
+        self.publish: list[float] = []
+
+    def batch_done(self, sid, records, dead, elapsed, phases):
+        self.publish.append(phases["publish"])
+
+    def __getattr__(self, name):  # every other metric: ignored
+        return lambda *a, **k: None
+
+
+def _db_size(store: Store, url: str) -> int:
+    if url.startswith("sqlite"):
+        path = Path(sa.engine.make_url(url).database)
+        return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    with store.engine.connect() as c:
+        return int(c.exec_driver_sql("SELECT pg_database_size(current_database())").scalar())
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def run(url: str, root: Path, commits: int, window: int, records: int, kept: int) -> dict:
+    store = Store(url)
+    store.migrate()
+    spec = SupervisorSpec.from_document({
+        "id": SID, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": SID},
+        "maxBatchRecords": records,
+        "dataSchema": {"datasource": SID, "timestamp": {"column": "ts"}, "dimensions": ["id", "__partition", "__offset"]}})
+    store.create_supervisor(spec, None, actor="benchmark")
+    counter = Counter(records)
+    phases = Phases()
+    ctx = RuntimeContext(store=store, segments_dir=root / "segments", spark=lambda: None, metrics=phases,
+                         job=TinyJob(), adapters=lambda source: counter, snapshots_kept=kept)
+    rt = SupervisorRuntime(SID, ctx)
+    tables = ctx.tables()
+    windows = []
+    started = time.monotonic()
+    while len(phases.publish) < commits:
+        before = len(phases.publish)
+        rt.step()
+        if len(phases.publish) == before:
+            raise SystemExit(f"no batch published: {store.get(SID).last_error}")
+        done = len(phases.publish)
+        if done % window == 0:
+            table = tables.load(SID)
+            meta = Path(table.metadata_location)
+            part = [x * 1000 for x in phases.publish[done - window:done]]
+            windows.append({
+                "commits": done, "publishMedianMs": round(statistics.median(part), 2),
+                "p95Ms": round(_pct(part, 0.95), 2), "p99Ms": round(_pct(part, 0.99), 2), "maxMs": round(max(part), 2),
+                "metadataFileKiB": round(meta.stat().st_size / 1024, 1),
+                "metadataDirFiles": sum(1 for p in meta.parent.iterdir() if p.is_file()),
+                "snapshots": len(table.metadata.snapshots), "dbMiB": round(_db_size(store, url) / 2**20, 2)})
+            print(f"{done} commits, {time.monotonic() - started:.0f}s: {windows[-1]}", file=sys.stderr)
+    from reconciler.table.verify import SupervisorFacts, verify
+
+    t = time.monotonic()
+    table = tables.load(SID)
+    actual = store.read_actual()
+    rec = actual.supervisors[SID]
+    facts = {SID: SupervisorFacts(SID, rec.kind, rec.state, rec.generation, actual.checkpoints[SID],
+                                  store.first_offsets(SID), rec.end_offsets)}
+    report = verify(table, SID, {SID: store.history(SID)}, deep=False,
+                    dead_table=tables.load(deadletter_table(SID)), facts=facts)
+    verify_s = time.monotonic() - t
+    status_t = time.monotonic()
+    store.all_batch_totals()
+    store.read_actual()
+    status_s = time.monotonic() - status_t
+    store.close()
+    second = windows[1] if len(windows) > 1 else windows[0]
+    return {
+        "db": "postgresql" if url.startswith("postgresql") else "sqlite", "commits": commits,
+        "recordsPerCommit": records, "snapshotsKept": kept, "windows": windows,
+        "verifySeconds": round(verify_s, 3), "verifyOk": report.ok, "statusQueriesSeconds": round(status_s, 4),
+        "seconds": round(time.monotonic() - started, 1),
+        "goals": {
+            "lastOverSecondMedian": round(windows[-1]["publishMedianMs"] / second["publishMedianMs"], 3),
+            "maxMetadataDirFiles": max(w["metadataDirFiles"] for w in windows),
+            "maxMetadataFileKiB": max(w["metadataFileKiB"] for w in windows),
+            "verifySeconds": round(verify_s, 3),
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="sqlite", help="sqlite, postgres (a throwaway cluster) or a SQLAlchemy URL")
+    ap.add_argument("--commits", type=int, default=100_000)
+    ap.add_argument("--window", type=int, default=10_000)
+    ap.add_argument("--records", type=int, default=5, help="records per batch")
+    ap.add_argument("--snapshots-kept", type=int, default=25)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    cluster = None
+    with tempfile.TemporaryDirectory(prefix="commit-growth-") as tmp:
+        url = a.db
+        if a.db == "sqlite":
+            url = f"sqlite:///{tmp}/reconciler.db"
+        elif a.db == "postgres":
+            import devservices
+
+            cluster = devservices.PostgresCluster(durable=True)
+            cluster.start()
+            url = cluster.create_database("commit_growth")
+        try:
+            doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+    doc["loadAverage"] = os.getloadavg()[0]
+    print(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""A table's history kept short as it commits, so that a commit costs the same after a day
+of one-second batches as after the first.
+
+Every commit writes the whole table metadata again: its snapshot list, its metadata log,
+its properties. Kept for an hour at one commit a second, 3,600 snapshots made each
+metadata file several MiB and each publish a large part of a second. So:
+
+* each publish expires, in the same staged metadata, the snapshots beyond the newest
+  ``keep`` (with some slack, so it happens every few commits, not every one), folding
+  their offset ranges into ``reconciler.expired-ranges`` exactly as ``expire_snapshots``
+  does (``verify`` keeps covering them). The current snapshot and branch and tag heads
+  are never expired;
+* after the commit, the files only the expired snapshots needed are deleted
+  (``superseded``): their manifest lists, the manifests no kept snapshot lists, the data
+  files a compaction replaced once no kept snapshot sees them, and the metadata files
+  that fell out of the metadata log. A file a kept snapshot may need is never deleted;
+* manifests are merged every ``MERGE_MIN_COUNT`` commits (Iceberg's merge append), and
+  the metadata log keeps ``PREVIOUS_VERSIONS`` entries.
+
+Files named here are deleted only after the commit is durable; a crash in between leaves
+them to orphan clean-up, which sees them unreferenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+from reconciler.table import summary
+
+DEFAULT_KEPT = 25  # settings.snapshotsKept
+SLACK = 5  # expire when the history exceeds keep + SLACK, down to keep
+PREVIOUS_VERSIONS = 10
+MERGE_MIN_COUNT = 16
+
+PROPERTIES = {  # what every table's properties converge to (set at creation, else at the next publish)
+    "write.metadata.previous-versions-max": str(PREVIOUS_VERSIONS),
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": str(MERGE_MIN_COUNT),
+}
+
+
+def converge_properties(tx) -> None:
+    """Bring a table created by an older version to ``PROPERTIES`` (once)."""
+    have = tx.table_metadata.properties
+    missing = {k: v for k, v in PROPERTIES.items() if have.get(k) != v}
+    if missing:
+        tx.set_properties(missing)
+
+
+def expire_beyond(tx, keep: int) -> list[int]:
+    """Within ``tx`` (after its new snapshot is added): expire the snapshots beyond the newest
+    ``keep`` when there are more than ``keep + SLACK``; returns their ids."""
+    if keep <= 0:
+        return []
+    metadata = tx.table_metadata
+    snapshots = sorted(metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+    if len(snapshots) <= keep + SLACK:
+        return []
+    protected = {ref.snapshot_id for ref in metadata.refs.values()}
+    if metadata.current_snapshot_id is not None:
+        protected.add(metadata.current_snapshot_id)
+    expired = [s for s in snapshots[:-keep] if s.snapshot_id not in protected]
+    if not expired:
+        return []
+    folded = summary.fold_expired(metadata.properties, [_props(s) for s in expired])
+    ExpireSnapshots(tx).by_ids([s.snapshot_id for s in expired]).commit()
+    tx.set_properties(folded)
+    return [s.snapshot_id for s in expired]
+
+
+def superseded(base, new, reader) -> list[str]:
+    """The files ``base`` (the metadata before a commit) needed and ``new`` (after it) does
+    not: what may be deleted once the commit is durable. ``reader`` reads manifest lists
+    and manifests (``reach._ManifestReader``, cached by path)."""
+    kept_ids = {s.snapshot_id for s in new.snapshots}
+    expired = [s for s in base.snapshots if s.snapshot_id not in kept_ids]
+    out: set[str] = set()
+    if expired:
+        kept = [s for s in new.snapshots]
+        kept_manifests = {m.manifest_path for s in kept for m in reader.manifests(s, missing_ok=True)}
+        expired_ids = {s.snapshot_id for s in expired}
+        for s in expired:
+            out.add(s.manifest_list)
+            out |= {m.manifest_path for m in reader.manifests(s, missing_ok=True)} - kept_manifests
+        out |= _replaced(reader, [s for s in [*expired, *kept] if s.parent_snapshot_id in expired_ids])
+    out |= _dropped_metadata(base, new)
+    return sorted(out)
+
+
+def unused(written: Iterable[str], location: str, new, reader) -> list[str]:
+    """Files a staging wrote that its own metadata (at ``location``) does not reference: a
+    merge append writes the new files' manifest, then merges it into a bigger one and lists
+    only that."""
+    referenced = {location, *_referenced_by_new(new, reader)}
+    return sorted(f for f in written if f not in referenced)
+
+
+def _referenced_by_new(new, reader) -> set[str]:
+    out = set()
+    for s in new.snapshots:
+        out.add(s.manifest_list)
+        out |= {m.manifest_path for m in reader.manifests(s, missing_ok=True)}
+    return out
+
+
+def _replaced(reader, snapshots: Iterable) -> set[str]:
+    """Data files the given snapshots deleted (a compaction's inputs): once each one's parent
+    is expired, no kept snapshot sees them."""
+    out: set[str] = set()
+    for s in snapshots:
+        props = _props(s)
+        deleted = int(s.summary.get("deleted-data-files", "0") or 0) if s.summary else 0
+        if not deleted and props.get(summary.OPERATION) != "compact":
+            continue
+        for m in reader.manifests(s, missing_ok=True):
+            if m.added_snapshot_id != s.snapshot_id:
+                continue
+            out |= reader.deleted_files(m)
+    return out
+
+
+def _dropped_metadata(base, new) -> set[str]:
+    """Metadata files in ``base``'s log that ``new``'s log no longer names (Iceberg's
+    ``write.metadata.delete-after-commit``, done here after our own commit)."""
+    before = {e.metadata_file for e in base.metadata_log}
+    after = {e.metadata_file for e in new.metadata_log}
+    return before - after
+
+
+def _props(snapshot) -> Mapping[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot.summary else {}
+

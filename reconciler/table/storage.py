@@ -1,0 +1,180 @@
+"""The warehouse's files, on a local (or mounted) filesystem or in an object store, through
+one layer: pyarrow's filesystems (``pyarrow.fs``: local, S3 and S3-compatible stores such
+as MinIO or Ceph, GCS). pyiceberg's file IO reads and writes the table's own files with
+the same settings (``iceberg_properties``).
+
+What a local directory gives and an object store does not, and what stands in for it:
+
+* **atomic rename**: never needed. Every file is written once under a name no one else
+  uses (a write's id or tag), and a PUT is atomic: a reader sees the whole object or none;
+* **fsync**: on an object store a PUT that returned is durable, so ``sync`` has nothing to
+  do; on local disk it fsyncs the files and their directories (``durable.py``);
+* **directories**: an object store has prefixes; ``list`` lists by prefix, recursively,
+  and ``delete_dir`` deletes every object under one.
+
+Locations are URIs as the tables' metadata holds them (``s3://bucket/key``), or plain
+paths (``file://`` accepted) for a local warehouse.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from reconciler.table import durable
+from reconciler.table.locations import local_path
+
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "gcs")
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """How to reach the object store: the ``objectStore`` map of the config file (values may
+    be secret references, resolved before this is built) over the AWS environment
+    (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ...). Never in a spec."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    path_style: bool | None = None
+
+    @classmethod
+    def from_environment(cls, overrides: Mapping[str, str] | None = None,
+                         env: Mapping[str, str] | None = None) -> ObjectStore:
+        env = os.environ if env is None else env
+        o = dict(overrides or {})
+        path_style = o.get("pathStyle")
+        return cls(
+            endpoint=o.get("endpoint") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            region=o.get("region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            access_key_id=o.get("accessKeyId") or env.get("AWS_ACCESS_KEY_ID") or None,
+            secret_access_key=o.get("secretAccessKey") or env.get("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=o.get("sessionToken") or env.get("AWS_SESSION_TOKEN") or None,
+            path_style=None if path_style is None else str(path_style).lower() in ("1", "true", "yes"),
+        )
+
+    def secrets(self) -> list[str]:
+        """The values the log scrubber must know."""
+        return [v for v in (self.secret_access_key, self.session_token) if v]
+
+    def s3(self, *, allow_bucket_creation: bool = False) -> pafs.S3FileSystem:
+        kw: dict = {}
+        if self.endpoint:
+            parts = urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
+            kw["endpoint_override"] = parts.netloc
+            kw["scheme"] = parts.scheme or "https"
+        if self.region:
+            kw["region"] = self.region
+        if self.access_key_id:
+            kw["access_key"] = self.access_key_id
+            kw["secret_key"] = self.secret_access_key
+            if self.session_token:
+                kw["session_token"] = self.session_token
+        if self.path_style is not None or self.endpoint:
+            kw["force_virtual_addressing"] = not (self.path_style if self.path_style is not None else True)
+        return pafs.S3FileSystem(allow_bucket_creation=allow_bucket_creation, **kw)
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """The same settings as pyiceberg's ``PyArrowFileIO`` takes them."""
+        out = {}
+        if self.endpoint:
+            out["s3.endpoint"] = self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}"
+        if self.region:
+            out["s3.region"] = self.region
+        if self.access_key_id:
+            out["s3.access-key-id"] = self.access_key_id
+            out["s3.secret-access-key"] = self.secret_access_key or ""
+            if self.session_token:
+                out["s3.session-token"] = self.session_token
+        if self.path_style is not None or self.endpoint:
+            out["s3.force-virtual-addressing"] = str(not (self.path_style if self.path_style is not None
+                                                       else True)).lower()
+        return out
+
+
+def is_object_store(location: str) -> bool:
+    return urlsplit(location).scheme in OBJECT_SCHEMES
+
+
+@dataclass
+class Storage:
+    """One warehouse's files: list, test, delete, sync, by location."""
+
+    warehouse: str
+    store: ObjectStore | None = None
+
+    def __post_init__(self):
+        self.remote = is_object_store(self.warehouse)
+        if self.remote:
+            scheme = urlsplit(self.warehouse).scheme
+            self.fs = (self.store or ObjectStore.from_environment()).s3() if scheme.startswith("s3") else \
+                pafs.FileSystem.from_uri(self.warehouse)[0]
+        else:
+            self.fs = pafs.LocalFileSystem()
+
+    # -- locations and paths ----------------------------------------------------------------
+
+    def path(self, location: str) -> str:
+        """The filesystem's path of a location (``bucket/key`` for an object store)."""
+        if self.remote:
+            parts = urlsplit(location)
+            return f"{parts.netloc}{parts.path}"
+        return str(local_path(location))
+
+    def location(self, path: str) -> str:
+        if self.remote:
+            return f"{urlsplit(self.warehouse).scheme}://{path}"
+        return path
+
+    def join(self, location: str, *parts: str) -> str:
+        if self.remote:
+            return "/".join([location.rstrip("/"), *parts])
+        return str(Path(local_path(location), *parts))
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def list(self, location: str) -> dict[str, tuple[float, int]]:
+        """Every file under ``location`` (recursively): location -> (mtime, size)."""
+        selector = pafs.FileSelector(self.path(location), recursive=True, allow_not_found=True)
+        out = {}
+        for info in self.fs.get_file_info(selector):
+            if info.type == pafs.FileType.File:
+                mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+                out[self.location(info.path)] = (mtime, info.size or 0)
+        return out
+
+    def dirs(self, location: str) -> list[str]:
+        """The directories (prefixes) right under ``location``."""
+        selector = pafs.FileSelector(self.path(location), recursive=False, allow_not_found=True)
+        return [self.location(i.path) for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
+
+    def exists(self, locations: Iterable[str]) -> set[str]:
+        locations = list(locations)
+        infos = self.fs.get_file_info([self.path(x) for x in locations])
+        return {x for x, i in zip(locations, infos, strict=True) if i.type != pafs.FileType.NotFound}
+
+    def delete(self, locations: Iterable[str]) -> None:
+        for x in locations:
+            try:
+                self.fs.delete_file(self.path(x))
+            except FileNotFoundError:
+                pass
+
+    def delete_dir(self, location: str) -> None:
+        try:
+            self.fs.delete_dir(self.path(location))
+        except FileNotFoundError:
+            pass
+
+    def sync(self, files: Iterable[str], dirs: Iterable[str] = ()) -> None:
+        """Durable before a commit points at them: fsync on local disk, nothing to do on an
+        object store (a PUT that returned is durable)."""
+        if not self.remote:
+            durable.sync([local_path(f) for f in files], [local_path(d) for d in dirs])

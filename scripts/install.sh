@@ -1,0 +1,436 @@
+#!/usr/bin/env bash
+# Install stream-reconciler as a systemd service on a Debian host (12 or newer), upgrade it
+# in place, or remove it. Run as root from a checkout of the release to install:
+#
+#   sudo scripts/install.sh                        install, or upgrade what is installed
+#   sudo scripts/install.sh --from dist/stream_reconciler-0.2.0-py3-none-any.whl
+#   sudo scripts/install.sh --uninstall [--purge]
+#
+# What it makes (each path below DIR with --root DIR):
+#   user and group stream-reconciler   system user, home /var/lib/stream-reconciler, no login shell
+#   /opt/stream-reconciler             a virtualenv with the package alone (no test or demo
+#                                      extras); its docs in share/doc/stream-reconciler/, and
+#                                      Spark's class archive, built as the service user, in
+#                                      share/stream-reconciler/
+#   /etc/stream-reconciler/config.yaml root:stream-reconciler 0640, from examples/etc/config.yaml;
+#                                      an existing one is kept
+#   /etc/stream-reconciler/credentials root 0700: sources of the unit's LoadCredential= lines
+#   /srv/stream-reconciler/specs       the watched directory, stream-reconciler:stream-reconciler
+#                                      2775: the daemon refuses specs that a user other than
+#                                      its own or a group other than its own could write
+#   /var/lib/stream-reconciler         the state directory (database, tables), 0750
+#   /etc/systemd/system/stream-reconciler.service   enabled; started (an upgrade restarts it)
+#   /usr/local/bin/reconciler          the command line, run as the service user (the database
+#                                      is that user's; a command run as root would leave
+#                                      root-owned files in the state directory)
+#
+# Upgrading: run it again from the newer checkout (or with the newer wheel). The virtualenv
+# is updated in place, the configuration, the state and the specs are kept, the unit is
+# replaced and the daemon restarted if it ran (it migrates the database as it starts).
+# Uninstalling: --uninstall stops and removes the service, the command and the virtualenv,
+# and keeps the configuration, the state, the specs and the user; --purge removes those
+# too, except a spec directory that is not empty (it is your config repo's checkout).
+set -euo pipefail
+umask 022  # what it installs is read by the service user; a root umask of 077 would hide it
+
+usage() {
+    cat >&2 <<'EOF'
+usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--root DIR]
+                          [--no-user] [--no-systemctl] [--no-start] [--no-spark-archive]
+       scripts/install.sh --uninstall [--purge] [--root DIR] [--no-systemctl]
+  --from WHEEL|DIR    what to install: a wheel, or a source checkout (default: this script's checkout)
+  --specs DIR         the watched directory (default /srv/stream-reconciler/specs)
+  --segments DIR      the tables' warehouse (default <state directory>/segments)
+  --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR,
+                      systemctl --root DIR, nothing started; the virtualenv runs in place there
+  --no-user           do not create the user (it must exist)
+  --no-systemctl      neither enable, start, restart nor reload anything
+  --no-start          enable the unit but do not start or restart it
+  --no-spark-archive  do not build Spark's class archive (Spark then starts ~2.5 s slower)
+  --uninstall         remove the service, the command and the virtualenv; keep the rest
+  --purge             with --uninstall: also the configuration, the state, the user and an
+                      empty spec directory
+EOF
+}
+
+SERVICE=stream-reconciler
+SERVICE_USER=stream-reconciler
+PREFIX=/opt/stream-reconciler
+CONF_DIR=/etc/stream-reconciler
+STATE=/var/lib/stream-reconciler
+DEFAULT_SPECS=/srv/stream-reconciler/specs
+UNIT_DIR=/etc/systemd/system
+WRAPPER=/usr/local/bin/reconciler
+SERVICE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # systemd's, so the archive finds the daemon's java
+# The system's Python, not the first on PATH: the virtualenv links to it, and one in root's
+# home (pyenv) is out of the service user's reach.
+PYTHON=${PYTHON:-/usr/bin/python3}
+
+CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+FROM=$CHECKOUT
+SPECS=$DEFAULT_SPECS
+SEGMENTS=
+ROOT=
+NO_USER=0 NO_SYSTEMCTL=0 NO_START=0 NO_ARCHIVE=0 UNINSTALL=0 PURGE=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --from) FROM=${2:?--from needs a path}; shift ;;
+        --specs) SPECS=${2:?--specs needs a directory}; shift ;;
+        --segments) SEGMENTS=${2:?--segments needs a directory}; shift ;;
+        --root) ROOT=${2:?--root needs a directory}; shift ;;
+        --no-user) NO_USER=1 ;;
+        --no-systemctl) NO_SYSTEMCTL=1 ;;
+        --no-start) NO_START=1 ;;
+        --no-spark-archive) NO_ARCHIVE=1 ;;
+        --uninstall) UNINSTALL=1 ;;
+        --purge) PURGE=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage; exit 2 ;;
+    esac
+    shift
+done
+
+say() { echo "install: $*"; }
+die() { echo "install: $*" >&2; exit 1; }
+
+# paths given relative to where it was started, before it moves to its checkout
+FROM=$(realpath -m -- "$FROM")
+[ -z "$ROOT" ] || ROOT=$(realpath -m -- "$ROOT")
+cd "$CHECKOUT"
+
+# shellcheck source=scripts/lib/apt.sh
+source scripts/lib/apt.sh
+
+if [ -n "$ROOT" ]; then
+    [ -d "$ROOT" ] || die "--root $ROOT: no such directory"
+    ROOT=$(cd "$ROOT" && pwd)
+    [ "$ROOT" != / ] || ROOT=
+    NO_START=1
+fi
+IS_ROOT=0
+[ "$(id -u)" -eq 0 ] && IS_ROOT=1
+if [ "$IS_ROOT" -eq 0 ] && [ -z "$ROOT" ]; then
+    die "run as root (sudo scripts/install.sh), or stage below a directory with --root DIR"
+fi
+for path in "$SPECS" ${SEGMENTS:+"$SEGMENTS"}; do
+    case "$path" in
+        /*) ;;
+        *) die "$path: give an absolute path" ;;
+    esac
+    case "$path" in
+        *[!A-Za-z0-9/._-]*) die "$path: use letters, digits and / . _ - only (the path goes into the unit)" ;;
+    esac
+done
+[ "$PURGE" -eq 0 ] || [ "$UNINSTALL" -eq 1 ] || die "--purge goes with --uninstall"
+if [ "$UNINSTALL" -eq 0 ] && [ ! -d "$FROM" ] && { [ ! -f "$FROM" ] || [[ "$FROM" != *.whl ]]; }; then
+    die "--from $FROM: not a wheel (.whl) nor a source directory"
+fi
+
+VENV=$ROOT$PREFIX
+UNIT=$ROOT$UNIT_DIR/$SERVICE.service
+DROPIN=$ROOT$UNIT_DIR/$SERVICE.service.d/install.conf
+
+# systemd runs here (not a container without it, not a staging root): then start, restart, reload.
+systemd_running() { [ -z "$ROOT" ] && [ -d /run/systemd/system ] && [ "$NO_SYSTEMCTL" -eq 0 ]; }
+
+# --------------------------------------------------------------- the user, by number
+lookup() {  # lookup passwd|group NAME -> the entry, from DIR/etc with --root
+    if [ -n "$ROOT" ]; then
+        [ -f "$ROOT/etc/$1" ] || return 1
+        awk -F: -v n="$2" '$1 == n { print; found = 1 } END { exit !found }' "$ROOT/etc/$1"
+    else
+        getent "$1" "$2"
+    fi
+}
+service_ids() {  # sets SVC_UID and SVC_GID; 1 when the user does not exist (yet)
+    local entry
+    entry=$(lookup passwd "$SERVICE_USER") || return 1
+    SVC_UID=$(echo "$entry" | cut -d: -f3)
+    SVC_GID=$(echo "$entry" | cut -d: -f4)
+}
+# own OWNER_SPEC PATH...: chown when we can (root); a staging run as another user cannot
+own() {
+    if [ "$IS_ROOT" -eq 1 ]; then
+        chown "$@"
+    fi
+}
+# as_service CMD...: run as the service user, with the environment systemd gives the daemon
+# (and from /: the checkout here is no business of the service's)
+as_service() {
+    env -i -C / PATH="$SERVICE_PATH" HOME="$ROOT$STATE" LANG=C.UTF-8 \
+        setpriv --reuid="$SVC_UID" --regid="$SVC_GID" --clear-groups -- "$@"
+}
+# vpython ARGS...: the virtualenv's Python, isolated: from this checkout, `python -c` and
+# `-m` would otherwise import its reconciler/ and read its egg-info's version
+vpython() { "$VENV/bin/python" -I "$@"; }
+# Spark's JVM asks the system's user database for its user's name and home, and fails on a
+# user that only DIR/etc/passwd holds: below --root the archive is built only when the host
+# knows the same user.
+host_knows_service_user() {
+    [ -z "$ROOT" ] || [ "$(getent passwd "$SERVICE_USER" | cut -d: -f3)" = "$SVC_UID" ]
+}
+
+# =============================================================== uninstall
+if [ "$UNINSTALL" -eq 1 ]; then
+    if systemd_running; then
+        systemctl disable --now "$SERVICE.service" 2>/dev/null || true
+    elif [ "$NO_SYSTEMCTL" -eq 0 ] && [ -f "$UNIT" ]; then
+        systemctl --root="${ROOT:-/}" disable "$SERVICE.service" >/dev/null 2>&1 || true
+    fi
+    rm -f "$UNIT" "$ROOT$WRAPPER"
+    rm -rf "$ROOT$UNIT_DIR/$SERVICE.service.d" "$VENV"
+    if systemd_running; then
+        systemctl daemon-reload
+    fi
+    say "removed the unit, $WRAPPER and $PREFIX"
+    if [ "$PURGE" -eq 0 ]; then
+        say "kept $CONF_DIR, $STATE, the spec directory and the user $SERVICE_USER (--purge removes them)"
+        exit 0
+    fi
+    specs=$(awk '/^specs:/ { print $2 }' "$ROOT$CONF_DIR/config.yaml" 2>/dev/null || true)
+    rm -rf "$ROOT$CONF_DIR" "$ROOT$STATE"
+    for dir in "${specs:-$DEFAULT_SPECS}" "$(dirname "$DEFAULT_SPECS")"; do
+        if [ -d "$ROOT$dir" ]; then
+            rmdir "$ROOT$dir" 2>/dev/null && say "removed the empty $dir" \
+                || say "kept $dir: it is not empty (your config repo's checkout?)"
+        fi
+    done
+    if [ "$NO_USER" -eq 0 ] && service_ids; then
+        userdel ${ROOT:+--prefix "$ROOT"} "$SERVICE_USER"
+        if lookup group "$SERVICE_USER" >/dev/null; then
+            groupdel ${ROOT:+--prefix "$ROOT"} "$SERVICE_USER"
+        fi
+        say "removed the user $SERVICE_USER"
+    fi
+    say "purged $CONF_DIR and $STATE"
+    exit 0
+fi
+
+# =============================================================== install or upgrade
+UPGRADE=0
+[ -x "$VENV/bin/reconciler" ] && UPGRADE=1
+
+# --------------------------------------------------------------- what the host needs
+if [ ! -x "$PYTHON" ]; then
+    [ -z "$ROOT" ] || die "no $PYTHON here: install python3 first (or set PYTHON)"
+    apt_install python3
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+    die "$PYTHON is older than 3.11 (Debian 12 has 3.11): set PYTHON to a newer one"
+fi
+if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    [ -z "$ROOT" ] || die "$PYTHON has no venv module here: install python3-venv first"
+    ver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    apt_install "python${ver}-venv" || apt_install python3-venv
+fi
+jm=$(java_major)
+if [ "${jm:-0}" -lt 17 ] 2>/dev/null; then
+    if [ -n "$ROOT" ]; then
+        say "no Java 17 here: Spark needs it on the host the daemon runs on"
+    else
+        mkdir -p /usr/share/man/man1  # openjdk's postinst fails on slim images without it
+        apt_install openjdk-17-jre-headless
+    fi
+fi
+
+# --------------------------------------------------------------- the user
+if ! service_ids; then
+    if [ "$NO_USER" -eq 1 ]; then
+        [ -n "$ROOT" ] || die "the user $SERVICE_USER does not exist (drop --no-user to create it)"
+        say "no user $SERVICE_USER below $ROOT (--no-user): files stay root's"
+    elif [ "$IS_ROOT" -eq 0 ]; then
+        say "not root: the user $SERVICE_USER is not created and files stay yours"
+    else
+        if [ -n "$ROOT" ] && { [ ! -f "$ROOT/etc/passwd" ] || [ ! -f "$ROOT/etc/group" ]; }; then
+            die "--root $ROOT: useradd --prefix needs $ROOT/etc/passwd and $ROOT/etc/group (copy the host's)"
+        fi
+        useradd ${ROOT:+--prefix "$ROOT"} --system --user-group --home-dir "$STATE" --no-create-home \
+            --shell /usr/sbin/nologin --comment "stream-reconciler daemon" "$SERVICE_USER"
+        say "created the system user $SERVICE_USER"
+    fi
+fi
+HAVE_USER=0
+if service_ids; then
+    HAVE_USER=1
+else
+    SVC_UID=0 SVC_GID=0
+fi
+
+# --------------------------------------------------------------- the virtualenv
+if [ -x "$VENV/bin/python" ] && ! vpython -c 'import sys' >/dev/null 2>&1; then
+    say "the virtualenv's Python is gone (a Python upgrade?): building it again"
+    rm -rf "$VENV"
+    UPGRADE=0
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating the virtualenv $PREFIX"
+    mkdir -p "$(dirname "$VENV")"
+    "$PYTHON" -m venv "$VENV"
+fi
+old_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))' \
+    2>/dev/null || true)
+BUILD=$(mktemp -d)
+trap 'rm -rf "$BUILD"' EXIT
+if [ -d "$FROM" ]; then
+    say "building the wheel of $FROM"
+    # pip builds in the checkout: leave it as it was (an egg-info there would shadow the
+    # version of a development virtualenv run from it)
+    leftovers=()
+    for made in build stream_reconciler.egg-info; do
+        [ -e "$FROM/$made" ] || leftovers+=("$FROM/$made")
+    done
+    vpython -m pip wheel -q --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
+    rm -rf "${leftovers[@]}"
+    WHEEL=$(ls "$BUILD"/stream_reconciler-*.whl)
+else
+    WHEEL=$FROM
+fi
+say "installing $(basename "$WHEEL") (the package alone: no test or demo extras)"
+# The dependencies first, then the package itself again: pip keeps an installed
+# package of the same version as it is, which an in-place upgrade must not.
+vpython -m pip install -q --disable-pip-version-check "$WHEEL"
+vpython -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
+new_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))')
+if [ "$HAVE_USER" -eq 1 ] && [ "$IS_ROOT" -eq 1 ] && ! as_service "$VENV/bin/reconciler" --version >/dev/null; then
+    die "$SERVICE_USER cannot run $PREFIX/bin/reconciler (does its Python, $(readlink -f "$VENV/bin/python"), lie in a directory only root may enter?)"
+fi
+DOC=$VENV/share/doc/stream-reconciler
+rm -rf "$DOC"
+mkdir -p "$DOC"
+cp -r README.md RELIABILITY.md CHANGELOG.md examples "$DOC/"
+
+# --------------------------------------------------------------- configuration and directories
+install -d -m 0755 "$ROOT$CONF_DIR"
+CONF=$ROOT$CONF_DIR/config.yaml
+if [ -e "$CONF" ]; then
+    say "kept $CONF_DIR/config.yaml (this version's example: $PREFIX/share/doc/stream-reconciler/examples/etc/config.yaml)"
+else
+    sed -e "s|^specs: $DEFAULT_SPECS |specs: $SPECS |" \
+        ${SEGMENTS:+-e "s|^# segments: [^ ]* |segments: $SEGMENTS |"} \
+        examples/etc/config.yaml > "$BUILD/config.yaml"
+    install -m 0640 "$BUILD/config.yaml" "$CONF"
+    own "0:$SVC_GID" "$CONF"
+    say "wrote $CONF_DIR/config.yaml"
+fi
+install -d -m 0700 "$ROOT$CONF_DIR/credentials"
+own 0:0 "$ROOT$CONF_DIR/credentials"
+install -d -m 0750 "$ROOT$STATE"
+own "$SVC_UID:$SVC_GID" "$ROOT$STATE"
+if [ "$SPECS" = "$DEFAULT_SPECS" ]; then
+    install -d -m 0755 "$ROOT$(dirname "$SPECS")"
+fi
+if [ -d "$ROOT$SPECS" ]; then
+    mode=$(stat -c %a "$ROOT$SPECS")
+    if (( 8#$mode & 8#002 )); then
+        say "warning: $SPECS is writable by others (mode $mode): the daemon refuses it (chmod o-w $SPECS)"
+    fi
+else
+    mkdir -p "$(dirname "$ROOT$SPECS")"
+    install -d -m 2775 "$ROOT$SPECS"
+    own "$SVC_UID:$SVC_GID" "$ROOT$SPECS"
+    chmod 2775 "$ROOT$SPECS"  # chown clears the setgid bit
+    say "created the spec directory $SPECS (put your config repo's checkout there)"
+fi
+if [ -n "$SEGMENTS" ] && [ ! -d "$ROOT$SEGMENTS" ]; then
+    mkdir -p "$(dirname "$ROOT$SEGMENTS")"
+    install -d -m 0750 "$ROOT$SEGMENTS"
+    own "$SVC_UID:$SVC_GID" "$ROOT$SEGMENTS"
+fi
+
+# --------------------------------------------------------------- Spark's class archive
+# sparkcds names the archive after java, pyspark and the user (whose private SPARK_HOME its
+# class path records): built as the service user, it is the one the daemon maps.
+ARCHIVES=$VENV/share/stream-reconciler
+if [ "$NO_ARCHIVE" -eq 1 ]; then
+    say "no Spark class archive (--no-spark-archive)"
+elif [ "$HAVE_USER" -eq 0 ] || [ "$IS_ROOT" -eq 0 ]; then
+    say "no Spark class archive: it is built as the service user, which needs root and the user"
+elif ! host_knows_service_user; then
+    say "no Spark class archive: this host has no user $SERVICE_USER (only $ROOT/etc/passwd has);" \
+        "on the installed host: runuser -u $SERVICE_USER -- $PREFIX/bin/python -m reconciler.pipeline.sparkcds"
+elif [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+    say "no Spark class archive: no Java 17"
+else
+    install -d -m 0755 "$ARCHIVES"
+    chown "$SVC_UID:$SVC_GID" "$ARCHIVES"
+    have=$(as_service "$VENV/bin/python" -I -c \
+        'from reconciler.pipeline.sparkcds import java_options as j, archive_path as a; print(a() if j() else "")')
+    if [ -n "$have" ]; then
+        say "Spark class archive found: ${have#"$ROOT"}"
+    else
+        say "building Spark's class archive as $SERVICE_USER (about 30 s)"
+        if ! as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds >"$BUILD/sparkcds.log" 2>&1; then
+            tail -n 20 "$BUILD/sparkcds.log" >&2
+            say "no class archive (the daemon starts Spark without it, slower)"
+        fi
+        have=$(as_service "$VENV/bin/python" -I -c \
+            'from reconciler.pipeline.sparkcds import java_options as j, archive_path as a; print(a() if j() else "")')
+    fi
+    # those of an older java, pyspark or user, and what a JVM that failed wrote as it exited
+    for old in "$ARCHIVES"/spark-*.jsa "$ARCHIVES"/.spark-*.jsa-*; do
+        if [ -e "$old" ] && [ "$old" != "$have" ]; then
+            rm -f "$old"
+        fi
+    done
+fi
+
+# --------------------------------------------------------------- the command on PATH
+mkdir -p "$(dirname "$ROOT$WRAPPER")"
+cat > "$BUILD/reconciler" <<EOF
+#!/bin/sh
+# stream-reconciler's command line on a service host, run as the service user (written by
+# scripts/install.sh): the database and the state directory are that user's, and a command
+# run as root would leave root-owned files there. As root through runuser, as anyone else
+# through sudo (who may need a sudoers rule for it: README "Running as a service").
+if [ "\$(id -un)" = $SERVICE_USER ]; then
+    exec $PREFIX/bin/reconciler "\$@"
+elif [ "\$(id -u)" -eq 0 ]; then
+    exec runuser -u $SERVICE_USER -- $PREFIX/bin/reconciler "\$@"
+else
+    exec sudo -u $SERVICE_USER -- $PREFIX/bin/reconciler "\$@"
+fi
+EOF
+install -m 0755 "$BUILD/reconciler" "$ROOT$WRAPPER"
+
+# --------------------------------------------------------------- the unit
+install -D -m 0644 systemd/$SERVICE.service "$UNIT"
+if [ "$SPECS" != "$DEFAULT_SPECS" ] || [ -n "$SEGMENTS" ]; then
+    mkdir -p "$(dirname "$DROPIN")"
+    cat > "$DROPIN" <<EOF
+# Written by scripts/install.sh: the directories the daemon writes besides its state directory
+# (the unit's own list is replaced: ProtectSystem=strict leaves every other path read-only).
+[Service]
+ReadWritePaths=
+ReadWritePaths=$STATE $SPECS${SEGMENTS:+ $SEGMENTS}
+EOF
+    chmod 0644 "$DROPIN"
+else
+    rm -rf "$(dirname "$DROPIN")"
+fi
+
+if [ "$NO_SYSTEMCTL" -eq 1 ]; then
+    say "unit installed, not enabled (--no-systemctl): systemctl enable --now $SERVICE"
+elif systemd_running; then
+    systemctl daemon-reload
+    systemctl enable "$SERVICE.service" >/dev/null 2>&1
+    if [ "$NO_START" -eq 1 ]; then
+        say "unit installed and enabled, not started (--no-start)"
+    elif [ "$UPGRADE" -eq 1 ]; then
+        systemctl try-restart "$SERVICE.service"
+        say "unit enabled; restarted if it was running"
+    else
+        systemctl start "$SERVICE.service"
+        say "unit enabled and started: systemctl status $SERVICE; journalctl -u $SERVICE -f"
+    fi
+else
+    systemctl --root="${ROOT:-/}" enable "$SERVICE.service" >/dev/null 2>&1
+    say "unit installed and enabled; systemd does not run here, so nothing was started"
+fi
+
+if [ "$UPGRADE" -eq 1 ]; then
+    say "upgraded stream-reconciler ${old_version:-?} -> $new_version"
+else
+    say "installed stream-reconciler $new_version"
+fi
+say "next: put specs in $SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"

