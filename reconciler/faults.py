@@ -9,7 +9,8 @@ production: the check is one dictionary lookup.
 
 Points: after-write (files staged, nothing committed), before-commit, after-commit
 (committed, files not yet moved into place), inside-reset (reset transaction open),
-after-reset (committed, marker not yet renamed).
+after-reset (committed, marker not yet renamed), after-breach (a lag policy's breach
+recorded, its reset not yet planned).
 
 ``install(hook)`` makes every point (and ``commit_point``, the two sides of a database
 COMMIT) call ``hook(name, subject)`` first: the explorer schedules threads and injects

@@ -186,6 +186,35 @@ class BackfillStanza:
     reason: str | None = None
 
 
+LagPolicyAction = Literal["resetToLatestAndBackfill", "alert"]
+
+
+@dataclass(frozen=True)
+class LagPolicy:
+    """``lagPolicy:``: when the lag passes a threshold for ``for_seconds``, reset to latest with
+    a backfill (``resetToLatestAndBackfill``) or only say so (``alert``). See ``control.lagpolicy``."""
+
+    max_records: int | None = None
+    max_lag: float | None = None  # seconds: age of the oldest record not yet ingested
+    for_seconds: float = 0.0
+    action: LagPolicyAction = "alert"
+    cooldown: float = 3600.0  # seconds: at most one automatic reset per cooldown
+    backfill_task_count: int | None = None
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> LagPolicy:
+        return cls(
+            max_records=int(doc["maxRecords"]) if doc.get("maxRecords") is not None else None,
+            max_lag=parse_duration(str(doc["maxLag"])) if doc.get("maxLag") is not None else None,
+            for_seconds=parse_duration(str(doc.get("for", "0s"))),
+            action=doc.get("action", "alert"),
+            cooldown=parse_duration(str(doc.get("cooldown", "1h"))),
+            backfill_task_count=doc.get("backfillTaskCount"),
+            document=dict(doc),
+        )
+
+
 @dataclass(frozen=True)
 class SupervisorSpec:
     """One supervisor as declared by one spec file (references unresolved)."""
@@ -206,6 +235,7 @@ class SupervisorSpec:
     # A checkpoint behind the broker's retention: "unhealthy" (stop, report the count) or
     # "continue" (go on from earliest, record the loss).
     on_retention_loss: Literal["unhealthy", "continue"] = "unhealthy"
+    lag_policy: LagPolicy | None = None
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property  # the daemon keeps specs across passes and compares hashes every pass
@@ -255,6 +285,7 @@ class SupervisorSpec:
             backfill=backfill,
             fresh_start=bool(doc.get("freshStart", False)),
             on_retention_loss=doc.get("onRetentionLoss", "unhealthy"),
+            lag_policy=LagPolicy.from_document(doc["lagPolicy"]) if doc.get("lagPolicy") else None,
             document=json.loads(json.dumps(doc)),
         )
 

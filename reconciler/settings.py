@@ -81,6 +81,12 @@ class Settings:
                            "seconds a leader lease lasts without renewal: a standby takes over within this time")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http",
                      "address of the status page /, /metrics and /healthz ('' to disable)")
+    webhook: str = _opt("", "RECONCILER_WEBHOOK", "webhook",
+                        "URL(s) receiving every audit event as a JSON POST: one, or several separated by commas "
+                        "(config file: a string or a list); http or https", shown="none")
+    lag_interval: float = _opt(5.0, "RECONCILER_LAG_INTERVAL", "lagInterval",
+                               "seconds between the leader's lag observations (lag in records and time, lag "
+                               "policies, the status page's charts); 0 disables them")
     log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
     log_level: str = _opt("INFO", "RECONCILER_LOG_LEVEL", "logLevel", "DEBUG, INFO, WARNING or ERROR")
 
@@ -96,9 +102,14 @@ class Settings:
     def segments_dir(self) -> Path:
         return Path(self.segments) if self.segments else self.state_path / "segments"
 
+    @property
+    def webhooks(self) -> tuple[str, ...]:
+        """The ``webhook`` setting's URLs (checked by ``load``)."""
+        return webhook_urls(self.webhook)
+
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
-           "maintain_interval", "snapshot_retention"}
+           "maintain_interval", "snapshot_retention", "lag_interval"}
 _INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
@@ -127,6 +138,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _seconds_or_float(name, values[name])
     for name in _BOOLS & values.keys():
         values[name] = _bool(name, values[name])
+    if isinstance(values.get("webhook"), list | tuple):  # the config file may list them
+        values["webhook"] = ",".join(str(u) for u in values["webhook"])
     for name in _INTS & values.keys():
         values[name] = _int(name, values[name])
     settings = replace(Settings(), **values)
@@ -141,8 +154,28 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         raise PermanentError(f"logFormat must be text or json, not {settings.log_format!r}")
     if str(settings.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise PermanentError(f"logLevel must be DEBUG, INFO, WARNING or ERROR, not {settings.log_level!r}")
+    if settings.lag_interval < 0:
+        raise PermanentError(f"lagInterval must be 0 (off) or positive, not {settings.lag_interval}")
+    webhook_urls(settings.webhook)
     _check_spark(settings)
     return settings
+
+
+def webhook_urls(text: str) -> tuple[str, ...]:
+    """``"https://a/x, http://b:8080/y"`` -> both URLs; a malformed one is refused naming its
+    scheme and host only (the rest of a webhook URL is often a secret token)."""
+    urls = tuple(u.strip() for u in str(text or "").split(",") if u.strip())
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            shown = f"{parts.scheme}://{parts.hostname or ''}" if parts else "a URL"
+            raise PermanentError(f"webhook: {shown}... is not an http(s) URL with a host "
+                                 "(set --webhook / RECONCILER_WEBHOOK / webhook: one URL or several separated by commas)")
+    return urls
 
 
 def _check_spark(settings: Settings) -> None:

@@ -244,3 +244,28 @@ def test_spark_conf_option_is_repeatable(tmp_path):
     assert "Spark setting" not in ok.output and "cannot read" in ok.output
     bad = CliRunner().invoke(cli, [*args, "b=2", "validate", str(tmp_path / "none.yaml")], env={})
     assert bad.exit_code == 1 and "Spark setting 'b' does not start with 'spark.'" in bad.output
+
+
+def test_webhook_urls_from_each_source(tmp_path):
+    assert load({}, None, env={}).webhooks == ()
+    env = {"RECONCILER_WEBHOOK": "https://hooks.example/a/SECRET , http://127.0.0.1:9000/b"}
+    assert load({}, None, env=env).webhooks == ("https://hooks.example/a/SECRET", "http://127.0.0.1:9000/b")
+    config = write_config(tmp_path, "webhook:\n  - https://one.example/x\n  - https://two.example/y\n")
+    assert load({}, config, env={}).webhooks == ("https://one.example/x", "https://two.example/y")
+    assert load({"webhook": "http://cli.example/z"}, config, env=env).webhooks == ("http://cli.example/z",)
+
+
+@pytest.mark.parametrize("url", ["ftp://files.example/SECRET", "hooks.example/SECRET", "https:///SECRET",
+                                 "http://host:port/SECRET"])
+def test_a_bad_webhook_url_is_refused_without_showing_its_secret(url):
+    with pytest.raises(PermanentError, match="is not an http\\(s\\) URL") as err:
+        load({}, None, env={"RECONCILER_WEBHOOK": url})
+    assert "SECRET" not in str(err.value)
+
+
+def test_lag_interval():
+    assert load({}, None, env={}).lag_interval == 5.0
+    assert load({}, None, env={"RECONCILER_LAG_INTERVAL": "2s"}).lag_interval == 2.0
+    assert load({"lag_interval": "0"}, None, env={}).lag_interval == 0.0
+    with pytest.raises(PermanentError, match="lagInterval"):
+        load({"lag_interval": "-1"}, None, env={})

@@ -81,22 +81,24 @@ def _directory(c: Context):
 
 
 def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None,
-                 actual: ActualState | None = None) -> Plan:
+                 actual: ActualState | None = None, lag=None) -> Plan:
     """Plan, then capture stream positions for the resets it contains and plan again to preview
-    them. Against ``actual`` when given, else what the database holds (created and migrated
-    first: apply writes anyway)."""
+    them. Against ``actual`` (and the observed ``lag`` of the lag policies) when given, else what
+    the database holds (created and migrated first: apply writes anyway)."""
     from reconciler.control.plan import ActionKind, PlanSettings, desired_from_directory, plan
     from reconciler.control.positions import capture
 
     desired = desired_from_directory(directory or _directory(c))
     if actual is None:
         actual = c.store.read_actual()
+        lag = c.store.lag_states()
+    now = datetime.now(UTC)  # lag policies act on what the daemon observed (``lag``), measured against now
     ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
-    first = plan(desired, actual, settings=ps)
+    first = plan(desired, actual, settings=ps, now=now, lag=lag)
     resets = [a for a in first.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
     if not resets or not with_positions:
         return first
-    positions, now = {}, datetime.now(UTC)
+    positions = {}
     for a in resets:
         rec = actual.supervisors.get(a.supervisor_id)
         spec = rec.spec if rec else (a.spec or desired.specs.get(a.supervisor_id, (None, None))[1])
@@ -106,7 +108,7 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
             positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
         except ReconcilerError as exc:
             click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {exc}", err=True)
-    return plan(desired, actual, positions=positions, settings=ps)
+    return plan(desired, actual, positions=positions, settings=ps, now=now, lag=lag)
 
 
 @cli.command("plan", epilog="Example: reconciler plan -o json | jq '.actions[].kind'")
@@ -134,7 +136,8 @@ def plan_cmd(c: Context, output, no_positions):
             notes.append(f"no database at {c.database_shown()} yet: planned against an empty one "
                          "(the daemon or `reconciler apply` creates it)")
         actual = store.read_actual() if store is not None else ActualState()
-        p = compute_plan(c, with_positions=not no_positions, directory=directory, actual=actual)
+        lag = store.lag_states() if store is not None else {}
+        p = compute_plan(c, with_positions=not no_positions, directory=directory, actual=actual, lag=lag)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     errors = ([f"{c.settings.specs}: {directory.error}"] if not directory.ok else []) + \

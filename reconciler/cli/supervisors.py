@@ -37,6 +37,7 @@ def status(c: Context, supervisor_id, output, no_lag):
         items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
         lease = c.read_store.lease()
         daemons = c.read_store.daemons()
+        webhooks = _webhooks(c)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
@@ -47,7 +48,8 @@ def status(c: Context, supervisor_id, output, no_lag):
     spark = _spark_status(c.settings)
     if output == "json":
         leader = lease.to_dict() | {"live": live} if lease else None
-        _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark})
+        _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark,
+                    "webhooks": webhooks})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
         if lease and live:
@@ -56,9 +58,20 @@ def status(c: Context, supervisor_id, output, no_lag):
             click.echo(f"\nleader: none (lease of {lease.holder} expired at {lease.expires_at:%H:%M:%S}Z)")
         for d in daemons:
             click.echo(f"daemon: {d.daemon} {d.role}")
+        if webhooks:
+            click.echo(render.webhooks_text(webhooks))
         if spark.get("pid"):  # recorded by a daemon
             click.echo(f"spark: {spark['master']} application {spark['appId'] or '-'} {spark['state']}"
                        + (f" ({spark['reason']})" if spark.get("reason") else ""))
+
+
+def _webhooks(c: Context) -> list[dict]:
+    """The delivery state of the webhook endpoints: those of these settings when they name any
+    (the daemon's, when the command shares its configuration), else every endpoint recorded."""
+    from reconciler.observe.webhook import endpoint_key
+
+    mine = {endpoint_key(u) for u in c.settings.webhooks}
+    return [w.to_dict() for w in c.read_store.webhook_cursors() if not mine or w.endpoint in mine]
 
 
 def _spark_status(settings) -> dict | None:

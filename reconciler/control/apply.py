@@ -127,7 +127,9 @@ class Applier:
             pos, initial = self._capture(spec, req.position, now)
             compute = lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill,  # noqa: E731
                                                allow_rewind=req.allow_rewind)
-            result = self.store.apply_reset(req, compute, initial=initial, earliest=pos.earliest, actor=self.actor)
+            # a lag policy's reset is the policy's act, whichever daemon applied it (the audit says `policy`)
+            actor = "policy" if req.trigger == "policy" else self.actor
+            result = self.store.apply_reset(req, compute, initial=initial, earliest=pos.earliest, actor=actor)
         except PermanentError as exc:
             if req.trigger == "cli":
                 raise

@@ -14,7 +14,11 @@ Safety rules live here, where they can be tested exhaustively:
 * a changed source identity (topic, cluster, RabbitMQ host/vhost, streams removed) is
   never combined with old checkpoints, on update or re-create, unless the spec says
   ``freshStart: true``: then the action carries ``fresh_start`` and apply drops them;
-* two supervisors reading the same source into the same datasource get a warning note.
+* two supervisors reading the same source into the same datasource get a warning note;
+* a ``lagPolicy`` acts on the lag it is handed (``lag``, observed and persisted by the daemon):
+  ``control.lagpolicy`` decides, and a due breach becomes an ordinary reset action whose
+  request (trigger ``policy``) carries a token derived from the breach, so it is planned once.
+  Each policy's status is in ``Plan.policies``, what ``reconciler plan`` shows.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.control.actual import ActualState, State, SupervisorRecord
+from reconciler.control.lagpolicy import LagState, PolicyDecision, decide_all
 from reconciler.control.requests import ResetRequest, from_marker, from_stanza
 from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from
 from reconciler.model import (
@@ -104,14 +109,18 @@ class Plan:
     actions: tuple[Action, ...]
     notes: tuple[str, ...] = ()
     held_terminations: tuple[str, ...] = ()
+    policies: tuple[PolicyDecision, ...] = ()  # every lagPolicy's status, due or not
 
     @property
     def changes(self) -> bool:
         return bool(self.actions)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"actions": [a.to_dict() for a in self.actions], "notes": list(self.notes),
-                "heldTerminations": list(self.held_terminations)}
+        d = {"actions": [a.to_dict() for a in self.actions], "notes": list(self.notes),
+             "heldTerminations": list(self.held_terminations)}
+        if self.policies:  # only with a lagPolicy: the document is unchanged for specs without one
+            d["policies"] = [p.to_dict() for p in self.policies]
+        return d
 
 
 @dataclass(frozen=True)
@@ -153,9 +162,13 @@ def plan(
     *,
     positions: Mapping[str, Positions] | None = None,
     settings: PlanSettings | None = None,
+    lag: Mapping[str, LagState] | None = None,
 ) -> Plan:
-    """Diff desired against actual; return the actions that make them agree, in order."""
-    del now  # accepted for the contract; time-dependent positions arrive resolved in ``positions``
+    """Diff desired against actual; return the actions that make them agree, in order.
+
+    ``lag``: the observed lag of supervisors with a ``lagPolicy`` (``now`` is needed with it:
+    time-dependent positions arrive resolved in ``positions``, but a breach's ``for`` and a
+    policy's cooldown are measured against ``now``)."""
     settings = settings or PlanSettings()
     actions: list[Action] = []
     notes: list[str] = []
@@ -188,9 +201,22 @@ def plan(
     for req in requests:
         if req.token not in actual.handled_tokens:
             actions.append(_reset_action(req, None))
+    policies = _policies(desired, actual, lag, now) if now is not None else []
+    actions += [_reset_action(d.request, None) for d in policies if d.request is not None]
 
     actions = [_with_preview(a, actual, positions) for a in actions]
-    return Plan(tuple(actions), tuple(notes), held)
+    return Plan(tuple(actions), tuple(notes), held, tuple(policies))
+
+
+def _policies(desired: Desired, actual: ActualState, lag: Mapping[str, LagState] | None,
+              now: datetime) -> list[PolicyDecision]:
+    """The lag policies of the supervisors the files declare (a file that is invalid now keeps
+    its last valid spec's policy, as it keeps the rest of it)."""
+    specs = {}
+    for sid, rec in actual.mains().items():
+        spec = desired.specs[sid][1] if sid in desired.specs else rec.spec
+        specs[sid] = (spec, spec.suspended or sid in actual.overrides)
+    return decide_all(specs, actual, lag or {}, now)
 
 
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from reconciler.control.apply import ActionResult, Applier
 from reconciler.control.plan import Action, Plan, PlanSettings, desired_from_directory, plan
@@ -50,7 +51,8 @@ def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | No
     if leading is not None and not leading():  # the plan must rest on a state read while leading
         return PassResult(Plan(()), (), fenced=True)
     actual = applier.store.read_actual()
-    p = plan(desired, actual, settings=settings or PlanSettings())
+    lag = applier.store.lag_states()  # what the lag observer persisted: the lag policies' input
+    p = plan(desired, actual, settings=settings or PlanSettings(), now=datetime.now(UTC), lag=lag)
     gate = _Gate(leading)
     results = tuple(applier.apply(gate.admit(p.actions)))
     if gate.closed:

@@ -1,4 +1,4 @@
-"""Reset requests: one type for the three triggers (spec stanza, marker file, CLI).
+"""Reset requests: one type for the four triggers (spec stanza, marker file, CLI, lag policy).
 
 Each request carries an idempotency token; the reset transaction records it, so a
 request is applied once even when the daemon crashes half way and runs again.
@@ -13,7 +13,7 @@ from typing import Literal
 
 from reconciler.model import Marker, Position, SupervisorSpec
 
-Trigger = Literal["stanza", "marker", "cli"]
+Trigger = Literal["stanza", "marker", "cli", "policy"]  # policy: see ``control.lagpolicy``
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ResetRequest:
     supervisor_id: str
     token: str
     trigger: Trigger
-    source: str  # stanza request id, marker path, or CLI user@operation
+    source: str  # stanza request id, marker path, CLI user@operation, or the policy's breach
     position: Position
     backfill: bool = True
     backfill_task_count: int | None = None

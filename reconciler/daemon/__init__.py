@@ -38,8 +38,8 @@ goes on. ``/healthz`` also turns 503 when the loop has not gone round for the le
 The parts, one module each, composed by ``Daemon`` (the loop, signals, reload, shutdown):
 ``watcher`` (the spec directory), ``leadership`` (the lease, the role, the heartbeat; how a
 deposed leader is fenced and how a pass longer than the lease keeps it), ``tick`` (the
-reconcile pass, the STATUS summary, ``--until-caught-up``) and ``http`` (the status page,
-``/metrics``, ``/healthz``).
+reconcile pass, the STATUS summary, ``--until-caught-up``), ``freshness`` (the leader's lag
+observer and webhook delivery) and ``http`` (the status page, ``/metrics``, ``/healthz``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from reconciler.runtime.manager import RuntimeManager
 from reconciler.settings import Settings
 from reconciler.store.store import Store
 
+from .freshness import Freshness
 from .http import HttpEndpoint
 from .leadership import Leadership
 from .tick import SUMMARY_EVERY, CatchUp, Tick
@@ -102,6 +103,7 @@ class Daemon:
         self._leadership: Leadership | None = None
         self._tick: Tick | None = None
         self._http: HttpEndpoint | None = None
+        self.freshness: Freshness | None = None  # the lag observer and the webhook, while leading
         self._ping_every = 1.0
         self._last_ping = 0.0
 
@@ -140,7 +142,9 @@ class Daemon:
                                                     wake=self.wake.ring)
         tick = self._tick = Tick(self.store, current, self.holder, self.metrics, leadership)
         catch_up = CatchUp(self.store, leadership)
-        http = self._http = HttpEndpoint(self.store, self.metrics)
+        freshness = self.freshness = Freshness(self.store, current, self.metrics,
+                                               on_due=lambda: (tick.request_pass(), self.wake.ring()))
+        http = self._http = HttpEndpoint(self.store, self.metrics, freshness)
         self._install_signals()
         http.start(s.http)
         self._ping_every = min(1.0, notify.watchdog_interval() or 1.0)
@@ -156,6 +160,7 @@ class Daemon:
                     watcher, next_tick = self._reload(watcher, next_tick)
                 try:
                     leader = leadership.hold()
+                    freshness.follow(leader)  # before the pass: the webhook knows where the term starts
                     if leader:
                         next_tick = tick.maybe_reconcile(watcher, next_tick)
                         tick.refresh_summary()
@@ -189,7 +194,7 @@ class Daemon:
                 return 1
             return 0
         finally:
-            self._shutdown(watcher, leadership, http)
+            self._shutdown(watcher, leadership, http, freshness)
 
     def request_stop(self) -> None:
         """What the first SIGTERM does (for a daemon run in a thread, e.g. in tests)."""
@@ -201,12 +206,14 @@ class Daemon:
         self.reload = True
         self.wake.ring()
 
-    def _shutdown(self, watcher: SpecWatcher, leadership: Leadership, http: HttpEndpoint) -> None:
+    def _shutdown(self, watcher: SpecWatcher, leadership: Leadership, http: HttpEndpoint,
+                  freshness: Freshness) -> None:
         in_flight = len(leadership.manager.running) if leadership.manager else 0
         notify.notify("STOPPING=1", f"STATUS=stopping: finishing or fencing {in_flight} in-flight batch(es)")
         log.info("stopping: finishing or fencing %d in-flight batch(es)", in_flight)
         watcher.stop()
         leadership.stop_runtimes(wait=True)
+        freshness.stop()  # after the runtimes: what they audited last is delivered too
         leadership.release()
         http.stop()
         self.store.close()

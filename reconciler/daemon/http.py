@@ -14,9 +14,10 @@ class HttpEndpoint:
     """The server on the configured address; none when the address is empty or unusable
     (the daemon goes on without it: it is a window onto the daemon, not part of its work)."""
 
-    def __init__(self, store: Store, metrics: Metrics):
+    def __init__(self, store: Store, metrics: Metrics, freshness=None):
         self.store = store
         self._metrics = metrics
+        self._freshness = freshness  # daemon.freshness.Freshness: the lag observer's charts, when leading
         self._server = None
 
     def start(self, address: str) -> None:
@@ -36,11 +37,40 @@ class HttpEndpoint:
             self._server.server_close()
             self._server = None
 
-    def _status_page(self) -> str:
-        """The HTML of ``/`` (served from the HTTP thread: reads only, no broker calls)."""
-        from reconciler.observe import statuspage
+    def _status_page(self, path: str = "/") -> str | None:
+        """The HTML of ``/`` or ``/supervisors/<id>`` (served from the HTTP thread: reads only, no
+        broker calls); None for a supervisor that does not exist."""
+        from urllib.parse import unquote
+
+        from reconciler.observe import statuspage, supervisorpage
         from reconciler.observe.status import all_status
 
-        return statuspage.render(all_status(self.store, with_latest=False),
-                                 self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),
-                                 self._metrics.health(), self._metrics.lag_by_supervisor())
+        observer = self._freshness.observer if self._freshness is not None else None
+        seen = observer.snapshot() if observer is not None else {}
+        if path.startswith("/supervisors/"):
+            sid = unquote(path[len("/supervisors/"):]).strip("/")
+            items = all_status(self.store, sid, with_latest=False) if sid else []
+            if not items:
+                return None
+            o = seen.get(sid)
+            return supervisorpage.render(
+                items[0], observed=_observed(o, partitions=True), samples=observer.history(sid) if observer else [],
+                batches=self.store.recent_batches(sid, 20), audit=list(reversed(self.store.history(sid)))[:50])
+        items = all_status(self.store, with_latest=False)
+        history = {i["id"]: observer.history(i["id"]) for i in items} if observer is not None else {}
+        return statuspage.render(items, self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),
+                                 self._metrics.health(), self._metrics.lag_by_supervisor(),
+                                 observed={sid: _observed(o) for sid, o in seen.items()}, history=history,
+                                 webhooks=[w.to_dict() for w in self.store.webhook_cursors()
+                                           if self._freshness is None or w.endpoint in self._freshness.endpoints()])
+
+
+def _observed(o, *, partitions: bool = False) -> dict | None:
+    """The lag observer's last observation of one supervisor, as the pages read it."""
+    if o is None:
+        return None
+    doc = {"at": o.at, "records": o.records, "seconds": o.seconds, "error": o.error}
+    if partitions:
+        doc["partitions"] = [{"partition": p.partition, "target": p.target, "records": p.records,
+                              "seconds": p.seconds} for p in o.partitions]
+    return doc

@@ -52,14 +52,20 @@ class Tick:
         self._summary_at = 0.0
         self._notes: tuple[str, ...] = ()
         self._spec_cache = SpecCache()  # files unchanged since the last pass are not parsed again
+        self._requested = False  # a lag policy's reset is due: reconcile without waiting for the tick
+
+    def request_pass(self) -> None:
+        """Reconcile at the loop's next turn (the lag observer, from its thread; a flag only)."""
+        self._requested = True
 
     def maybe_reconcile(self, watcher: SpecWatcher, next_tick: float) -> float:
         """Reconcile if files changed or the tick is due, once the directory is quiet; the next tick time."""
         files = watcher.pending()
-        if not files and time.monotonic() < next_tick:
+        if not files and time.monotonic() < next_tick and not self._requested:
             return next_tick
         if watcher.blocked(self._settings().debounce):
             return next_tick
+        self._requested = False
         mark = watcher.consume()
         outcome = self._reconcile("files" if files else "tick", lambda: watcher.unchanged_since(mark))
         if outcome == "deferred":

@@ -21,7 +21,19 @@ name                                       labels                 what
 ``reconciler_resets``                      supervisor, trigger    resets applied by this daemon
 ``reconciler_leader``                      (none)                 1 while this daemon holds the lease
 ``reconciler_records_lost``                supervisor             records the broker deleted before ingestion
+``reconciler_lag_seconds``                 supervisor, partition  age of the oldest record not yet ingested
+``reconciler_lag_policy_breach``           supervisor             1 while a lag policy's breach has held for ``for``
+``reconciler_webhook_delivered``           endpoint               events the endpoint accepted
+``reconciler_webhook_failures``            endpoint               failed delivery attempts (retried with backoff)
+``reconciler_webhook_dropped``             endpoint               events the endpoint refused for good (HTTP 4xx)
+``reconciler_webhook_failing``             endpoint               1 while the endpoint's last attempt failed
+``reconciler_webhook_pending``             endpoint               audit entries not delivered yet
 =========================================  =====================  =====================================
+
+The lag gauges are set by the leader's lag observer (``lagwatch``) every ``lagInterval``
+seconds, and the record lag also by each runtime when it cuts a batch; a webhook's
+``endpoint`` label is its scheme, host and port and a short hash of the URL (the URL itself
+may hold a secret token).
 
 ``/healthz`` answers 200 while the daemon is healthy and 503 otherwise, as Druid's
 supervisor health does. Healthy means: the daemon's loop went round recently (a hung
@@ -75,6 +87,22 @@ class Metrics:
         self.leader = Gauge("reconciler_leader", "1 while this daemon holds the leader lease", registry=r)
         self.lost = Counter("reconciler_records_lost", "records deleted by the broker's retention before they "
                             "were ingested (recorded in the audit log)", ["supervisor"], registry=r)
+        # freshness (issue 32): lag in time, lag policies, the webhook
+        self.lag_seconds = Gauge("reconciler_lag_seconds", "age of the oldest record not yet ingested "
+                                 "(0: caught up)", ["supervisor", "partition"], registry=r)
+        self.breach = Gauge("reconciler_lag_policy_breach", "1 while the lag policy's breach has held for `for`",
+                            ["supervisor"], registry=r)
+        self.webhook_delivered = Counter("reconciler_webhook_delivered", "events the endpoint accepted",
+                                         ["endpoint"], registry=r)
+        self.webhook_failures = Counter("reconciler_webhook_failures", "failed delivery attempts (retried)",
+                                        ["endpoint"], registry=r)
+        self.webhook_dropped = Counter("reconciler_webhook_dropped", "events the endpoint refused for good (4xx)",
+                                       ["endpoint"], registry=r)
+        self.webhook_failing = Gauge("reconciler_webhook_failing", "1 while the endpoint's last attempt failed",
+                                     ["endpoint"], registry=r)
+        self.webhook_pending = Gauge("reconciler_webhook_pending", "audit entries not delivered yet",
+                                     ["endpoint"], registry=r)
+        self._lag_series: dict[str, set[str]] = {}
         self.role = "starting"
         self.failing: dict[str, str] = {}
         self.database_error: str | None = None
@@ -93,6 +121,41 @@ class Metrics:
             if cp is not None:
                 self.checkpoint.labels(supervisor, p).set(cp)
                 self.lag.labels(supervisor, p).set(max(0, end - cp))
+
+    def observe_lag(self, supervisor: str, partitions: Mapping[str, tuple[int | None, int | None, float | None]]) -> None:
+        """The lag observer's round: per partition (checkpoint, target, seconds); unknown seconds
+        remove the series (absent is unknown, never 0)."""
+        seen = self._lag_series.setdefault(supervisor, set())
+        for p, (cp, target, seconds) in partitions.items():
+            if cp is not None and target is not None:
+                self.checkpoint.labels(supervisor, p).set(cp)
+                self.lag.labels(supervisor, p).set(max(0, target - cp))
+            if seconds is None:
+                if p in seen:
+                    self.lag_seconds.remove(supervisor, p)
+                    seen.discard(p)
+            else:
+                self.lag_seconds.labels(supervisor, p).set(seconds)
+                seen.add(p)
+
+    def prune_lag(self, observed: Iterable[str]) -> None:
+        """Drop the lag-in-time series of supervisors no longer observed (terminated, completed)."""
+        keep = set(observed)
+        for sid in set(self._lag_series) - keep:
+            for p in self._lag_series.pop(sid):
+                try:
+                    self.lag_seconds.remove(sid, p)
+                except KeyError:
+                    pass
+
+    def set_breach(self, supervisor: str, fired: bool | None) -> None:
+        if fired is None:
+            try:
+                self.breach.remove(supervisor)
+            except KeyError:
+                pass
+        else:
+            self.breach.labels(supervisor).set(1 if fired else 0)
 
     def batch_done(self, supervisor: str, records: int, unparseable: int, seconds: float,
                    phases: Mapping[str, float] | None = None) -> None:
@@ -202,9 +265,10 @@ def _spark_info() -> dict[str, Any]:
     return session_info()
 
 
-def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None) -> ThreadingHTTPServer:
-    """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` on ``host:port``
-    in a daemon thread (port 0: any free port)."""
+def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | None = None) -> ThreadingHTTPServer:
+    """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` and the pages of
+    each supervisor ``/supervisors/<id>`` on ``host:port`` in a daemon thread (port 0: any free
+    port). ``page(path)`` returns the HTML, or None for a page that does not exist (404)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
 
@@ -218,9 +282,14 @@ def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None)
             self.wfile.write(data)
 
         def do_GET(self):  # noqa: N802 (http.server's naming)
-            if page is not None and self.path.split("?")[0] in ("/", "/index.html"):
+            path = self.path.split("?")[0]
+            if page is not None and (path in ("/", "/index.html") or path.startswith("/supervisors/")):
                 try:
-                    self._send(200, "text/html; charset=utf-8", page().encode())
+                    body = page(path)
+                    if body is None:
+                        self._send(404, "text/html; charset=utf-8", b"<!doctype html><p>no such page</p>")
+                    else:
+                        self._send(200, "text/html; charset=utf-8", body.encode())
                 except Exception as exc:  # noqa: BLE001 (the page must say why, not drop the connection)
                     text = html.escape(secrets.scrub(f"{type(exc).__name__}: {exc}"))
                     self._send(500, "text/html; charset=utf-8",

@@ -53,7 +53,17 @@ def plan_text(plan: dict[str, Any]) -> str:
             out.append(f"    ! {w}")
     for n in plan["notes"]:
         out.append(f"note: {n}")
+    for d in plan.get("policies") or ():
+        out.append(f"lag policy {d['supervisor']}: {_policy_text(d['policy'])}: {d['status']}: {d['message']}")
     return "\n".join(out)
+
+
+def _policy_text(policy: dict[str, Any]) -> str:
+    """``maxRecords 20000, for 0s, resetToLatestAndBackfill, cooldown 10m``."""
+    parts = [f"{k} {policy[k]}" for k in ("maxRecords", "maxLag", "for") if k in policy]
+    parts.append(str(policy.get("action", "alert")))
+    parts += [f"{k} {policy[k]}" for k in ("cooldown", "backfillTaskCount") if k in policy]
+    return ", ".join(parts)
 
 
 def reset_table(partitions: list[dict[str, Any]]) -> str:
@@ -84,10 +94,15 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         state = s["state"] if live or not s.get("updatedAt") else f"{s['state']} (as of {_hhmmss(s['updatedAt'])})"
         if s.get("override"):
             state += " (by operator)"
-        rows.append([s["id"], state, s["detailedState"], lag, s["records"], s["unparseable"], progress,
+        age = "?" if s.get("lagSeconds") is None else _age(s["lagSeconds"])
+        rows.append([s["id"], state, s["detailedState"], lag, age, s["records"], s["unparseable"], progress,
                      s["lastError"] or s["streamError"] or ""])
-    out = [table(["supervisor", "state", "detail", "lag", "records", "unparseable", "backfill", "error"], rows,
-                 wrap_last=80)]
+    out = [table(["supervisor", "state", "detail", "lag", "lag age", "records", "unparseable", "backfill", "error"],
+                 rows, wrap_last=80)]
+    for s in items:  # a policy that has something to say (breached, pending, acting) stays in view
+        d = s.get("lagPolicy")
+        if d and d["status"] not in ("ok", "unobserved", "suspended"):
+            out.append(f"{s['id']}: lag policy {d['status']}: {d['message']}")
     # Loss is never silent: it stays in view for as long as the supervisor exists.
     for s in items:
         if s.get("lostRecords"):
@@ -97,8 +112,16 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         for s in items:
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "
                        f"epoch {s['epoch']}, spec {s['specHash']} {s['specPath'] or ''}")
-            out.append(table(["partition", "checkpoint", "latest", "end", "lag"],
-                             [[p["partition"], p["checkpoint"], p["latest"], p["end"], p["lag"]] for p in s["partitions"]]))
+            out.append(table(["partition", "checkpoint", "latest", "end", "lag", "lag age"],
+                             [[p["partition"], p["checkpoint"], p["latest"], p["end"], p["lag"],
+                               "?" if p.get("lagSeconds") is None else _age(p["lagSeconds"])]
+                              for p in s["partitions"]]))
+            if s.get("lagPolicy"):
+                d = s["lagPolicy"]
+                out.append(f"lag policy: {_policy_text(d['policy'])}: {d['status']}: {d['message']}")
+            if s.get("lastCommitAt"):
+                out.append(f"last commit of {s['datasource']}: {_hhmmss(s['lastCommitAt'])} "
+                           f"({_age(s['lastCommitAgeSeconds'])} ago)")
             for key in ("lastError", "streamError"):
                 if s[key]:
                     out.append(f"{key}: {s[key]}")
@@ -106,6 +129,29 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
                 out.append(f"override: {s['override']['description']} (drift from the file until "
                            f"`reconciler resume {s['id']}`)")
     return "\n".join(out)
+
+
+def webhooks_text(hooks: list[dict[str, Any]]) -> str:
+    """One line per webhook endpoint: delivering, or failing since when and why."""
+    out = []
+    for h in hooks:
+        if h["failing"]:
+            out.append(f"webhook {h['endpoint']}: FAILING since {_hhmmss(h['failingSince'])}: {h['lastError']}; "
+                       f"{h['pending']} event(s) waiting")
+        else:
+            when = f", last delivered at {_hhmmss(h['deliveredAt'])}" if h.get("deliveredAt") else ""
+            out.append(f"webhook {h['endpoint']}: ok{when}; {h['pending']} event(s) waiting")
+    return "\n".join(out)
+
+
+def _age(seconds: float) -> str:
+    """``0`` -> ``0s``; ``5040`` -> ``1h24m``."""
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def history_text(entries: list[dict[str, Any]]) -> str:

@@ -1,14 +1,16 @@
 """The daemon's status page (``GET /`` on the ``http`` address): one server-rendered HTML page.
 
-What an operator opens during an incident: the daemon's health, every supervisor with its
-state, per-partition lag, backfill progress and ETA, its last error, and the recent resets
-from the audit log. It refreshes itself every ``REFRESH`` seconds. No scripts, no front-end
-build, nothing fetched from elsewhere; every value is HTML-escaped, sources are not shown
-(errors were scrubbed of secrets before they were stored), and the page is served on the
-same loopback address as ``/metrics``.
+What an operator opens during an incident: the daemon's health and its webhooks, every
+supervisor with its state, lag in records and in time with a chart of each over the last hour
+(inline SVG, ``charts``), the age of its table's last commit, its lag policy, backfill progress
+and ETA, its last error, and the recent resets from the audit log; each supervisor links to a
+page of its own (``supervisorpage``: partitions, recent batches, audit entries). It refreshes
+itself every ``REFRESH`` seconds. No scripts, no front-end build, nothing fetched from
+elsewhere; every value is HTML-escaped, sources are not shown (errors were scrubbed of secrets
+before they were stored), and the page is served on the same loopback address as ``/metrics``.
 
 ``render`` is pure: the HTTP handler gathers the data (``status.all_status`` without broker
-calls, the runtimes' last observed lag, the audit log) and hands it in.
+calls, the lag observer's last observations and samples, the audit log) and hands it in.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
+from urllib.parse import quote
+
+from reconciler.observe.charts import duration, sparkline
+
+Samples = Sequence[tuple[datetime, int | None, float | None]]  # (time, records, seconds)
 
 REFRESH = 5  # seconds
-RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start",
+RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start", "lag-breach",
+                 "lag-breach-end", "unhealthy", "recovered",
                  "cancel-backfill", "suspend-backfill", "resume-backfill", "operator-suspend", "operator-resume")
 
 _STYLE = """
@@ -28,32 +36,64 @@ h1{font-size:20px;margin:0 0 .3em} h2{font-size:16px;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #ddd;
 vertical-align:top} th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#176c2f} .bad{color:#b3261e;font-weight:600} .muted{color:#777} .err{color:#b3261e;max-width:40em}
-progress{width:9em} code{font-size:13px}
+progress{width:9em} code{font-size:13px} svg.chart{display:block;margin:1px 0}
+a{color:#1a4f8b} .warn{color:#8a5a00;font-weight:600}
 """
 
 
 def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any]], health: tuple[bool, Mapping],
-           lag: Mapping[str, Mapping[str, float]], now: datetime | None = None) -> str:
+           lag: Mapping[str, Mapping[str, float]], now: datetime | None = None, *,
+           observed: Mapping[str, Mapping[str, Any]] | None = None, history: Mapping[str, Samples] | None = None,
+           webhooks: Sequence[Mapping[str, Any]] = ()) -> str:
     """The page. ``items``: ``status.supervisor_status`` dicts; ``lag``: supervisor -> partition
-    -> records behind, as the runtimes last observed it."""
+    -> records behind, as the runtimes last observed it; ``observed``: the lag observer's last
+    observation per supervisor (``records``, ``seconds``, ``at``); ``history``: its samples of
+    the last hour; ``webhooks``: the endpoints' delivery state."""
     now = now or datetime.now(UTC)
     ok, body = health
     parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        f'<meta http-equiv="refresh" content="{REFRESH}">',
-        "<title>stream-reconciler</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        page_head("stream-reconciler"),
         "<h1>stream-reconciler</h1>",
         _health(ok, body, now),
+        _webhooks(webhooks),
         "<h2>Supervisors</h2>",
-        _supervisors(items, lag),
-        "<h2>Recent resets</h2>",
+        _supervisors(items, lag, observed or {}, history or {}, now),
+        "<h2>Recent resets and alerts</h2>",
         _resets(resets),
         f'<p class=muted>Refreshes every {REFRESH}s. Machine-readable: <a href="/healthz">/healthz</a>, '
         '<a href="/metrics">/metrics</a>, <code>reconciler status -o json</code>.</p>',
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def page_head(title: str) -> str:
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f'<meta http-equiv="refresh" content="{REFRESH}">'
+            f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>")
+
+
+def _webhooks(hooks: Sequence[Mapping[str, Any]]) -> str:
+    if not hooks:
+        return ""
+    rows = []
+    for h in hooks:
+        if h.get("failing"):
+            what = (f'<span class=bad>failing</span> since {escape(str(h.get("failingSince") or ""))}: '
+                    f'{escape(str(h.get("lastError") or ""))}')
+        else:
+            what = '<span class=ok>delivering</span>'
+        rows.append(f'<li>webhook <code>{escape(str(h["endpoint"]))}</code>: {what}; '
+                    f'{int(h.get("pending") or 0):,} event(s) waiting</li>')
+    return "<ul id=webhooks>" + "".join(rows) + "</ul>"
+
+
+def charts(samples: Samples, now: datetime, *, width: int = 160, height: int = 34) -> str:
+    """The two charts of one supervisor: lag in records, lag in time."""
+    return (sparkline([(t, r) for t, r, _ in samples], now, label="records", width=width, height=height,
+                      css_class="chart lag-records")
+            + sparkline([(t, s) for t, _, s in samples], now, label="time", unit="s", width=width, height=height,
+                        color="#c0621b", css_class="chart lag-seconds"))
 
 
 def _health(ok: bool, body: Mapping[str, Any], now: datetime) -> str:
@@ -66,12 +106,16 @@ def _health(ok: bool, body: Mapping[str, Any], now: datetime) -> str:
     return "\n".join(out)
 
 
-def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[str, float]]) -> str:
+def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[str, float]],
+                 observed: Mapping[str, Mapping[str, Any]], history: Mapping[str, Samples], now: datetime) -> str:
     if not items:
         return "<p class=muted>No supervisors yet: add a spec to the spec directory.</p>"
     head = ("<table id=supervisors><thead><tr><th>supervisor</th><th>kind</th><th>state</th><th>datasource</th>"
-            "<th>lag</th><th>records</th><th>backfill</th><th>last error</th></tr></thead><tbody>")
-    rows = [_supervisor_row(s, lag.get(str(s["id"]), {})) for s in items if s.get("state") != "TERMINATED"]
+            "<th>lag</th><th>lag in time</th><th>last hour</th><th>last commit</th><th>records</th><th>backfill</th>"
+            "<th>lag policy</th><th>last error</th></tr></thead><tbody>")
+    rows = [_supervisor_row(s, lag.get(str(s["id"]), {}), observed.get(str(s["id"])), history.get(str(s["id"]), ()),
+                            now)
+            for s in items if s.get("state") != "TERMINATED"]
     gone = sum(1 for s in items if s.get("state") == "TERMINATED")
     tail = "</tbody></table>"
     if gone:
@@ -79,34 +123,67 @@ def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[s
     return head + "".join(rows) + tail
 
 
-def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float]) -> str:
+def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Mapping[str, Any] | None,
+                    samples: Samples, now: datetime) -> str:
     sid = escape(str(s["id"]))
+    link = f'<a href="/supervisors/{quote(str(s["id"]))}"><b>{sid}</b></a>'
     kind = escape(str(s["kind"])) + (f" of {escape(str(s['parent']))}" if s.get("parent") else "")
     state = escape(str(s["state"]))
     if s.get("detailedState") and s["detailedState"] != s["state"]:
         state += f'<br><span class=muted>{escape(str(s["detailedState"]))}</span>'
-    lag_cell = _lag(s, lag)
+    lag_cell = _lag(s, lag, observed)
     error = s.get("lastError") or s.get("streamError") or ""
-    return (f'<tr id="sup-{sid}"><td><b>{sid}</b></td><td>{kind}</td><td>{state}</td>'
+    return (f'<tr id="sup-{sid}"><td>{link}</td><td>{kind}</td><td>{state}</td>'
             f'<td>{escape(str(s.get("datasource") or ""))}</td><td class=num>{lag_cell}</td>'
-            f'<td class=num>{int(s.get("records") or 0):,}</td><td>{_backfill(s.get("backfill"))}</td>'
+            f'<td class="num lag-seconds">{lag_time(s, observed)}</td><td>{charts(samples, now)}</td>'
+            f'<td class="num last-commit">{last_commit(s)}</td>'
+            f'<td class=num>{int(s.get("records") or 0):,}</td><td>{backfill_cell(s.get("backfill"))}</td>'
+            f'<td class=policy>{policy_cell(s.get("lagPolicy"))}</td>'
             f'<td class=err>{escape(str(error))}</td></tr>')
 
 
-def _lag(s: Mapping[str, Any], observed: Mapping[str, float]) -> str:
+def lag_time(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
+    """The age of the oldest record not yet ingested, as last observed (``?``: not known)."""
+    seconds = s.get("lagSeconds")
+    if seconds is None and observed is not None:
+        seconds = observed.get("seconds")
+    if seconds is None:
+        return '<span class=muted>?</span>'
+    return escape(duration(seconds))
+
+
+def last_commit(s: Mapping[str, Any]) -> str:
+    age = s.get("lastCommitAgeSeconds")
+    if age is None:
+        return '<span class=muted>none yet</span>'
+    return f'{escape(duration(age))} ago'
+
+
+def policy_cell(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return ""
+    status = str(d.get("status"))
+    css = {"ok": "ok", "pending": "warn", "alert": "bad", "due": "bad", "backfill-running": "warn",
+           "cooling": "warn", "applied": "warn"}.get(status, "muted")
+    return f'<span class={css}>{escape(status)}</span><br><span class=muted>{escape(str(d.get("message") or ""))}</span>'
+
+
+def _lag(s: Mapping[str, Any], runtime: Mapping[str, float], observed: Mapping[str, Any] | None = None) -> str:
     if s.get("backfill"):
         b = s["backfill"]
         return f"{max(0, b['total'] - b['done']):,}"
     if s.get("lag") is not None:
         return f"{int(s['lag']):,}"
-    if not observed:
+    if observed is not None and observed.get("records") is not None:
+        return f"{int(observed['records']):,}"
+    if not runtime:
         return '<span class=muted>?</span>'
-    total = int(sum(observed.values()))
-    per = ", ".join(f"{escape(p)}: {int(v):,}" for p, v in sorted(observed.items()))
+    total = int(sum(runtime.values()))
+    per = ", ".join(f"{escape(p)}: {int(v):,}" for p, v in sorted(runtime.items()))
     return f'{total:,}<br><span class=muted>{per}</span>'
 
 
-def _backfill(b: Mapping[str, Any] | None) -> str:
+def backfill_cell(b: Mapping[str, Any] | None) -> str:
     if not b:
         return ""
     total, done = int(b["total"]), int(b["done"])
@@ -118,7 +195,7 @@ def _backfill(b: Mapping[str, Any] | None) -> str:
         if b.get("ratePerSecond"):
             text += f", {b['ratePerSecond']:,.0f}/s"
         if b.get("etaSeconds") is not None:
-            text += f", ETA {_duration(b['etaSeconds'])}"
+            text += f", ETA {duration(b['etaSeconds'])}"
     return (f'<progress class=backfill max="{max(total, 1)}" value="{min(done, max(total, 1))}"></progress>'
             f"<br>{escape(text)}")
 
@@ -142,12 +219,3 @@ def _resets(entries: Sequence[Mapping[str, Any]]) -> str:
                     f"<td>{escape('; '.join(what))}</td><td>{escape(str(e.get('reason') or ''))}</td></tr>")
     return ("<table id=resets><thead><tr><th>at</th><th>supervisor</th><th>action</th><th>by</th><th>what</th>"
             "<th>reason</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 90:
-        return f"{seconds}s"
-    if seconds < 5400:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -313,6 +313,14 @@ class _Translator:
             seen.append(item)
         self.add(at, f"items must be unique ({describe_value(repeated)} appears more than once)")
 
+    def _on_anyOf(self, error: ValidationError, at: YamlPath) -> None:
+        """``anyOf`` of ``required`` branches (``lagPolicy``: maxRecords and/or maxLag)."""
+        keys = [k for b in error.validator_value for k in (b.get("required") or [])]
+        if isinstance(error.instance, Mapping) and keys and all(set(b) == {"required"} for b in error.validator_value):
+            self.add(at, f"needs at least one of: {', '.join(keys)}", key=bool(at))
+            return
+        self.add(at, error.message)
+
     def _on_oneOf(self, error: ValidationError, at: YamlPath) -> None:
         branches = [_resolve(b) for b in error.validator_value]
         by_branch: dict[int, list[ValidationError]] = {}

@@ -79,6 +79,8 @@ class RequestsMixin:
             return ResetResult(request.supervisor_id, request.token, ResetOutcome(()), res.get("backfill"), True)
         if row is None or row.kind != Kind.MAIN:
             raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
+        if request.trigger == "policy" and row.state == State.SUSPENDED:  # read under the lock: exact
+            raise PermanentError(f"{row.id} is suspended: a lag policy never resets a suspended supervisor")
         current = self._checkpoints(c, request.supervisor_id)
         filled = fill_missing(current, earliest if earliest is not None else initial, initial)
         missing = {p: o for p, o in filled.items() if p not in current}
@@ -134,6 +136,7 @@ class RequestsMixin:
         doc = json.loads(main.spec)
         doc.pop("backfill", None)
         doc.pop("suspended", None)
+        doc.pop("lagPolicy", None)  # a bounded supervisor is never reset: the policy stays the main's
         doc["id"] = bf_id
         if request.backfill_task_count:
             doc["taskCount"] = request.backfill_task_count

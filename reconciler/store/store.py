@@ -4,8 +4,9 @@ Every SQL statement of the product lives in this package, one module per aggrega
 a mixin of ``Store``: ``supervisors`` (lifecycle and checkpoints), ``batches`` (the
 publish and what committed), ``requests`` (the reset transaction and request tokens),
 ``audit`` (the audit log), ``leases`` (the leader lease and heartbeats), ``writes`` (the
-fences that keep a clean-up from deleting the files of a write that may still commit). Each public
-method is one transaction (``base``).
+fences that keep a clean-up from deleting the files of a write that may still commit),
+``freshness`` (lag observations, backfill milestones, health transitions, webhook cursors).
+Each public method is one transaction (``base``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from reconciler.store.audit import AuditMixin
 from reconciler.store.base import MIGRATIONS, StoreBase, utcnow
 from reconciler.store.batches import BatchesMixin, SegmentFile, TableConflict
+from reconciler.store.freshness import FreshnessStore
 from reconciler.store.leases import LeasesMixin
 from reconciler.store.requests import RequestsMixin, ResetResult
 from reconciler.store.supervisors import SupervisorsMixin
@@ -22,5 +24,7 @@ __all__ = ["MIGRATIONS", "ResetResult", "SegmentFile", "Store", "TableConflict",
            "utcnow"]
 
 
-class Store(SupervisorsMixin, BatchesMixin, WritesMixin, RequestsMixin, AuditMixin, LeasesMixin, StoreBase):
-    """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases."""
+class Store(SupervisorsMixin, BatchesMixin, WritesMixin, RequestsMixin, AuditMixin, LeasesMixin, FreshnessStore,
+            StoreBase):
+    """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases
+    (and, from ``FreshnessStore``, lag observations and webhook cursors)."""

@@ -191,14 +191,19 @@ class SupervisorsMixin:
     def set_detailed(self, supervisor_id: str, state: State, detailed: DetailedState, error: str | None) -> None:
         """Runtime status updates; written only when something changed (callers track that).
         Only ``runtime_error`` is the runtime's: the spec file's error is ``mark_invalid``'s."""
+        now = utcnow()
         values: dict[str, Any] = dict(state=state, detailed_state=detailed, runtime_error=secrets.scrub(error),
-                                      updated_at=utcnow())
+                                      updated_at=now)
         with self._write() as c:
-            c.execute(
+            before = c.execute(sa.select(supervisors.c.state).where(supervisors.c.id == supervisor_id)
+                               .with_for_update()).scalar()
+            hit = c.execute(
                 sa.update(supervisors).where(supervisors.c.id == supervisor_id).where(
                     supervisors.c.state.notin_([State.TERMINATED, State.SUSPENDED, State.COMPLETED])
                 ).values(**values)
-            )
+            ).rowcount
+            if hit and before is not None:  # UNHEALTHY and back are audited (and so sent to the webhook)
+                self._health_event(c, supervisor_id, State(before), state, detailed, error, now)
 
     def mark_invalid(self, supervisor_id: str, error: str, attempted_hash: str | None, *, actor: str, path: str | None, now=None) -> None:
         now = now or utcnow()

@@ -168,6 +168,38 @@ leases = sa.Table(
 )
 
 
+# -- freshness (issue 32): the lag policies' observations and the webhook's delivery --------
+
+# The last lag observation of each supervisor with a ``lagPolicy``, written by the leader's lag
+# observer. ``breach_since`` is persisted because the policy's reset token derives from it: a
+# daemon restarted between a breach and its reset plans the same token (``control.lagpolicy``).
+lag_observations = sa.Table(
+    "lag_observations",
+    metadata,
+    sa.Column("supervisor_id", sa.String(128), primary_key=True),
+    sa.Column("observed_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),  # the supervisor's epoch when observed
+    sa.Column("records", sa.BigInteger, nullable=True),  # records not yet ingested (null: unknown)
+    sa.Column("lag_ms", sa.BigInteger, nullable=True),  # age of the oldest of them, ms (null: unknown)
+    sa.Column("breach_since", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("fired_at", sa.DateTime(timezone=True), nullable=True),  # the breach held for `for`
+)
+
+# Where each webhook endpoint is in the audit log. The URL is not stored (it may hold a secret
+# token, as Slack's do): ``endpoint`` is its hash, ``label`` its scheme, host and port.
+webhook_cursors = sa.Table(
+    "webhook_cursors",
+    metadata,
+    sa.Column("endpoint", sa.String(64), primary_key=True),
+    sa.Column("label", sa.String(256), nullable=False),
+    sa.Column("last_id", sa.BigInteger, nullable=False),  # the last audit entry delivered (or given up)
+    sa.Column("failing_since", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
 # pyiceberg's SqlCatalog table (the layout of Iceberg's JDBC catalog). pyiceberg creates
 # it; it is declared here, outside ``metadata`` (and so outside our migrations), only so
 # that the publish can move a table's metadata pointer in its own transaction.

@@ -77,6 +77,11 @@ class StreamAdapter(Protocol):
     def offsets_for_time(self, timestamp_ms: int) -> dict[str, int]:
         """Per partition, the first offset whose record time is >= timestamp (end if none)."""
 
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """Per asked partition, the broker's timestamp (ms) of the record at (or first after)
+        the offset; None when the partition ends there; absent when not known in time. One
+        fetch per partition, bounded by the adapter's timeout (``streams.lagtime``)."""
+
     def close(self) -> None: ...
 
 

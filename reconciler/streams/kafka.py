@@ -189,6 +189,7 @@ class KafkaAdapter:
         self._config = _Config(source, timeout)
         self._consumer: Consumer | None = None
         self._partitions: list[str] | None = None
+        self._times = None  # kafka_times.RecordTimes, built on first use
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -290,7 +291,18 @@ class KafkaAdapter:
             probe.close()
         return out
 
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """The timestamp of the record at each offset: see ``kafka_times``."""
+        if self._times is None:
+            from reconciler.streams.kafka_times import RecordTimes
+
+            self._times = RecordTimes(self._config, self.source.topic, self.timeout)
+        return self._times.at(offsets)
+
     def close(self) -> None:
+        if self._times is not None:
+            self._times.close()
+            self._times = None
         if self._consumer is not None:
             try:
                 self._consumer.close()

@@ -1,7 +1,9 @@
 """The status page (issue 14): loaded in a real headless browser (Debian's chromium) from a
 daemon ingesting from a real Kafka broker, with a backfill made by a real reset. The page must
-show the supervisor table, the backfill's progress and the reset; a screenshot is kept as a
-test artifact (``$TEST_ARTIFACTS`` or ``test-artifacts/``).
+show the supervisor table, the backfill's progress and the reset; and (issue 32) the charts of
+lag in records and in time over the last hour (inline SVG, no script), the age of the table's
+last commit, the lag policy, and a page per supervisor with its partitions, recent batches and
+audit entries. Screenshots are kept as test artifacts (``$TEST_ARTIFACTS`` or ``test-artifacts/``).
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ def _wait(what, cond, timeout=180.0):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by scripts/setup.sh --with-test-services")
 def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
     port = devservices.free_port()
-    s = h.make_settings(tmp_path, http=f"127.0.0.1:{port}")
+    s = h.make_settings(tmp_path, http=f"127.0.0.1:{port}", lag_interval=0.5)
     name = topic(partitions=2)
-    doc = h.spec_doc("page", h.kafka_source(kafka_broker.bootstrap, name))
+    doc = h.spec_doc("page", h.kafka_source(kafka_broker.bootstrap, name),
+                     lagPolicy={"maxRecords": 1_000_000, "action": "alert"})
     h.write_spec(s.specs, doc)
     first = devservices.make_records(2000)
     devservices.produce_kafka(kafka_broker.bootstrap, name, first, one_record_per_batch=False)
@@ -79,6 +82,7 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
               and store.get("page-backfill-1").state == "COMPLETED")
         _wait("the main caught up", lambda: store.checkpoints("page") == {str(p): e for p, e in ends.items()})
 
+        time.sleep(2)  # a few more lag observations for the charts
         url = f"http://127.0.0.1:{port}/"
         dom = _browser("--dump-dom", url)
         assert dom.returncode == 0, dom.stderr
@@ -86,8 +90,21 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
         artifacts = Path(os.environ.get("TEST_ARTIFACTS", ROOT / "test-artifacts"))
         artifacts.mkdir(parents=True, exist_ok=True)
         shot = artifacts / "status-page.png"
-        taken = _browser("--window-size=1400,900", f"--screenshot={shot}", url)
+        taken = _browser("--window-size=1600,900", f"--screenshot={shot}", url)
         assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr
+        page_url = f"http://127.0.0.1:{port}/supervisors/page"
+        one = _browser("--dump-dom", page_url)
+        assert one.returncode == 0, one.stderr
+        one_html = one.stdout
+        shot = artifacts / "status-page-supervisor.png"
+        taken = _browser("--window-size=1400,1200", f"--screenshot={shot}", page_url)
+        assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr
+        import urllib.error
+        import urllib.request
+
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/supervisors/nobody", timeout=10)
+        assert missing.value.code == 404
     finally:
         daemon.request_stop()
         thread.join(120)
@@ -101,6 +118,25 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
     resets = html.split('<table id="resets">')[1].split("</table>")[0]
     assert "reset-and-backfill" in resets and "lag alarm INC-42" in resets and "page-backfill-1" in resets
     assert 'http-equiv="refresh"' in html
+    # issue 32: charts of the last hour, lag in time, the last commit's age, the policy, a link to its page
+    main = html.split('id="sup-page"')[1].split("</tr>")[0]
+    assert '<a href="/supervisors/page">' in main
+    for chart in ("chart lag-records", "chart lag-seconds"):
+        svg = main.split(f'class="{chart}"')[1].split("</svg>")[0]
+        assert int(svg.split('data-points="')[1].split('"')[0]) >= 2, svg
+    assert "<script" not in html and "<script" not in one_html
+    assert main.split('class="num lag-seconds">')[1].startswith("0s")  # caught up: no record waits
+    assert " ago" in main.split('class="num last-commit">')[1].split("</td>")[0]
+    assert ">ok<" in main.split('class="policy">')[1]
+    # the supervisor's own page: partitions, recent batches, audit entries
+    assert '<h1 id="supervisor">page</h1>' in one_html
+    partitions = one_html.split('<table id="partitions">')[1].split("</table>")[0]
+    assert partitions.count("<tr>") == 3  # the header and two partitions
+    batches = one_html.split('<table id="batches">')[1].split("</table>")[0]
+    assert batches.count("<tr>") >= 2
+    audit = one_html.split('<table id="audit">')[1].split("</table>")[0]
+    assert "reset-and-backfill" in audit and "lag alarm INC-42" in audit and "create" in audit
+    assert one_html.count("<svg") == 2
 
     # exactly once, main and backfill together
     h.assert_exactly_once(h.key_counts(spark, s, "page"), h.keys(first + second))

@@ -78,3 +78,11 @@ def test_example_marker_is_valid(path):
     marker = load_marker_file(path, known_ids=None)
     assert classify(path) == "marker"
     assert marker.supervisor_id == path.name.split(".reset.")[0]
+
+
+def test_the_lag_policy_example():
+    spec = load_spec_file(EXAMPLES / "lag-policy" / "clicks.yaml")
+    p = spec.lag_policy
+    assert (p.max_records, p.max_lag, p.for_seconds, p.action, p.cooldown, p.backfill_task_count) == \
+        (5_000_000, 3600.0, 120.0, "resetToLatestAndBackfill", 3600.0, 4)
+    assert spec.id == "clicks" and spec.source == load_spec_file(EXAMPLES / "kafka-clicks.yaml").source

@@ -108,7 +108,7 @@ def test_valid_specs(text):
         pytest.param(
             KAFKA + "colour: blue\n",
             [
-                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, "
+                "specs/clicks.yaml:9:1: colour: unknown key (allowed: backfill, dataSchema, freshStart, id, lagPolicy, "
                 "maxBatchBytes, maxBatchRecords, onRetentionLoss, source, startFrom, suspended, taskCount, taskDuration)"
             ],
             id="unknown-key-lists-allowed",
@@ -459,3 +459,36 @@ def test_parse_timestamp_rejects(text, message):
 
 def test_parse_timestamp_future_allowed_on_request():
     assert parse_timestamp("2999-01-01", NOW, allow_future=True).year == 2999
+
+
+LAG_POLICY = """\
+lagPolicy:
+  maxRecords: 5000000
+  maxLag: 1h
+  for: 2m
+  action: resetToLatestAndBackfill
+  cooldown: 1h
+  backfillTaskCount: 4
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(KAFKA + LAG_POLICY, [], id="the-issue-example"),
+        pytest.param(KAFKA + "lagPolicy: {maxLag: 30m}\n", [], id="time-only-alert-by-default"),
+        pytest.param(KAFKA + "lagPolicy: {for: 2m, action: alert}\n",
+                     ["specs/clicks.yaml:9:1: lagPolicy: needs at least one of: maxRecords, maxLag"], id="no-threshold"),
+        pytest.param(KAFKA + LAG_POLICY.replace("resetToLatestAndBackfill", "resetToLatest"),
+                     ["specs/clicks.yaml:13:11: lagPolicy.action: must be one of: resetToLatestAndBackfill, alert; "
+                      "got string 'resetToLatest' (did you mean 'resetToLatestAndBackfill'?)"], id="unknown-action"),
+        pytest.param(KAFKA + LAG_POLICY.replace("maxLag: 1h", "maxLag: 1 hour"),
+                     ["specs/clicks.yaml:11:11: lagPolicy.maxLag: '1 hour' is not a duration (use e.g. 500ms, 30s, "
+                      "5m, 1h)"], id="bad-duration"),
+        pytest.param(KAFKA + LAG_POLICY.replace("cooldown:", "coolDown:"),
+                     ["specs/clicks.yaml:14:3: lagPolicy.coolDown: unknown key (did you mean 'cooldown'?)"],
+                     id="misspelled-key"),
+    ],
+)
+def test_lag_policy(text, expected):
+    assert check(text) == expected

@@ -22,7 +22,7 @@ from reconciler.store.tables import metadata
 @pytest.fixture
 def migrated(db_url: str) -> Iterator[Store]:
     store = Store(db_url)
-    assert store.migrate() == "0003"
+    assert store.migrate() == "0004"
     try:
         yield store
     finally:
@@ -48,7 +48,8 @@ def test_tables(migrated: Store):
     names = set(sa.inspect(migrated.engine).get_table_names())
     assert names == set(metadata.tables) | {"alembic_version"}
     assert set(metadata.tables) == {"supervisors", "spec_versions", "checkpoints", "batches", "segments",
-                                    "audit_log", "requests", "leases", "overrides", "writes", "batch_totals"}
+                                    "audit_log", "requests", "leases", "overrides", "writes", "batch_totals",
+                                    "lag_observations", "webhook_cursors"}
 
 
 @pytest.mark.parametrize("table", sorted(metadata.tables))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from rstream import exceptions as rexc
@@ -180,6 +180,11 @@ class RabbitStreamAdapter:
                 await asyncio.wait([latest])
         return latest.result()
 
+    async def _time_at(self, conns: Connections, stream: str, offset: int) -> int | None:
+        """The timestamp of the chunk holding ``offset`` (its records share it); None at the end."""
+        frame = await self._first_chunk(conns, stream, offset_spec(OffsetType.OFFSET, offset))
+        return None if frame is None else int(frame.timestamp)
+
     # -- StreamAdapter ----------------------------------------------------------------
 
     def partitions(self) -> list[str]:
@@ -205,6 +210,22 @@ class RabbitStreamAdapter:
             return await self._for_time(conns, stream, ts)
 
         return self._run("looking up offsets by time", lambda c: self._per_stream(c, per))
+
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """The broker's timestamp of the record at each stream's offset (``streams.lagtime``):
+        one subscription per asked stream, at that offset, for its first chunk."""
+        wanted = {s: int(o) for s, o in offsets.items() if s in self.source.streams}
+
+        async def work(conns: Connections) -> dict[str, int | None]:
+            out: dict[str, int | None] = {}
+            names = list(wanted)
+            for i in range(0, len(names), MAX_SUBSCRIPTIONS):
+                group = names[i : i + MAX_SUBSCRIPTIONS]
+                values = await asyncio.gather(*(self._time_at(conns, s, wanted[s]) for s in group))
+                out.update(zip(group, values, strict=True))
+            return out
+
+        return self._run("reading record times", work) if wanted else {}
 
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own connections."""

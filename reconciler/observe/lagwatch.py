@@ -1,0 +1,321 @@
+"""The leader's lag observer: lag in records and in time, every ``interval`` seconds, for every
+supervisor that runs; the input of the lag policies, the metrics and the status page's charts.
+
+Why a thread of its own rather than the runtimes' own look at positions: a runtime looks
+when it cuts a batch, and a supervisor far behind is exactly the one whose batches are long;
+a policy's ``for`` must be measured while they run. Each round:
+
+1. reads the supervisors and checkpoints (one transaction) and, for each that runs, asks its
+   stream for the latest offsets (a backfill's target is its end offsets) and the timestamp of
+   the record at each checkpoint that is behind (``streams.lagtime``: at most one fetch per
+   partition), all supervisors at once on a small pool, each broker call bounded by
+   ``LAG_TIMEOUT`` as ``reconciler status`` is: a stream that does not answer is unknown,
+   never 0, and ends no breach. A record's timestamp never changes, so a checkpoint that has
+   not moved since the last round is not asked again (measured: ``benchmarks/lag_observe.py``);
+2. for each supervisor with a ``lagPolicy``, advances its breach (``control.lagpolicy.advance``)
+   and writes the observations with the audit entries of breaches that held for ``for`` or
+   ended, in one transaction; the breach start is persisted because the policy's reset token
+   derives from it. It rings the reconcile pass when a policy's reset is due (the plan decides,
+   with the same rules, and applies it like a marker's reset);
+3. audits each backfill's progress milestones (25, 50, 75 %) once;
+4. keeps the last hour per supervisor in memory (the status page's charts; a new leader starts
+   them afresh) and sets ``reconciler_lag_seconds`` and the record lag gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler import faults
+from reconciler.control.actual import ActualState, Kind, SupervisorRecord
+from reconciler.control.lagpolicy import LagObservation, LagState, PolicyStatus, advance, decide
+from reconciler.errors import ReconcilerError
+from reconciler.runtime.supervisor import RUNNABLE
+from reconciler.store.freshness import MILESTONES, AuditNote
+from reconciler.store.store import Store
+from reconciler.streams import adapter_for
+from reconciler.streams.lagtime import behind, lag_seconds, max_seconds, record_times
+
+log = logging.getLogger(__name__)
+
+LAG_TIMEOUT = 1.0  # seconds each broker call may take (as ``reconciler status``)
+HISTORY = 3600.0  # seconds of samples kept per supervisor for the charts
+_THREADS = 16
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    partition: str
+    checkpoint: int | None
+    target: int | None  # latest (main) or end (backfill)
+    records: int | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class SupervisorLag:
+    """One observation of one supervisor."""
+
+    supervisor_id: str
+    at: datetime
+    partitions: tuple[PartitionLag, ...] = ()
+    error: str | None = None  # the stream could not be asked
+
+    @property
+    def records(self) -> int | None:
+        values = [p.records for p in self.partitions]
+        return None if self.error or None in values else sum(values)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.error else max_seconds({p.partition: p.seconds for p in self.partitions})
+
+
+@dataclass
+class _Seen:
+    """What the observer keeps per supervisor between rounds."""
+
+    adapter: Any = None
+    spec_hash: str | None = None
+    samples: deque = field(default_factory=deque)  # (at, records, seconds)
+    milestones: set[int] | None = None
+    times: dict[str, tuple[int, int]] = field(default_factory=dict)  # partition -> (checkpoint, record time)
+
+
+class LagObserver:
+    """``start()`` / ``stop()``; ``observe_once()`` is one round (tests call it directly).
+    ``on_due`` is rung when a policy's reset is due (the daemon's next pass applies it)."""
+
+    def __init__(self, store: Store, *, interval: float, metrics: Any = None,
+                 on_due: Callable[[], None] | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.store = store
+        self.interval = interval
+        self.metrics = metrics
+        self.on_due = on_due
+        self.clock = clock
+        self.latest: dict[str, SupervisorLag] = {}
+        self._seen: dict[str, _Seen] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._close_on_exit = False
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.interval <= 0 or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="lag-observer", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, wait: bool = True) -> None:
+        """``wait=False`` (a deposed leader): the round under way ends on its own, unwaited, and
+        the thread closes its clients as it leaves."""
+        thread, self._thread = self._thread, None
+        self._close_on_exit = not wait
+        self._stop.set()
+        if thread is not None and wait:
+            thread.join(timeout=30)
+            for seen in self._seen.values():
+                _close(seen)
+            self._seen.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.observe_once()
+            except ReconcilerError as exc:  # the database is away: observe again next round
+                log.warning("lag observation skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - a bug must not end the observer
+                log.exception("lag observation failed")
+            self._stop.wait(max(0.05, self.interval - (time.monotonic() - started)))
+        if self._close_on_exit:  # stopped without waiting: the clients are closed here
+            for seen in self._seen.values():
+                _close(seen)
+
+    # -- one round -----------------------------------------------------------------------
+
+    def observe_once(self) -> list[SupervisorLag]:
+        actual = self.store.read_actual()
+        now = self.clock()
+        running = {sid: r for sid, r in actual.supervisors.items() if r.state in RUNNABLE}
+        for gone in set(self._seen) - set(running):
+            _close(self._seen.pop(gone))
+        recs = sorted(running.values(), key=lambda r: r.id)
+        found: list[SupervisorLag] = []
+        if recs:
+            with ThreadPoolExecutor(max_workers=min(_THREADS, len(recs)), thread_name_prefix="lag") as pool:
+                found = list(pool.map(lambda r: self._observe(r, actual.checkpoints.get(r.id, {}), now), recs))
+        with self._lock:
+            self.latest = {o.supervisor_id: o for o in found}
+        for o in found:
+            self._remember(o)
+        self._export(found)
+        self._policies(actual, {o.supervisor_id: o for o in found}, now)
+        self._milestones(actual, now)
+        return found
+
+    def _observe(self, rec: SupervisorRecord, checkpoint: Mapping[str, int], now: datetime) -> SupervisorLag:
+        seen = self._seen.setdefault(rec.id, _Seen())
+        try:
+            if seen.adapter is None or seen.spec_hash != rec.spec_hash:
+                _close(seen)
+                seen.adapter, seen.spec_hash = adapter_for(rec.spec.source, timeout=LAG_TIMEOUT), rec.spec_hash
+            target = dict(rec.end_offsets) if rec.bounded else seen.adapter.latest()
+            times = self._times(seen, checkpoint, target)
+        except ReconcilerError as exc:
+            _close(seen)
+            return SupervisorLag(rec.id, now, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - an untranslated client error: unknown, not fatal
+            _close(seen)
+            return SupervisorLag(rec.id, now, error=f"{type(exc).__name__}: {exc}")
+        seconds = lag_seconds(checkpoint, target, times, int(now.timestamp() * 1000))
+        parts = tuple(PartitionLag(p, checkpoint.get(p), end,
+                                   max(0, end - checkpoint[p]) if p in checkpoint else None, seconds[p])
+                      for p, end in sorted(target.items(), key=lambda kv: _order(kv[0])))
+        return SupervisorLag(rec.id, now, parts)
+
+    @staticmethod
+    def _times(seen: _Seen, checkpoint: Mapping[str, int], target: Mapping[str, int]) -> dict[str, int | None]:
+        """The record times at the checkpoints that are behind. A record's timestamp never
+        changes, so a checkpoint that has not moved since the last round is not asked again:
+        a supervisor stuck behind (a broken batch, a suspended backfill) costs no fetch."""
+        lagging = behind(checkpoint, target)
+        known = {p: ts for p, (offset, ts) in seen.times.items() if lagging.get(p) == offset}
+        asked = {p: cp for p, cp in lagging.items() if p not in known}
+        fetched = record_times(seen.adapter, asked, target) if asked else {}
+        seen.times = {p: (lagging[p], ts) for p, ts in (known | fetched).items() if ts is not None}
+        return known | fetched
+
+    def _remember(self, o: SupervisorLag) -> None:
+        seen = self._seen.get(o.supervisor_id)
+        if seen is None:
+            return
+        with self._lock:
+            seen.samples.append((o.at, o.records, o.seconds))
+            while seen.samples and (o.at - seen.samples[0][0]).total_seconds() > HISTORY:
+                seen.samples.popleft()
+
+    def history(self, supervisor_id: str) -> list[tuple[datetime, int | None, float | None]]:
+        """The last hour's samples of one supervisor: (time, records, seconds)."""
+        with self._lock:
+            seen = self._seen.get(supervisor_id)
+            return list(seen.samples) if seen else []
+
+    def snapshot(self) -> dict[str, SupervisorLag]:
+        with self._lock:
+            return dict(self.latest)
+
+    # -- lag policies ------------------------------------------------------------------------
+
+    def _policies(self, actual: ActualState, found: Mapping[str, SupervisorLag], now: datetime) -> None:
+        states = self.store.lag_states()
+        rows: list[LagObservation] = []
+        notes: list[AuditNote] = []
+        keep: set[str] = set()
+        for sid, rec in actual.mains().items():
+            policy = _policy(rec)
+            o = found.get(sid)
+            if policy is None or o is None:
+                continue
+            keep.add(sid)
+            old = states.get(sid).observation if sid in states else None
+            new, events = advance(policy, old, supervisor_id=sid, epoch=rec.epoch, records=o.records,
+                                  seconds=o.seconds, now=now)
+            rows.append(new)
+            notes += [AuditNote(sid, e.action, "policy", e.reason, e.details, "lag policy") for e in events]
+            if self.metrics is not None:
+                self.metrics.set_breach(sid, new.fired_at is not None)
+        forget = [sid for sid in states if states[sid].observation is not None and sid not in keep]
+        for sid in forget:  # suspended, terminated, or the policy removed: its breach ends here
+            old = states[sid].observation
+            if old.fired_at is not None:
+                notes.append(AuditNote(sid, "lag-breach-end", "policy", "no longer watched (suspended, terminated, "
+                                       "or its lagPolicy removed)", {"since": old.breach_since.isoformat()
+                                                                      if old.breach_since else None}, "lag policy"))
+            if self.metrics is not None:
+                self.metrics.set_breach(sid, None)
+        if rows or notes or forget:
+            self.store.save_lag(rows, notes, forget, now=now)
+        for new in rows:  # a breach just recorded: the point a crash must neither repeat nor lose
+            old = states.get(new.supervisor_id)
+            if new.breach_since is not None and (old is None or old.observation is None
+                                                 or old.observation.breach_since != new.breach_since):
+                faults.crash_point("after-breach", new.supervisor_id)
+        due = []
+        for new in rows:
+            rec = actual.supervisors[new.supervisor_id]
+            state = states.get(new.supervisor_id)
+            lag_state = replace(state, observation=new) if state is not None else LagState(observation=new)
+            d = decide(rec, _policy(rec), lag_state, actual, now, suspended=rec.suspended)
+            if d.status == PolicyStatus.DUE:
+                due.append(d.supervisor_id)
+        if due and self.on_due is not None:
+            log.info("lag policy breached long enough: %s; reconciling now", ", ".join(due))
+            self.on_due()
+
+    # -- backfill milestones -------------------------------------------------------------------
+
+    def _milestones(self, actual: ActualState, now: datetime) -> None:
+        backfills = {sid: r for sid, r in actual.supervisors.items()
+                     if r.kind == Kind.BACKFILL and r.state in RUNNABLE and sid in self._seen}
+        unknown = [sid for sid in backfills if self._seen[sid].milestones is None]
+        if unknown:
+            for sid, done in self.store.backfill_milestones(unknown).items():
+                self._seen[sid].milestones = done
+        for sid, rec in backfills.items():
+            start, end = rec.start_offsets or {}, rec.end_offsets or {}
+            cp = actual.checkpoints.get(sid, {})
+            total = sum(end[p] - start.get(p, end[p]) for p in end)
+            done = sum(min(cp.get(p, start.get(p, 0)), end[p]) - start.get(p, end[p]) for p in end)
+            if total <= 0:
+                continue
+            pct = 100.0 * done / total
+            reached = [m for m in MILESTONES if pct >= m and m not in self._seen[sid].milestones]
+            if reached:  # one entry for the highest passed: a fast backfill does not flood the log
+                m = max(reached)
+                self.store.record_milestone(sid, m, {"done": done, "total": total, "parent": rec.parent_id}, now=now)
+                self._seen[sid].milestones.update(reached)
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def _export(self, found: list[SupervisorLag]) -> None:
+        if self.metrics is None:
+            return
+        for o in found:
+            if o.error:
+                continue
+            self.metrics.observe_lag(o.supervisor_id, {p.partition: (p.checkpoint, p.target, p.seconds)
+                                                       for p in o.partitions})
+        self.metrics.prune_lag({o.supervisor_id for o in found})
+
+
+def _policy(rec: SupervisorRecord):
+    try:
+        return rec.spec.lag_policy
+    except Exception:  # noqa: BLE001 - a stored spec of an older version: no policy rather than a crash
+        return None
+
+
+def _close(seen: _Seen) -> None:
+    seen.times = {}
+    if seen.adapter is not None:
+        try:
+            seen.adapter.close()
+        except Exception:  # noqa: BLE001 - closing a broken client must not stop the round
+            log.debug("adapter close failed", exc_info=True)
+        seen.adapter = None
+
+
+def _order(p: str):
+    return (0, int(p), "") if p.isdigit() else (1, 0, p)

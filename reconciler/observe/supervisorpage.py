@@ -1,0 +1,125 @@
+"""One supervisor's page (``GET /supervisors/<id>``): its partitions, charts, recent batches and
+audit entries. Pure like ``statuspage`` (the HTTP handler gathers the data), with the same rules:
+no scripts, nothing fetched, every value escaped, sources never shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+from reconciler.observe.charts import duration
+from reconciler.observe.statuspage import (
+    Samples,
+    backfill_cell,
+    charts,
+    lag_time,
+    last_commit,
+    page_head,
+    policy_cell,
+)
+
+
+def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, samples: Samples,
+           batches: Sequence[Mapping[str, Any]], audit: Sequence[Mapping[str, Any]], now: datetime | None = None) -> str:
+    """``item``: a ``status.supervisor_status`` dict; ``observed``: the lag observer's last
+    observation (with ``partitions``); ``batches``: the newest committed batches; ``audit``: the
+    newest audit entries, newest first."""
+    now = now or datetime.now(UTC)
+    sid = str(item["id"])
+    parts = [
+        page_head(f"{sid} · stream-reconciler"),
+        f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
+        _summary(item, observed),
+        "<h2>Lag, last hour</h2>",
+        f"<div id=charts>{charts(samples, now, width=480, height=90)}</div>",
+        "<h2>Partitions</h2>",
+        _partitions(item, observed),
+        "<h2>Recent batches</h2>",
+        _batches(batches),
+        "<h2>Audit log</h2>",
+        _audit(audit),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _summary(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
+    rows = [
+        ("state", f"{s['state']}" + (f" ({s['detailedState']})" if s.get("detailedState") != s["state"] else "")),
+        ("kind", str(s["kind"]) + (f" of {s['parent']}" if s.get("parent") else "")),
+        ("datasource", str(s.get("datasource") or "")),
+        ("epoch", str(s.get("epoch"))),
+        ("spec", f"{s.get('specHash')} {s.get('specPath') or ''}"),
+        ("records ingested", f"{int(s.get('records') or 0):,} ({int(s.get('unparseable') or 0):,} unparseable, "
+                             f"{int(s.get('batches') or 0):,} batches)"),
+    ]
+    if s.get("lostRecords"):
+        rows.append(("lost to retention", f"{int(s['lostRecords']):,} records"))
+    if s.get("lastError") or s.get("streamError"):
+        rows.append(("last error", str(s.get("lastError") or s.get("streamError"))))
+    html = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    html += f"<tr><th>lag in time</th><td class=lag-seconds>{lag_time(s, observed)}</td></tr>"
+    html += f"<tr><th>last commit</th><td class=last-commit>{last_commit(s)}</td></tr>"
+    if s.get("lagPolicy"):
+        html += f"<tr><th>lag policy</th><td class=policy>{policy_cell(s['lagPolicy'])}</td></tr>"
+    if s.get("backfill"):
+        html += f"<tr><th>backfill</th><td>{backfill_cell(s['backfill'])}</td></tr>"
+    return f"<table id=summary>{html}</table>"
+
+
+def _partitions(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
+    seen = {p["partition"]: p for p in (observed or {}).get("partitions", ())}
+    rows = []
+    for p in s.get("partitions") or ():
+        o = seen.get(p["partition"], {})
+        target = p.get("end") if p.get("end") is not None else o.get("target", p.get("latest"))
+        lag = p.get("lag") if p.get("lag") is not None else o.get("records")
+        secs = p.get("lagSeconds") if p.get("lagSeconds") is not None else o.get("seconds")
+        rows.append(f'<tr><td>{escape(str(p["partition"]))}</td><td class=num>{_n(p.get("checkpoint"))}</td>'
+                    f"<td class=num>{_n(target)}</td><td class=num>{_n(lag)}</td>"
+                    f'<td class=num>{escape(duration(secs)) if secs is not None else "?"}</td></tr>')
+    if not rows:
+        return "<p class=muted>No checkpoint yet.</p>"
+    return ("<table id=partitions><thead><tr><th>partition</th><th>checkpoint</th><th>latest / end</th><th>lag</th>"
+            "<th>lag in time</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _batches(batches: Sequence[Mapping[str, Any]]) -> str:
+    if not batches:
+        return "<p class=muted>No committed batch yet.</p>"
+    rows = []
+    for b in batches:
+        ranges = ", ".join(f"{p}:[{a},{e})" for p, a, e in b.get("ranges") or ())
+        rows.append(f"<tr><td>{escape(_at(b.get('committed_at')))}</td><td><code>{escape(str(b['batch_id'])[:12])}"
+                    f"</code></td><td class=num>{int(b.get('records') or 0):,}</td>"
+                    f"<td class=num>{int(b.get('unparseable') or 0):,}</td><td class=num>{int(b.get('rows') or 0):,}</td>"
+                    f"<td>{escape(ranges)}</td></tr>")
+    return ("<table id=batches><thead><tr><th>committed</th><th>batch</th><th>records</th><th>unparseable</th>"
+            "<th>rows</th><th>offsets</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _audit(entries: Sequence[Mapping[str, Any]]) -> str:
+    if not entries:
+        return "<p class=muted>No audit entries.</p>"
+    rows = []
+    for e in entries:
+        details = json.dumps(e.get("details"), sort_keys=True, default=str) if e.get("details") else ""
+        rows.append(f"<tr><td>{escape(_at(e.get('at')))}</td><td>{escape(str(e['action']))}</td>"
+                    f"<td>{escape(str(e.get('actor') or ''))}</td><td>{escape(str(e.get('trigger') or ''))}</td>"
+                    f"<td>{escape(str(e.get('reason') or ''))}</td><td><code>{escape(details[:400])}</code></td></tr>")
+    return ("<table id=audit><thead><tr><th>at</th><th>action</th><th>by</th><th>trigger</th><th>reason</th>"
+            "<th>details</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _n(v: Any) -> str:
+    return "?" if v is None else f"{int(v):,}"
+
+
+def _at(v: Any) -> str:
+    if isinstance(v, datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=UTC)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") + "Z"
+    return str(v or "")

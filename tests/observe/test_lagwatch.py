@@ -1,0 +1,121 @@
+"""The leader's lag observer against a real Tansu broker and a real SQLite store (issue 32): lag
+in records and in time per partition into ``/metrics`` (``reconciler_lag_seconds``) and the
+charts' samples; a policy's breach persisted with its audit entry and the pass rung when a reset
+is due; a broker that is down gives unknown, not 0, within the bound; backfill milestones once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import devservices
+from reconciler.control.actual import State
+from reconciler.control.lagpolicy import policy_request
+from reconciler.control.resets import Positions, compute_reset
+from reconciler.model import PartitionRange, Position, SupervisorSpec
+from reconciler.observe.lagwatch import LagObserver
+from reconciler.observe.metrics import Metrics
+from reconciler.store.store import Store
+
+pytestmark = [pytest.mark.kafka, pytest.mark.integration]
+
+POLICY = {"maxRecords": 100, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def create(store: Store, sid: str, bootstrap: str, topic: str, policy=POLICY) -> None:
+    doc = {"id": sid, "source": {"type": "kafka", "bootstrapServers": bootstrap, "topic": topic},
+           "dataSchema": {"datasource": sid, "timestamp": {"column": "ts"}}}
+    if policy:
+        doc["lagPolicy"] = policy
+    store.create_supervisor(SupervisorSpec.from_document(doc), None, actor="test")
+    store.set_state(sid, State.RUNNING)
+
+
+def test_one_round(store, kafka_broker, topic):
+    name = topic(partitions=2)
+    started = time.monotonic()
+    t0 = int(time.time() * 1000) - 600_000  # the records say they were written ten minutes ago
+    ends = devservices.produce_kafka(kafka_broker.bootstrap, name,
+                                     [(f"k{i}", b"{}", t0 + i) for i in range(400)], partition_of=lambda k, v: 0)
+    create(store, "clicks", kafka_broker.bootstrap, name)
+    store.init_checkpoints("clicks", {"0": 100, "1": 0})  # partition 1 is empty: caught up
+    metrics, rung = Metrics(), []
+    observer = LagObserver(store, interval=5.0, metrics=metrics, on_due=lambda: rung.append(1))
+    [seen] = observer.observe_once()
+    assert seen.records == ends[0] - 100 == 300
+    by_part = {p.partition: p for p in seen.partitions}
+    assert by_part["1"].seconds == 0.0 and by_part["1"].records == 0
+    elapsed = time.monotonic() - started
+    assert 599 <= by_part["0"].seconds <= 601 + elapsed  # the record at the checkpoint: ten minutes old
+    sample = metrics.registry.get_sample_value
+    assert sample("reconciler_lag_seconds", {"supervisor": "clicks", "partition": "0"}) == by_part["0"].seconds
+    assert sample("reconciler_partition_lag", {"supervisor": "clicks", "partition": "0"}) == 300
+    assert sample("reconciler_lag_policy_breach", {"supervisor": "clicks"}) == 1
+    o = store.lag_observations()["clicks"]
+    assert o.records == 300 and o.breach_since is not None and o.fired_at is not None
+    assert [e["reason"] for e in store.history("clicks") if e["action"] == "lag-breach"] == [
+        "lag policy: 300 records > 100"]
+    assert rung == [1]  # the reset is due: the pass is rung
+    assert [r for _, r, _ in observer.history("clicks")] == [300]
+    # a second round: the breach keeps its start, announced once
+    observer.observe_once()
+    assert store.lag_observations()["clicks"].breach_since == o.breach_since
+    assert len([e for e in store.history("clicks") if e["action"] == "lag-breach"]) == 1
+    assert len(observer.history("clicks")) == 2
+    # the policy's reset applied: the observation is from before it; the breach after it is a new one
+    request = policy_request("clicks", store.get("clicks").spec.lag_policy, o)
+    pos = Positions(earliest={"0": 0, "1": 0}, latest={"0": ends[0], "1": 0})
+    store.apply_reset(request, lambda cp: compute_reset(Position("latest"), cp, pos, backfill=True),
+                      initial={}, actor="policy")
+    observer.observe_once()
+    after = store.lag_observations()["clicks"]
+    assert after.breach_since is None and after.records == 0
+    assert [e["action"] for e in store.history("clicks")][-1] != "lag-breach-end"  # the reset's, not announced
+    # the backfill is observed too, and its milestone recorded once
+    store.set_state("clicks-backfill-1", State.RUNNING)
+    store.publish(supervisor_id="clicks-backfill-1", epoch=1, batch_id="b1", datasource="clicks",
+                  ranges=[PartitionRange("0", 100, 260)],
+                  files=[], records=160, unparseable=0)
+    observer.observe_once()
+    observer.observe_once()
+    progress = [e for e in store.history("clicks-backfill-1") if e["action"] == "backfill-progress"]
+    assert [e["details"]["percent"] for e in progress] == [50]  # 160 of 300: the highest passed, once
+
+
+def test_a_broker_that_is_down_is_unknown_within_the_bound(store):
+    create(store, "gone", f"127.0.0.1:{devservices.free_port()}", "t")
+    store.init_checkpoints("gone", {"0": 5})
+    metrics = Metrics()
+    observer = LagObserver(store, interval=5.0, metrics=metrics)
+    started = time.monotonic()
+    [seen] = observer.observe_once()
+    assert time.monotonic() - started < 20  # bounded by the adapter's timeout, not by the broker
+    assert seen.error and seen.records is None and seen.seconds is None
+    o = store.lag_observations()["gone"]
+    assert (o.records, o.seconds, o.breach_since) == (None, None, None)  # unknown starts no breach
+    assert metrics.registry.get_sample_value("reconciler_lag_seconds", {"supervisor": "gone", "partition": "0"}) is None
+
+
+def test_stale_rows_are_dropped_when_a_supervisor_stops_running(store, kafka_broker, topic):
+    name = topic(partitions=1)
+    create(store, "paused", kafka_broker.bootstrap, name)
+    store.init_checkpoints("paused", {"0": 0})
+    observer = LagObserver(store, interval=5.0)
+    observer.observe_once()
+    assert "paused" in store.lag_observations()
+    store.set_state("paused", State.SUSPENDED)
+    observer.observe_once()
+    assert "paused" not in store.lag_observations()  # not watched while suspended
