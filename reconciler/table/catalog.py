@@ -246,6 +246,7 @@ class Tables:
                 with table.update_spec() as spec:
                     spec.add_field(TIME, partition_transform(granularity), f"{TIME}_{granularity_name(granularity)}")
                 table = self.catalog.load_table((NAMESPACE, name))
+            faults.point("table-created", name)  # committed, its files not yet made durable
             self._make_durable(table)
             log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
             return table

@@ -84,6 +84,7 @@ def remove_orphans(
         raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
     referenced = _referenced(table)
     candidates = {p: st for p, st in listed.items() if _norm(p) not in referenced}
+    faults.point("orphans-judge", name)
     by_write: dict[str, list[str]] = defaultdict(list)
     for path in candidates:
         wid = _write_of(root, path)
