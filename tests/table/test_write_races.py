@@ -259,3 +259,39 @@ def test_a_power_cut_right_after_a_table_is_created_leaves_it_loadable(db_url, t
         after.ensure("clicks", SCHEMA, "hour")  # what the next batch does
     finally:
         store.close()
+
+
+def test_orphans_never_delete_the_metadata_of_a_table_being_created(db_url, tmp_path, monkeypatch):
+    """``ensure`` creates a table, then commits its partition spec with pyiceberg's own
+    commit: the new metadata file (a name pyiceberg chose: no write id, so judged by age)
+    is written, then the catalog row moves. An orphan clean-up with ``--orphans-older-than
+    0s`` (issue 28's loop beside a daemon) that runs in between deletes it, and the row
+    then points at a file that is gone: fencing, not timing, must protect it."""
+    from pyiceberg.serializers import ToOutputFile
+
+    store = Store(db_url)
+    store.migrate()
+    warehouse = tmp_path / "segments"
+    cleaner = Store(db_url)
+    write = ToOutputFile.table_metadata
+    ran = []
+
+    def write_then_clean(metadata, output_file, overwrite=False):
+        write(metadata, output_file, overwrite)
+        if output_file.location.rsplit("/", 1)[-1].startswith("00001-") and not ran:
+            ran.append(remove_orphans(cat.Tables(cleaner.engine, warehouse), "clicks", store=cleaner,
+                                      older_than=timedelta(0)))
+
+    monkeypatch.setattr(ToOutputFile, "table_metadata", staticmethod(write_then_clean))
+    try:
+        cat.Tables(store.engine, warehouse).ensure("clicks", SCHEMA, "hour")
+    except FileNotFoundError:
+        pass
+    finally:
+        monkeypatch.undo()
+    try:
+        table = cat.Tables(store.engine, warehouse).load("clicks")
+        assert missing_files(table) == [] and table.spec().fields, ran
+    finally:
+        cleaner.close()
+        store.close()
