@@ -295,3 +295,47 @@ def test_orphans_never_delete_the_metadata_of_a_table_being_created(db_url, tmp_
     finally:
         cleaner.close()
         store.close()
+
+
+def test_a_power_cut_after_db_upgrade_keeps_the_promoted_files_it_imported(db_url, tmp_path):
+    """``db upgrade`` first finishes the promote of old-layout staged batches the database
+    says committed (a rename from ``_staging/<batch>/`` to ``<D>/time_chunk=.../``), then
+    imports the files in one table commit. The renames must be durable before that commit
+    moves the pointer: after a power cut the table references the promoted file, and the
+    table is marked imported, so no later run brings it back."""
+    import sqlalchemy as sa
+
+    from reconciler.store.tables import batches
+    from reconciler.table.upgrade import import_segments
+    from tests.explorer.disk import Ledger, install, uninstall
+
+    store = Store(db_url)
+    store.migrate()
+    root = tmp_path / "segments"
+    staged = root / "_staging" / "old1"
+    staged.mkdir(parents=True)
+    final = root / "clicks" / "time_chunk=20261120T1000Z" / "old1-0.parquet"
+    pq.write_table(pa.table({"__time": pa.array([T0] * 5, pa.timestamp("us", tz="UTC")),
+                             "id": [f"k{o}" for o in range(5)], "__partition": ["0"] * 5,
+                             "__offset": pa.array(range(5), pa.int64())}, schema=SCHEMA), staged / "part.parquet")
+    (staged / "_manifest.json").write_text(json.dumps({
+        "datasource": "clicks", "batch_id": "old1",
+        "files": [{"staging_path": str(staged / "part.parquet"), "final_path": str(final)}], "dead_files": []}))
+    with store.engine.begin() as c:
+        c.execute(sa.insert(batches).values(
+            batch_id="old1", supervisor_id="clicks", datasource="clicks", epoch=1, status="committed",
+            ranges=json.dumps([["0", 0, 5]]), rows=5, records=5, unparseable=0, committed_at=datetime.now(UTC)))
+    ledger = Ledger(root)  # what the old version left is on stable storage
+    install(ledger)
+    try:
+        result = import_segments(cat.Tables(store.engine, root), store, root, "clicks", granularity="hour")
+        ledger.power_cut()
+    finally:
+        uninstall(ledger)
+    try:
+        assert result.promoted_staged_batches == 1 and result.files == 1, result
+        table = cat.Tables(store.engine, root).load("clicks")
+        assert missing_files(table) == [], "the import references a promoted file lost in the power cut"
+        assert table.scan().to_arrow().num_rows == 5
+    finally:
+        store.close()
