@@ -28,7 +28,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from pyiceberg.catalog import MetastoreCatalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import CommitTableResponse, Table, TableProperties, Transaction
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.utils.properties import property_as_bool
@@ -114,6 +114,20 @@ class _StagingCatalog(SqlCatalog):
         self._init_catalog()
         self.engine = engine
         self._staging = threading.local()
+        self._root = Path(warehouse)
+
+    def _write_metadata(self, metadata, io, metadata_path: str) -> None:
+        """pyiceberg's own commits (a table's creation) move the catalog row right after
+        writing the metadata file: it and the directories up to the warehouse are made
+        durable first. A staging makes its files durable itself (``_staged_files``)."""
+        MetastoreCatalog._write_metadata(metadata, io, metadata_path)
+        if getattr(self._staging, "out", None) is not None:
+            return
+        try:
+            path = local_path(metadata_path)
+        except ValueError:  # object storage: a PUT that returned is durable
+            return
+        durable.sync([path], durable.ancestors(path, self._root.parent))
 
     def commit_table(self, table, requirements, updates) -> CommitTableResponse:
         out: list[TableCommit] | None = getattr(self._staging, "out", None)
@@ -227,13 +241,19 @@ class Tables:
                 props = dict(_TABLE_PROPERTIES)
                 if rollup is not None:
                     props[ROLLUP_PROPERTY] = str(rollup).lower()
-                table = self.catalog.create_table((NAMESPACE, name), schema=schema, properties=props)
-            except (TableAlreadyExistsError, sa.exc.IntegrityError):  # another process was first
-                return self.catalog.load_table((NAMESPACE, name))
-            if granularity is not None:
-                with table.update_spec() as spec:
-                    spec.add_field(TIME, partition_transform(granularity), f"{TIME}_{granularity_name(granularity)}")
-                table = self.catalog.load_table((NAMESPACE, name))
+                # One commit with the partition spec: a second one wrote a metadata file
+                # nothing referenced yet and no write id protects (orphan clean-up judges it
+                # by age alone) under a table that already existed.
+                tx = self.catalog.create_table_transaction((NAMESPACE, name), schema=schema, properties=props)
+                if granularity is not None:
+                    with tx.update_spec() as spec:
+                        spec.add_field(TIME, partition_transform(granularity),
+                                       f"{TIME}_{granularity_name(granularity)}")
+                tx.commit_transaction()
+            except (TableAlreadyExistsError, CommitFailedException, sa.exc.IntegrityError):
+                return self.catalog.load_table((NAMESPACE, name))  # another process was first
+            table = self.catalog.load_table((NAMESPACE, name))
+            faults.point("table-created", name)  # committed, its files not yet made durable
             self._make_durable(table)
             log.info("created Iceberg table %s.%s at %s", NAMESPACE, name, table.location())
             return table

@@ -240,6 +240,7 @@ def compact(
                 log.warning("compaction of %s: %s", datasource, exc)
                 return result
             except CommitOutcomeUnknown as exc:
+                faults.point("compact-unknown", datasource)
                 if not store.fence_write(write_id):  # it committed after all
                     log.info("compaction of %s: the commit whose outcome was unknown committed", datasource)
                 else:

@@ -129,6 +129,7 @@ def expire_snapshots(
             result.message = str(exc)
             return result
         except CommitOutcomeUnknown as exc:
+            faults.point("expire-unknown", name)
             if store.fence_write(write_id):
                 tables.discard_staged([commit])
                 result.message = f"commit outcome unknown ({exc}); not committed"

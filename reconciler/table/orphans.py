@@ -8,13 +8,20 @@ that is
 
 * ``writing`` is kept: it may commit any moment;
 * ``discarded``, or a committed batch's (superseded and expired), is deleted;
-* unknown to the database (written by an older version) is fenced first: recorded as
-  ``discarded``, so a late commit of it fails, then deleted.
+* a batch directory unknown to the database (written by an older version) is fenced
+  first: recorded as ``discarded``, so a late commit of it fails, then deleted;
+* any other write unknown to the database (its files carry a tag or sit under
+  ``compacted/<id>``: this version wrote them, so it recorded the write first) committed:
+  only a commit removes a row. Its unreferenced files are superseded and deleted; it is
+  never recorded as discarded, which its own process, resolving a commit whose outcome
+  it did not learn, would take for "not committed".
 
 Only files that carry no write id (an older version's compaction output, the metadata
 pyiceberg's own commits write when a table is created) fall back to their age
 (``older_than``). Files are listed BEFORE the metadata is read, so a file committed in
-between is seen as referenced.
+between is seen as referenced, and the metadata is read again AFTER the writes were
+judged: a write that committed after the first read is "committed" in the database and
+referenced in the second.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from reconciler import faults
 from reconciler.table.catalog import Tables, local_path
 from reconciler.table.reach import _norm, _referenced, _unlink
 from reconciler.table.reports import MaintenanceError, _camel
-from reconciler.table.writeids import write_id_of_data_path, write_id_of_name
+from reconciler.table.writeids import BATCH_DIR_PREFIX, write_id_of_data_path, write_id_of_name
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +91,20 @@ def remove_orphans(
         raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
     referenced = _referenced(table)
     candidates = {p: st for p, st in listed.items() if _norm(p) not in referenced}
+    faults.point("orphans-judge", name)
     by_write: dict[str, list[str]] = defaultdict(list)
     for path in candidates:
         wid = _write_of(root, path)
         if wid is not None:
             by_write[wid].append(path)
-    doomed = _finished_writes(store, by_write) if store is not None else set()
+    doomed = _finished_writes(store, by_write, root) if store is not None else set()
+    if doomed:
+        # A write judged committed may have committed after the read above: read again.
+        table = tables.load(name)
+        if table is None:
+            raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
+        referenced = _referenced(table)
+        candidates = {p: st for p, st in candidates.items() if _norm(p) not in referenced}
     for path, (mtime, size) in sorted(candidates.items()):
         wid = _write_of(root, path)
         if wid is not None:
@@ -115,15 +130,22 @@ def remove_orphans(
     return result
 
 
-def _finished_writes(store: Any, by_write: dict[str, list[str]]) -> set[str]:
+def _finished_writes(store: Any, by_write: dict[str, list[str]], root: Path) -> set[str]:
     """Of the writes whose unreferenced files were found, those whose files may go: done
-    (committed) or discarded, and unknown ones once fenced."""
+    (committed) or discarded, unknown batch directories once fenced, and other unknown
+    writes (committed: the module's docstring)."""
     if not by_write:
         return set()
     statuses = store.write_statuses(by_write)
     done = {w for w, s in statuses.items() if s in ("committed", "discarded")}
     unknown = [w for w in by_write if w not in statuses]
-    return done | store.fence_unknown_writes(unknown)
+    legacy = [w for w in unknown if any(_is_batch_dir(root, p) for p in by_write[w])]
+    return done | (set(unknown) - set(legacy)) | store.fence_unknown_writes(legacy)
+
+
+def _is_batch_dir(root: Path, path: str) -> bool:
+    rel = Path(path).relative_to(root).parts
+    return len(rel) > 1 and rel[0] == "data" and rel[1].startswith(BATCH_DIR_PREFIX)
 
 
 def _write_of(root: Path, path: str) -> str | None:

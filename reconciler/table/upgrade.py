@@ -26,6 +26,7 @@ from pyiceberg.table import Table, TableProperties
 from reconciler import faults
 from reconciler.errors import CommitOutcomeUnknown
 from reconciler.store.batches import TableConflict
+from reconciler.table import durable
 from reconciler.table.catalog import (
     BATCH,
     DATASOURCE,
@@ -300,6 +301,7 @@ def _promote_staged(root: Path, datasource: str, store) -> int:
     committed = store.committed_batch_ids(docs) if docs else set()
     for batch_id in sorted(committed):
         d, doc = docs[batch_id]
+        moved: list[Path] = []
         for f in [*doc.get("files", ()), *doc.get("dead_files", ())]:
             src, dst = Path(f["staging_path"]), Path(f["final_path"])
             if src.exists():
@@ -307,6 +309,10 @@ def _promote_staged(root: Path, datasource: str, store) -> int:
                 os.replace(src, dst)
             elif not dst.exists():
                 raise MaintenanceError(f"batch {batch_id}: {src} is gone and {dst} does not exist")
+            moved.append(dst)
+        # The import commits these paths: the renames (and any new directory up to the
+        # segments directory) are made durable before it, and before the staging goes.
+        durable.sync(moved, {a for p in moved for a in durable.ancestors(p, root)})
         shutil.rmtree(d, ignore_errors=True)
     return len(committed)
 

@@ -352,35 +352,49 @@ def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot],
     both = pa.concat_tables([t.cast(pa.schema([("partition", pa.string()), ("offset", pa.int64())]))
                              for t in parts])
     counts = both.group_by(["partition", "offset"]).aggregate([([], "count_all")])
-    dupes = counts.filter(pc.greater(counts.column("count_all"), 1))
+    # A (partition, offset) names one record per source whose ranges cover it (two
+    # supervisors into one datasource, one supervisor across a fresh start): the rows carry
+    # no source, so each is allowed as many rows as sources cover it, and no more.
+    sources = _sources(counts, snaps)
+    found_rows = pc.min_element_wise(counts.column("count_all"), pa.array(sources, pa.int64()))
+    over = pc.greater(counts.column("count_all"), pa.array([max(n, 1) for n in sources], pa.int64()))
+    dupes = counts.filter(over)
     duplicates = sorted(zip(dupes.column("partition").to_pylist(), dupes.column("offset").to_pylist(),
                             dupes.column("count_all").to_pylist(), strict=True))
     expected = sum(e - s for snap in snaps for _, s, e in snap.ranges)
-    holes = max(0, expected - counts.num_rows)
-    found = collections.Counter(counts.column("partition").to_pylist())
-    outside = _outside(counts, snaps)
+    held = collections.Counter()
+    for p, n in zip(counts.column("partition").to_pylist(), found_rows.to_pylist(), strict=True):
+        held[p] += n
+    holes = max(0, expected - sum(held.values()))
+    outside = sum(1 for n in sources if n == 0)
     return DeepCheck(rows=rows.num_rows, dead_letters=dead_rows, duplicates=duplicates, holes=holes,
-                     missing=_missing(snaps, expired_read or {}, found), outside=outside)
+                     missing=_missing(snaps, expired_read or {}, held), outside=outside)
 
 
-def _outside(counts, snaps: Sequence[BatchSnapshot]) -> int:
-    """Distinct (partition, offset) of rows that no snapshot's range covers."""
+def _sources(counts, snaps: Sequence[BatchSnapshot]) -> list[int]:
+    """For each (partition, offset) of ``counts``: how many sources (lineage and
+    generation) have a range that covers it (0: a row no range covers)."""
     import numpy as np
 
-    by_part: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    by_part: dict[str, dict[tuple[str, int], list[tuple[int, int]]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list))
     for snap in snaps:
         for p, s, e in snap.ranges:
-            by_part[p].append((s, e))
+            by_part[p][(lineage_of(snap.supervisor_id), snap.generation)].append((s, e))
     partitions = counts.column("partition").to_numpy(zero_copy_only=False)
     offsets = counts.column("offset").to_numpy(zero_copy_only=False)
-    outside = 0
+    out = np.zeros(len(offsets), dtype=np.int64)
     for p in set(partitions.tolist()):
-        mine = offsets[partitions == p]
-        covered = np.zeros(len(mine), dtype=bool)
-        for s, e in by_part.get(p, ()):
-            covered |= (mine >= s) & (mine < e)
-        outside += int((~covered).sum())
-    return outside
+        at = partitions == p
+        mine = offsets[at]
+        n = np.zeros(len(mine), dtype=np.int64)
+        for ranges in by_part.get(p, {}).values():
+            covered = np.zeros(len(mine), dtype=bool)
+            for s, e in ranges:
+                covered |= (mine >= s) & (mine < e)
+            n += covered
+        out[at] = n
+    return out.tolist()
 
 
 def _missing(snaps: Sequence[BatchSnapshot], expired_read: Mapping[str, Mapping[str, int]],

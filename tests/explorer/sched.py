@@ -21,8 +21,9 @@ Faults, drawn at the points as well:
   the outcome is unknown (what PostgreSQL does with a COMMIT it received);
 * ``enospc``: the disk is full where a file is written or synced.
 
-Points inside a transaction (``commit-before``, ``commit-after``, ``inside-reset``) inject
-faults but never switch threads: a parked writer there would hold the database's lock.
+Points inside a transaction (``commit-before``, ``commit-after``, ``inside-reset``) or a
+lock (``table-created``: the catalog's) inject faults but never switch threads: a parked
+writer there would hold the database's lock, or its process's.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import sqlalchemy as sa
 
 from reconciler import faults
 
-NO_SWITCH = {"commit-before", "commit-after", "inside-reset"}
+NO_SWITCH = {"commit-before", "commit-after", "inside-reset", "table-created"}
 FILE_POINTS = {"job-file", "job-sync", "write-metadata"}
 HANG = 30.0  # seconds an actor may run between two points before the schedule counts as hung
 

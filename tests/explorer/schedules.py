@@ -444,6 +444,66 @@ def percent_path() -> Schedule:
     return s
 
 
+def orphans_read_then_publish() -> Schedule:
+    """Review of the fences: orphan clean-up read the table's metadata, a batch committed,
+    then the clean-up asked the database about the unreferenced files' writes. The batch's
+    files were unreferenced in what it had read and "committed" in what the database said."""
+    s = Schedule("orphans-read-then-publish", 16)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 1))),
+                ("maintain", "cli-maintain", _seq(_op("orphans")))]
+    s.script = [("main", "before-commit"), ("maintain", "orphans-judge"), ("main", END), ("maintain", END)]
+    return s
+
+
+def orphans_read_then_compaction() -> Schedule:
+    """The same moment for a compaction: committed, it leaves no row in ``writes`` and no
+    batch, so the clean-up took it for a write nobody recorded and fenced it."""
+    s = Schedule("orphans-read-then-compaction", 17)
+    s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact"))),
+                ("maintain", "cli-maintain", _seq(_op("orphans")))]
+    s.script = [("main", END), ("compact", "compact-commit"), ("maintain", "orphans-judge"), ("compact", END),
+                ("maintain", END)]
+    return s
+
+
+def compaction_unknown_then_orphans() -> Schedule:
+    """A compaction's commit landed but its connection dropped (outcome unknown). Before it
+    asks its fence, an orphan clean-up finds the write's output for a partition another
+    compaction took meanwhile (unreferenced), sees no row for the write (the commit deleted
+    it) and records it as discarded; the compaction's fence must still say "committed"."""
+    from datetime import timedelta
+
+    from tests.explorer.model import T0
+
+    s = Schedule("compaction-unknown-then-orphans", 18)
+    s.actors = [("main", "daemon", _ingest(6)), ("compact", "cli-compact", _seq(_op("compact"))),
+                ("compact2", "cli-compact-2", _seq(_op("compact", now=T0 + timedelta(hours=1, minutes=30)))),
+                ("maintain", "cli-maintain", _seq(_op("orphans")))]
+    s.plan = FaultPlan(armed={("compact", "compact-commit"): ("commit-after", "drop-after")})
+    s.script = [("main", END), ("compact", "compact-commit"), ("compact2", END), ("compact", "compact-unknown"),
+                ("maintain", END), ("compact", END)]
+    return s
+
+
+def power_cut_table_created() -> Schedule:
+    """Defect 3, a new table: a power cut after pyiceberg committed the table's creation
+    (the catalog row) and before its metadata was made durable."""
+    s = Schedule("power-cut-table-created", 19)
+    s.world = dict(tables=False)
+    s.actors = [("main", "daemon", _seq(_op("lead"), _op("step", MAIN, 1)))]
+    s.plan = FaultPlan(forced={("main", "table-created", 0): "power"})
+    return s
+
+
+def fresh_start_deep() -> Schedule:
+    """``verify --deep`` after a ``freshStart``: the new source's offsets start again at 0,
+    so (partition, offset) repeats across the two sources while no record is in the table
+    twice. Deep's verdict must equal the truth."""
+    s = fresh_start()
+    s.name, s.seed, s.expect = "fresh-start-deep", 20, _deep_verdict
+    return s
+
+
 # -- set-ups and checks of the named schedules --------------------------------------------------
 
 
@@ -555,6 +615,16 @@ def _fresh_start(world: World) -> None:
         new.partitions, new.earliest_offset, new.prefix)
 
 
+def _deep_verdict(world: World, tables: Tables, store: Store) -> list[str]:
+    report = check.run_verify(world, tables, store, deep=True)
+    t = check.truth(world, tables, store, final=False)
+    if report is not None and report.ok != t.ok:
+        deep = report.deep.to_dict() if report.deep else None
+        return [f"verify --deep says {'ok' if report.ok else 'FAILED'} but the truth is "
+                f"{'ok' if t.ok else 'broken'}: {str(deep)[:300]}"]
+    return []
+
+
 def _verify_ok(world: World, tables: Tables, store: Store) -> list[str]:
     report = check.run_verify(world, tables, store, deep=False)
     bad = [f.to_dict() for f in report.findings if f.fails] if report is not None else []
@@ -565,4 +635,5 @@ NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     orphans_during_publish, orphans_during_compaction, ambiguous_commit, power_cut_after_commit,
     power_cut_after_compaction, two_upgrades, many_batch_directories, cancel_during_publish, rollup_flip,
     verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
-    continuous_expiry)}
+    continuous_expiry, orphans_read_then_publish, orphans_read_then_compaction, compaction_unknown_then_orphans, power_cut_table_created,
+    fresh_start_deep)}

@@ -181,9 +181,10 @@ class World:
         if not result.ok:
             self.notes.append(f"reset failed: {result.message}")
 
-    def compact(self, proc: Process) -> None:
+    def compact(self, proc: Process, now: datetime = FAR) -> None:
+        """Compact every partition closed at ``now`` (FAR: all of them)."""
         rollup = Rollup(("id", "__partition", "__offset"), (("count", "count"),)) if self.rollup else None
-        compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=FAR,
+        compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=now,
                 target_file_size=1 << 30, attempts=3)
 
     def expire(self, proc: Process, retain_last: int = 1) -> None:
