@@ -69,5 +69,10 @@ class SpecInvalid(PermanentError):
         return self.problems[0]
 
 
-class SparkMisconfigured(PermanentError):
+class Misconfigured(PermanentError):
+    """A setting cannot work as given (the message names the setting and the fix): the
+    command line says so in one line and exits 2."""
+
+
+class SparkMisconfigured(Misconfigured):
     """Spark cannot work with these settings until a person changes them (the message says how)."""

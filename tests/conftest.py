@@ -157,6 +157,37 @@ def spark():
         session.stop()
 
 
+# --------------------------------------------------------------------------- secrets
+
+
+@pytest.fixture(autouse=True)
+def _grants_restored() -> Iterator[None]:
+    """The CLI grants secrets to its process (and exports them for Spark's workers): a test
+    that runs it in-process must not leave its grants to the next test."""
+    from reconciler.spec import grants
+
+    saved = grants._granted, {k: os.environ.get(k) for k in (grants.ENV_DIR, grants.ENV_NAMES)}
+    yield
+    grants._granted = saved[0]
+    for key, value in saved[1].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def grant_secrets(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """``grant_secrets(secrets_dir=None, env=())``: what this test process may resolve, as the
+    ``secretsDir``/``secretEnv`` settings would grant it (restored after the test)."""
+    from reconciler.spec import grants
+
+    def give(secrets_dir: str | os.PathLike[str] | None = None, env: tuple[str, ...] | list[str] = ()) -> None:
+        monkeypatch.setattr(grants, "_granted", grants.Grants.of(os.fspath(secrets_dir) if secrets_dir else None, env))
+
+    return give
+
+
 # --------------------------------------------------------------------------- names
 
 

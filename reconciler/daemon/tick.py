@@ -22,6 +22,7 @@ from reconciler.observe.metrics import Metrics
 from reconciler.runtime.batching import caught_up
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.settings import Settings
+from reconciler.spec.grants import Grants
 from reconciler.spec.loader import SpecCache
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
@@ -77,7 +78,8 @@ class Tick:
         try:
             result = reconcile_once(settings.specs, applier, ps,
                                     check_permissions=not settings.allow_insecure_specs, stable=stable,
-                                    cache=self._spec_cache, leading=self._leadership.leading_in_pass)
+                                    cache=self._spec_cache, leading=self._leadership.leading_in_pass,
+                                    grants=Grants.from_settings(settings))
         except ReconcilerError as exc:
             log.error("reconcile aborted (nothing concluded): %s", exc)
             self._metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))
