@@ -38,31 +38,14 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
+from reconciler.errors import printable
 from reconciler.spec import secrets
 
 FIELDS = ("supervisor", "batch", "action")
 LIBRARY_LOGGERS = ("reconciler.streams.kafka.librdkafka", "rstream", "py4j", "pika")
 REPEAT_WINDOW = 60.0  # seconds a repeated library message stays quiet
 _NUMBERS = re.compile(r"\d+")
-# C0, DEL, C1 (ESC's 8-bit twin CSI among them), the line and paragraph separators and the
-# bidirectional overrides: what can forge a line, drive a terminal or reorder what is read.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(m: re.Match[str]) -> str:
-    ch = m.group(0)
-    if ch in _NAMED:
-        return _NAMED[ch]
-    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-
-
-def printable(value: object) -> str:
-    """``value`` as one line of text a terminal shows as it is: every control character
-    escaped (a newline too); None is empty. For text output only: JSON stays exact."""
-    if value is None:
-        return ""
-    return _UNPRINTABLE.sub(_escape, str(value))
+__all__ = ["printable", "printable_lines", "setup", "priority", "stderr_is_journal"]
 
 
 def printable_lines(text: object) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any
 from reconciler.control.actual import ActualState, State, SupervisorRecord
 from reconciler.control.requests import ResetRequest, from_marker, from_stanza
 from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from
+from reconciler.errors import printable
 from reconciler.model import (
     KafkaSource,
     Position,
@@ -202,7 +203,7 @@ def _isolated(sid: str, path: str, rec: SupervisorRecord | None, notes: list[str
     try:
         return diff(*args)
     except Exception as exc:  # noqa: BLE001 - one spec's surprise must not stop the plan of every other
-        error = f"{path}: cannot be planned: {type(exc).__name__}: {exc}"
+        error = f"{printable(path)}: cannot be planned: {type(exc).__name__}: {printable(exc)}"
         if rec is None or rec.state == State.TERMINATED:
             notes.append(f"{error}; nothing is created from it")
             return []
@@ -257,7 +258,7 @@ def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, a
 
 def source_change_error(path: str, change: str, *, terminated: bool = False) -> str:
     keeps = "is not re-created" if terminated else "keeps its last valid spec"
-    return (f"{path}: source: {change}; the kept checkpoints belong to the old source, so this id {keeps}. "
+    return (f"{printable(path)}: source: {change}; the kept checkpoints belong to the old source, so this id {keeps}. "
             "To start this id over on the new source, add `freshStart: true` to the spec (the old checkpoints "
             "are dropped and ingestion starts from startFrom); or use a new id; or revert the source")
 

@@ -154,7 +154,8 @@ class Leadership:
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
                                       snapshot_retention=settings.snapshot_retention,
-                                      on_progress=self._wake)
+                                      on_progress=self._wake,
+                                      step_timeout=lambda: self._settings().step_timeout)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")

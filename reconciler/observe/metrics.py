@@ -38,12 +38,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
+from reconciler.observe.httpserver import BoundedHTTPServer, RequestHandler
 from reconciler.spec import secrets
 
 MAX_LOOP_AGE = 120.0  # seconds without a loop iteration before /healthz says 503
@@ -202,13 +202,14 @@ def _spark_info() -> dict[str, Any]:
     return session_info()
 
 
-def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None) -> ThreadingHTTPServer:
+def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None) -> BoundedHTTPServer:
     """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` on ``host:port``
-    in a daemon thread (port 0: any free port)."""
+    in a daemon thread (port 0: any free port); HEAD answers as GET without a body. The
+    server is bounded in threads and connections (``httpserver``)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
 
-    class Handler(MetricsHandler):
+    class Handler(RequestHandler, MetricsHandler):
         def _send(self, code: int, content_type: str, data: bytes) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
@@ -242,7 +243,4 @@ def serve(metrics: Metrics, address: str, page: Callable[[], str] | None = None)
             pass
 
     Handler.registry = registry
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    return server
+    return BoundedHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Handler).start()

@@ -104,9 +104,10 @@ def _latest(rec: SupervisorRecord) -> tuple[dict[str, int], str | None]:
 
 
 def ask_all(recs: Sequence[SupervisorRecord], *, workers: int = _LAG_THREADS,
-            deadline: float = ASK_DEADLINE) -> dict[str, tuple[dict[str, int], str | None]]:
+            deadline: float | None = None) -> dict[str, tuple[dict[str, int], str | None]]:
     """``_latest`` of every record on up to ``workers`` threads; a lookup that takes longer
-    than ``deadline`` is given up (reported as such) and its thread replaced."""
+    than ``deadline`` (default ``ASK_DEADLINE``) is given up (reported as such) and its thread replaced."""
+    deadline = ASK_DEADLINE if deadline is None else deadline
     todo: deque[SupervisorRecord] = deque(recs)
     results: dict[str, tuple[dict[str, int], str | None]] = {}
     started: dict[str, float] = {}
@@ -136,7 +137,7 @@ def ask_all(recs: Sequence[SupervisorRecord], *, workers: int = _LAG_THREADS,
             now = time.monotonic()
             late = [sid for sid, t in started.items() if sid not in results and now - t >= deadline]
             for sid in late:  # given up: its thread may never come back, so another takes its place
-                results[sid] = ({}, f"no answer from the stream within {deadline:.0f}s (still asking)")
+                results[sid] = ({}, f"no answer from the stream within {deadline:g}s (given up)")
             done = len(results) == len(recs)
         if done:
             return results
