@@ -197,7 +197,7 @@ class CatchUp:
                             targets[sid] = adapter.latest()
                         finally:
                             adapter.close()
-                    except ReconcilerError as exc:
+                    except Exception as exc:  # noqa: BLE001 - one supervisor's surprise, reported on it
                         log.warning("%s: cannot read latest offsets yet: %s", sid, exc)
                         return False
             self._targets = targets

@@ -85,8 +85,8 @@ def problems(parsed: ParsedYaml) -> list[SpecProblem]:
     for col in output_columns(ds)[1:]:
         lower = col.name.lower()
         if lower in RESERVED_COLUMNS:
-            out.append(_problem(parsed, col, f"{col.name!r} is a column the output writes itself (reserved, in any "
-                                             f"case: {', '.join(RESERVED_COLUMNS)}); use another name"))
+            out.append(_problem(parsed, col, f"{col.name!r} is a column the output writes itself (reserved: "
+                                             f"{', '.join(RESERVED_COLUMNS)}, in any case); use another name"))
         elif lower in VIRTUAL_TYPES and col.name not in VIRTUAL_TYPES:
             out.append(_problem(parsed, col, f"{col.name!r} is the virtual column {lower!r} in another case: write "
                                              f"{lower!r} for the virtual column, or choose another name"))

@@ -22,10 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconciler.errors import SpecProblem
 from reconciler.model import SupervisorSpec
 from reconciler.spec.columns import Column, output_columns
-from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
+from reconciler.spec.yamlsafe import YamlPath, format_field
 
 DEADLETTER_SUFFIX = "_deadletter"  # the same suffix as table.catalog's dead-letter tables
 
@@ -35,16 +34,19 @@ _ROLLUP: YamlPath = ("dataSchema", "granularity", "rollup")
 
 @dataclass(frozen=True)
 class Entry:
-    """One valid spec of the group: where it was read from and its parse (for positions)."""
+    """One valid spec of the group and where it was read from."""
 
     path: str
     spec: SupervisorSpec
-    parsed: ParsedYaml
 
 
-def problems(entries: Sequence[Entry]) -> dict[str, list[SpecProblem]]:
-    """Problems by path; a path without conflicts is absent."""
-    out: dict[str, list[SpecProblem]] = {}
+Findings = dict[str, list[tuple[YamlPath, str]]]  # path -> (field, message)
+
+
+def findings(entries: Sequence[Entry]) -> Findings:
+    """What conflicts, by path (a path without conflicts is absent); positions are added by
+    the caller, only for the files concerned."""
+    out: Findings = {}
     by_datasource: dict[str, list[Entry]] = {}
     for e in entries:
         by_datasource.setdefault(e.spec.data_schema.datasource, []).append(e)
@@ -61,7 +63,7 @@ def problems(entries: Sequence[Entry]) -> dict[str, list[SpecProblem]]:
     return out
 
 
-def _agree(out: dict[str, list[SpecProblem]], ds: str, group: list[Entry]) -> None:
+def _agree(out: Findings, ds: str, group: list[Entry]) -> None:
     first = group[0]
     for e in group[1:]:
         if e.spec.data_schema.rollup != first.spec.data_schema.rollup:
@@ -71,7 +73,7 @@ def _agree(out: dict[str, list[SpecProblem]], ds: str, group: list[Entry]) -> No
                                       "datasource must agree on rollup")
     columns: dict[str, tuple[Column, Entry]] = {}
     for e in group:
-        for col in output_columns(e.parsed.data.get("dataSchema") or {}):
+        for col in output_columns(e.spec.document.get("dataSchema") or {}):
             seen = columns.get(col.name.lower())
             if seen is None:
                 columns[col.name.lower()] = (col, e)
@@ -86,9 +88,7 @@ def _agree(out: dict[str, list[SpecProblem]], ds: str, group: list[Entry]) -> No
                                        f"datasource {ds!r} is one table, its columns must agree")
 
 
-def _add(out: dict[str, list[SpecProblem]], e: Entry, at: YamlPath, message: str) -> None:
-    line, column = e.parsed.value_position(at)
-    problem = SpecProblem(e.path, line, column, format_field(at), message)
+def _add(out: Findings, e: Entry, at: YamlPath, message: str) -> None:
     found = out.setdefault(e.path, [])
-    if problem not in found:
-        found.append(problem)
+    if (at, message) not in found:
+        found.append((at, message))

@@ -12,9 +12,12 @@ credentials. A spec may therefore read only what the operator granted:
   on; a directory swapped for a link in between is caught), and read up to
   ``MAX_SECRET_BYTES``.
 * ``${env:NAME}``: only the names listed in ``secretEnv``.
-* librdkafka properties that make the client read a file holding a secret (private keys,
-  keystores, keytabs, JWT assertions) follow the ``${file:}`` rule; properties that run a
-  command, load a library or write files are refused outright.
+* librdkafka properties that make the client read a file (private keys, keystores,
+  keytabs, JWT assertions, and CA and CRL files too) follow the ``${file:}`` rule: a key
+  read from another team's path would authenticate as that team, and librdkafka opens
+  these files while it builds a client holding Python's lock, so a FIFO there would freeze
+  the whole daemon, not one step. ``ssl.ca.location: probe`` (the system's CAs) stays
+  allowed. Properties that run a command, load a library or write files are refused outright.
 
 ``check_file``, ``check_env`` and ``check_property`` say why a spec's reference is
 refused (validation names file:line, and every pass checks again, so a grant withdrawn by
@@ -42,17 +45,25 @@ from reconciler.errors import PermanentError
 ENV_DIR = "RECONCILER_SECRETS_DIR"
 ENV_NAMES = "RECONCILER_SECRET_ENV"
 MAX_SECRET_BYTES = 64 << 10  # a password, a key or a keystore; not a data file
+MAX_CLIENT_FILE_BYTES = 4 << 20  # a file the client reads itself: a CA bundle may hold a few hundred certificates
 HOW_DIR = "secretsDir, --secrets-dir, RECONCILER_SECRETS_DIR; under systemd LoadCredential= sets it"
 HOW_ENV = "secretEnv, --secret-env, RECONCILER_SECRET_ENV"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREDENTIALS = "$CREDENTIALS_DIRECTORY"
 
-# librdkafka's CONFIGURATION.md: properties whose value is a path the client reads a secret from.
-SECRET_FILE_PROPERTIES = frozenset({
+# librdkafka's CONFIGURATION.md: properties whose value is a path the client reads.
+FILE_PROPERTIES = frozenset({
     "ssl.key.location", "ssl.keystore.location", "ssl.certificate.location", "sasl.kerberos.keytab",
     "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.assertion.file",
-    "sasl.oauthbearer.assertion.jwt.template.file",
+    "sasl.oauthbearer.assertion.jwt.template.file", "ssl.ca.location", "https.ca.location", "ssl.crl.location",
 })
+_SPECIAL_VALUES = {("ssl.ca.location", "probe")}  # not a path: librdkafka probes the system's CA paths
+
+
+def reads_file(key: str, value: object) -> bool:
+    """Whether a librdkafka property with this value makes the client read a file."""
+    name = key.strip().lower()
+    return name in FILE_PROPERTIES and isinstance(value, str) and (name, value.strip()) not in _SPECIAL_VALUES
 # ... and properties no spec may set: whoever writes one runs code as the daemon or writes its files.
 REFUSED_PROPERTIES = {
     "sasl.kerberos.kinit.cmd": "runs a shell command",
@@ -115,6 +126,13 @@ def grant(grants: Grants, *, export: bool = True) -> None:
         os.environ[ENV_NAMES] = ",".join(sorted(grants.env))
 
 
+def executor_env(grants: Grants) -> dict[str, str]:
+    """Spark settings that hand the grants to the executors' Python workers, which resolve
+    references when they build their clients (on a cluster they are not this process's children)."""
+    return {f"spark.executorEnv.{ENV_DIR}": grants.secrets_dir or "",
+            f"spark.executorEnv.{ENV_NAMES}": ",".join(sorted(grants.env))}
+
+
 def current() -> Grants:
     """This process's grants: as ``grant`` set them, else from the environment."""
     with _lock:
@@ -149,9 +167,9 @@ def _target(arg: str, grants: Grants) -> tuple[str | None, str | None]:
     return path, None
 
 
-def check_file(arg: str, grants: Grants) -> str | None:
+def check_file(arg: str, grants: Grants, max_bytes: int = MAX_SECRET_BYTES) -> str | None:
     """Why ``${file:arg}`` cannot be read under ``grants``, or None. Looks at the file
-    (never opens it) when the secrets directory exists on this host."""
+    (never opens it)."""
     path, why = _target(arg, grants)
     if why:
         return why
@@ -167,8 +185,8 @@ def check_file(arg: str, grants: Grants) -> str | None:
         return f"cannot be read: {path}: {exc.strerror}"
     if not stat.S_ISREG(st.st_mode):
         return f"names {path}, which is not a regular file (a FIFO, device, socket or directory)"
-    if st.st_size > MAX_SECRET_BYTES:
-        return f"names {path}, which holds {st.st_size} bytes; a secret file holds at most {MAX_SECRET_BYTES} bytes"
+    if st.st_size > max_bytes:
+        return f"names {path}, which holds {st.st_size} bytes; a secret file holds at most {max_bytes} bytes"
     return None
 
 
@@ -187,10 +205,10 @@ def check_property(key: str, value: str, grants: Grants | None) -> str | None:
     name = key.strip().lower()
     if name in REFUSED_PROPERTIES:
         return f"{key} {REFUSED_PROPERTIES[name]}: no spec may set it"
-    if name in SECRET_FILE_PROPERTIES and grants is not None:
-        why = check_file(value, grants)
+    if reads_file(key, value) and grants is not None:
+        why = check_file(value, grants, MAX_CLIENT_FILE_BYTES)
         if why:
-            return f"{key} reads a secret file and {why}"
+            return f"{key} reads a file and {why}"
     return None
 
 
@@ -211,6 +229,16 @@ def secret_path(arg: str, grants: Grants, reference: str) -> str:
     real = os.path.realpath(path)
     if not _inside(real, base):
         raise _refused(reference, f"resolves through a link to {real}, outside the secrets directory")
+    return real
+
+
+def client_file(arg: str, grants: Grants, reference: str) -> str:
+    """The real path of a granted regular file for a client property to read (looked at,
+    never opened: the client opens it, and must never meet a FIFO or a device)."""
+    real = secret_path(arg, grants, reference)
+    why = check_file(real, grants, MAX_CLIENT_FILE_BYTES)
+    if why:
+        raise _refused(reference, why)
     return real
 
 

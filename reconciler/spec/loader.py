@@ -43,6 +43,7 @@ from reconciler.spec.specfiles import (
     flag_duplicate_ids,
     load_spec,
     load_spec_file,
+    located,
     spec_result,
     spec_warnings,
     with_problems,
@@ -190,15 +191,14 @@ def _judged(results: list[SpecResult], grants: Grants | None) -> list[SpecResult
     flag_duplicate_ids(results)
     if grants is not None:
         for i, r in enumerate(results):
-            if r.parsed is not None and r.spec is not None:
-                refused = references.grant_problems(r.parsed, grants)
+            if r.spec is not None and not r.problems:
+                refused = references.grant_findings(r.spec.document, grants)
                 if refused:
-                    results[i] = with_problems(r, refused)
-    valid = [crossfile.Entry(r.path, r.spec, r.parsed) for r in results if r.spec is not None and not r.problems
-             and r.parsed is not None]
-    clashes = crossfile.problems(valid)
+                    results[i] = with_problems(r, located(r, refused))
+    clashes = crossfile.findings([crossfile.Entry(r.path, r.spec) for r in results if r.spec is not None
+                                  and not r.problems])
     if clashes:
-        results = [with_problems(r, clashes[r.path]) if r.path in clashes else r for r in results]
+        results = [with_problems(r, located(r, clashes[r.path])) if r.path in clashes else r for r in results]
     return results
 
 

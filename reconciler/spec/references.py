@@ -5,9 +5,9 @@ Two kinds of check, both as ``SpecProblem``s with file:line:
 * ``syntax_problems`` needs no settings (it runs wherever ``validate`` runs): a reference
   names an environment variable that can exist, a file argument holds no NUL, and no
   librdkafka property that runs a command or loads code is set (``grants.REFUSED_PROPERTIES``).
-* ``grant_problems`` applies the operator's grants (``grants``): every ``${env:}`` names a
+* ``grant_findings`` applies the operator's grants (``grants``): every ``${env:}`` names a
   granted and set variable, every ``${file:}`` (and every librdkafka property that reads a
-  secret file) names a readable regular file of bounded size under the secrets directory.
+  file) names a readable regular file of bounded size under the secrets directory.
   The daemon and ``plan`` run it on every pass (grants may change with SIGHUP; a spec's
   parse is cached, its grants are not); ``validate`` runs it when grants are given.
 """
@@ -68,8 +68,10 @@ def syntax_problems(parsed: ParsedYaml) -> list[SpecProblem]:
     return out
 
 
-def grant_problems(parsed: ParsedYaml, grants: Grants) -> list[SpecProblem]:
-    """Every reference and secret-file property ``grants`` do not allow, naming the setting."""
+def grant_findings(data: Any, grants: Grants) -> list[tuple[YamlPath, str]]:
+    """(field, message) of every reference and file property ``grants`` do not allow, naming
+    the setting that would grant it (positions are added by the caller, only when needed)."""
+    parsed = ParsedYaml(path="", data=data)
     out = []
     for at, value in _strings(_source(parsed), ("source",)):
         for kind, arg in references(value):
@@ -80,11 +82,10 @@ def grant_problems(parsed: ParsedYaml, grants: Grants) -> list[SpecProblem]:
             else:
                 why = grants_mod.check_file(arg, grants)
             if why:
-                out.append(_problem(parsed, at, f"${{{kind}:{arg}}} is refused: it {why}"))
+                out.append((at, f"${{{kind}:{arg}}} is refused: it {why}"))
     for at, key, value in _properties(parsed):
-        if key.strip().lower() in grants_mod.SECRET_FILE_PROPERTIES and isinstance(value, str) \
-                and not any(True for _ in references(value)):
+        if grants_mod.reads_file(key, value) and not any(True for _ in references(value)):
             why = grants_mod.check_property(key, value, grants)
             if why:
-                out.append(_problem(parsed, at, why))
+                out.append((at, why))
     return out

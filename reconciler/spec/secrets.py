@@ -66,7 +66,7 @@ def resolve(value: Any, grants: Grants | None = None) -> Any:
 
 def resolve_mapping(values: Mapping[str, Any], grants: Grants | None = None) -> dict[str, Any]:
     """Client properties with their references resolved. A property that runs a command or
-    loads code is refused, and one that reads a secret file must name a granted file: its
+    loads code is refused, and one that reads a file must name a granted regular file: its
     value becomes that file's real path (the client reads exactly what was checked)."""
     grants = grants or grants_mod.current()
     resolved = {}
@@ -75,8 +75,8 @@ def resolve_mapping(values: Mapping[str, Any], grants: Grants | None = None) -> 
         name = str(k).strip().lower()
         if name in grants_mod.REFUSED_PROPERTIES:
             raise PermanentError(f"consumer property {k} {grants_mod.REFUSED_PROPERTIES[name]}: no spec may set it")
-        if name in grants_mod.SECRET_FILE_PROPERTIES and isinstance(value, str):
-            value = grants_mod.secret_path(value, grants, f"{k}: {v}")
+        if grants_mod.reads_file(str(k), value):
+            value = grants_mod.client_file(value, grants, f"{k}: {v}")
         resolved[k] = value
         if isinstance(v, str) and not has_reference(v) and is_secret_key(str(k)):
             scrubber.learn(v)  # a literal secret is still a secret in an echoed message

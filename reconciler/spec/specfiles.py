@@ -2,9 +2,10 @@
 
 ``load_directory`` calls ``spec_result`` for every spec file of a pass (from its
 ``SpecCache`` when the file did not change); ``load_spec_file`` is the same for a file
-named alone. A result keeps the file's parse (``ParsedYaml``) for the checks that run on
-every pass and need positions: the operator's grants (``references``) and the rules that
-compare files (``crossfile``). Duplicate ids are flagged here too.
+named alone. A valid result keeps its spec, not its parse: the checks that run on every pass
+(the operator's grants, the rules that compare files) work on the document, and ``located``
+parses the file again for positions only when one of them found something. Duplicate ids
+are flagged here too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from reconciler.model import SupervisorSpec, file_stem
 from reconciler.spec import names, permissions, secrets
 from reconciler.spec.filecache import FileCache, FileKey
 from reconciler.spec.validate import sort_problems, validate_document
-from reconciler.spec.yamlsafe import ParsedYaml, format_field, parse_yaml, read_limited
+from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field, parse_yaml, read_limited
 
 _ID_LINE = re.compile(r"""^id:[ \t]*["']?([^"'\s#]+)""", re.MULTILINE)
 
@@ -36,9 +37,10 @@ class SpecResult:
     id_from_document: bool = False  # the id came from a parsed mapping (reliable)
     id_line: tuple[int | None, int | None] = (None, None)
     warnings: tuple[SpecProblem, ...] = ()
-    parsed: ParsedYaml | None = None  # the parse, when the file parsed
-    revalidate: bool = False  # validation failed: validated again each pass (a future time may come)
+    parsed: ParsedYaml | None = None  # kept while validation fails: validated again each pass
+    revalidate: bool = False  # a future time may come
     real: str | None = None  # the path to read, when it differs from ``path``
+    root: str | None = None  # the spec directory (a link must not leave it)
 
 
 SpecCache = FileCache[SpecResult]
@@ -133,7 +135,7 @@ def _revalidated(cached: SpecResult, now: datetime | None) -> SpecResult:
     """A cached file that failed validation is validated again (not parsed): a timestamp in
     the future becomes valid once its time has come."""
     assert cached.parsed is not None
-    result = SpecResult(path=cached.path)
+    result = SpecResult(path=cached.path, real=cached.real, root=cached.root)
     _finish(result, cached.parsed, now)
     return result
 
@@ -154,7 +156,7 @@ def load_spec(
     real: str | None = None,
 ) -> SpecResult:
     """Read, parse, validate and type one spec file; ``data_out`` receives the bytes read."""
-    result = SpecResult(path=display, real=real)
+    result = SpecResult(path=display, real=real, root=os.fspath(root) if root is not None else None)
     data = b""
     try:
         data = read(display, root, real=real)
@@ -173,10 +175,9 @@ def _finish(result: SpecResult, parsed: ParsedYaml, now: datetime | None) -> Non
     """Validate and type a parsed spec into ``result``."""
     display = result.path
     _note_id(result, parsed)
-    result.parsed = parsed
     result.problems = validate_document(parsed, "spec", now=now)
     if result.problems:
-        result.revalidate = True
+        result.parsed, result.revalidate = parsed, True
     else:
         try:
             result.spec = SupervisorSpec.from_document(parsed.data)
@@ -216,6 +217,18 @@ def flag_duplicate_ids(results: list[SpecResult]) -> None:
                 r.path, r.id_line[0], r.id_line[1], "id", f"id '{sid}' is also declared in {others}"
             )
             results[i] = with_problems(r, [problem])
+
+
+def located(result: SpecResult, found: list[tuple[YamlPath, str]]) -> list[SpecProblem]:
+    """``found`` (field, message) as problems of ``result``'s file, with the line and column
+    of each field: the file is parsed again for them (rare: only when a rule found something)."""
+    parsed = result.parsed
+    if parsed is None:
+        try:
+            parsed = parse_yaml(read(result.path, result.root, real=result.real), result.path)
+        except SpecInvalid:  # changed meanwhile: the next pass reads it again; no positions now
+            parsed = ParsedYaml(result.path, result.spec.document if result.spec else {})
+    return [SpecProblem(result.path, *parsed.value_position(at), format_field(at), message) for at, message in found]
 
 
 def with_problems(result: SpecResult, problems: list[SpecProblem]) -> SpecResult:

@@ -25,11 +25,11 @@ def spec_yaml(dimensions: list[str], metrics: list[str] = (), rollup: bool = Fal
      "specs/a.yaml:6:22: dataSchema.dimensions[1]: 'USER' is 'user' in another case, already a column at "
      "dataSchema.dimensions[0]: column names must be unique, whatever their case"),
     (["user", "__TIME"], [], False,
-     "specs/a.yaml:6:22: dataSchema.dimensions[1]: '__TIME' is a column the output writes itself (reserved, "
-     "in any case: __time, time_chunk); use another name"),
+     "specs/a.yaml:6:22: dataSchema.dimensions[1]: '__TIME' is a column the output writes itself (reserved: "
+     "__time, time_chunk, in any case); use another name"),
     (["Time_Chunk"], [], False,
-     "specs/a.yaml:6:16: dataSchema.dimensions[0]: 'Time_Chunk' is a column the output writes itself (reserved, "
-     "in any case: __time, time_chunk); use another name"),
+     "specs/a.yaml:6:16: dataSchema.dimensions[0]: 'Time_Chunk' is a column the output writes itself (reserved: "
+     "__time, time_chunk, in any case); use another name"),
     (["__KEY"], [], False,
      "specs/a.yaml:6:16: dataSchema.dimensions[0]: '__KEY' is the virtual column '__key' in another case: write "
      "'__key' for the virtual column, or choose another name"),

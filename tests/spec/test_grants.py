@@ -113,8 +113,19 @@ def test_properties_that_run_code_or_read_secret_files_are_held_to_the_grants(va
         secrets.resolve_mapping({"sasl.kerberos.kinit.cmd": "cat /etc/shadow"}, g)
     with pytest.raises(PermanentError, match="outside the secrets directory"):
         secrets.resolve_mapping({"ssl.key.location": str(tmp_path / "other-team-cred")}, g)
-    resolved = secrets.resolve_mapping({"ssl.key.location": "kafka-password", "ssl.ca.location": "/etc/ssl"}, g)
-    assert resolved == {"ssl.key.location": str(vault / "kafka-password"), "ssl.ca.location": "/etc/ssl"}
+    resolved = secrets.resolve_mapping({"ssl.key.location": "kafka-password", "ssl.ca.location": "probe"}, g)
+    assert resolved == {"ssl.key.location": str(vault / "kafka-password"), "ssl.ca.location": "probe"}
+
+
+def test_a_file_a_client_reads_is_never_a_fifo(vault):
+    """librdkafka opens its CA and key files while it builds a client, holding Python's lock:
+    a FIFO there froze the whole daemon (every thread), which no step time limit can undo."""
+    os.mkfifo(vault / "ca.pem")
+    g = Grants.of(str(vault), ())
+    refused = _in_thread(lambda: secrets.resolve_mapping({"ssl.ca.location": "ca.pem"}, g))
+    assert isinstance(refused, PermanentError) and "not a regular file" in str(refused)
+    assert "not a regular file" in grants.check_property("ssl.ca.location", "ca.pem", g)
+    assert "outside the secrets directory" in grants.check_property("ssl.ca.location", "/tmp/anywhere.pem", g)
 
 
 def test_grants_are_exported_for_the_processes_started_later(vault, monkeypatch):
@@ -158,7 +169,7 @@ def test_loading_against_grants_names_the_reference_the_line_and_the_setting(vau
         f"is refused: it names {tmp_path}/other-team-cred, outside the secrets directory {vault} (secretsDir, "
         "--secrets-dir, RECONCILER_SECRETS_DIR; under systemd LoadCredential= sets it): only files there may be read"]
     [keys] = state.invalid[str(specs / "keys.yaml")].problems
-    assert keys.line == 7 and "ssl.key.location reads a secret file and names" in keys.message
+    assert keys.line == 7 and "ssl.key.location reads a file and names" in keys.message
     # without grants (validate in a config repo's CI): syntax only
     assert set(load_directory(str(specs)).by_id()) == {"good", "thief", "keys"}
 
