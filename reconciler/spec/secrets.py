@@ -12,6 +12,7 @@ URL parser rejects must not break ``status`` for every supervisor).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -71,12 +72,16 @@ def resolve_mapping(values: Mapping[str, Any], grants: Grants | None = None) -> 
     grants = grants or grants_mod.current()
     resolved = {}
     for k, v in values.items():
-        value = resolve(v, grants)
+        field = f"source.consumerProperties[{json.dumps(str(k))}]"  # named as validation names it
         name = str(k).strip().lower()
         if name in grants_mod.REFUSED_PROPERTIES:
-            raise PermanentError(f"consumer property {k} {grants_mod.REFUSED_PROPERTIES[name]}: no spec may set it")
-        if grants_mod.reads_file(str(k), value):
-            value = grants_mod.client_file(value, grants, f"{k}: {v}")
+            raise PermanentError(f"{field}: {k} {grants_mod.REFUSED_PROPERTIES[name]}: no spec may set it")
+        try:
+            value = resolve(v, grants)
+            if grants_mod.reads_file(str(k), value):
+                value = grants_mod.client_file(value, grants, f"{k}: {v}")
+        except PermanentError as exc:
+            raise PermanentError(f"{field}: {exc}") from None
         resolved[k] = value
         if isinstance(v, str) and not has_reference(v) and is_secret_key(str(k)):
             scrubber.learn(v)  # a literal secret is still a secret in an echoed message

@@ -152,7 +152,7 @@ def test_nine_hostile_cases_beside_a_supervisor_that_keeps_ingesting(tmp_path, k
 
     good_topic, empty_topic = topic(partitions=2), topic(partitions=1)
     helpers.write_spec(specs, helpers.spec_doc("good", helpers.kafka_source(
-        bootstrap, good_topic, **{"client.id": "${file:good-client-id}-${env:GRANTED_SUFFIX}"})))
+        bootstrap, good_topic, **{"client.id": f"${{file:{secrets_dir / 'good-client-id'}}}-${{env:GRANTED_SUFFIX}}"})))
     first = devservices.make_records(2000)
     devservices.produce_kafka(bootstrap, good_topic, first)
 

@@ -111,8 +111,8 @@ def test_properties_that_run_code_or_read_secret_files_are_held_to_the_grants(va
     g = Grants.of(str(vault), ())
     with pytest.raises(PermanentError, match="runs a shell command"):
         secrets.resolve_mapping({"sasl.kerberos.kinit.cmd": "cat /etc/shadow"}, g)
-    with pytest.raises(PermanentError, match="outside the secrets directory"):
-        secrets.resolve_mapping({"ssl.key.location": str(tmp_path / "other-team-cred")}, g)
+    with pytest.raises(PermanentError, match=r'^source.consumerProperties\["ssl.key.location"\]: .*outside the secrets'):
+        secrets.resolve_mapping({"ssl.key.location": str(tmp_path / "other-team-cred")}, g)  # named as validation does
     resolved = secrets.resolve_mapping({"ssl.key.location": "kafka-password", "ssl.ca.location": "probe"}, g)
     assert resolved == {"ssl.key.location": str(vault / "kafka-password"), "ssl.ca.location": "probe"}
 

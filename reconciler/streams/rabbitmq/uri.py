@@ -43,7 +43,10 @@ def parse_stream_uri(uri: str) -> StreamEndpoint:
         if text is None:
             return default
         out = unquote(re.sub(r"REFERENCE(\d+)X", lambda m: f"\x00{m.group(1)}\x00", text))
-        return re.sub(r"\x00(\d+)\x00", lambda m: secrets.resolve(refs[int(m.group(1))]), out)
+        try:
+            return re.sub(r"\x00(\d+)\x00", lambda m: secrets.resolve(refs[int(m.group(1))]), out)
+        except PermanentError as exc:  # named as validation names it
+            raise PermanentError(f"source.uri: {exc}") from None
 
     return StreamEndpoint(
         host=parts.host,
