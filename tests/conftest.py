@@ -161,12 +161,15 @@ def spark():
 
 
 @pytest.fixture(autouse=True)
-def _grants_restored() -> Iterator[None]:
-    """The CLI grants secrets to its process (and exports them for Spark's workers): a test
-    that runs it in-process must not leave its grants to the next test."""
+def _secrets_restored() -> Iterator[None]:
+    """What a test taught this process about secrets stays in that test: the grants the CLI
+    gives its process (and exports for Spark's workers), and the values the scrubber learned
+    (a secret resolved in one test, say a path, must not hide text in the next one's log)."""
     from reconciler.spec import grants
+    from reconciler.spec.scrubber import scrubber
 
     saved = grants._granted, {k: os.environ.get(k) for k in (grants.ENV_DIR, grants.ENV_NAMES)}
+    learned = set(scrubber._whole), set(scrubber._grams)
     yield
     grants._granted = saved[0]
     for key, value in saved[1].items():
@@ -174,6 +177,8 @@ def _grants_restored() -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    with scrubber._lock:
+        scrubber._whole, scrubber._grams = learned
 
 
 @pytest.fixture
