@@ -58,12 +58,6 @@ FILE_PROPERTIES = frozenset({
     "sasl.oauthbearer.assertion.jwt.template.file", "ssl.ca.location", "https.ca.location", "ssl.crl.location",
 })
 _SPECIAL_VALUES = {("ssl.ca.location", "probe")}  # not a path: librdkafka probes the system's CA paths
-
-
-def reads_file(key: str, value: object) -> bool:
-    """Whether a librdkafka property with this value makes the client read a file."""
-    name = key.strip().lower()
-    return name in FILE_PROPERTIES and isinstance(value, str) and (name, value.strip()) not in _SPECIAL_VALUES
 # ... and properties no spec may set: whoever writes one runs code as the daemon or writes its files.
 REFUSED_PROPERTIES = {
     "sasl.kerberos.kinit.cmd": "runs a shell command",
@@ -71,6 +65,12 @@ REFUSED_PROPERTIES = {
     "ssl.engine.location": "loads an OpenSSL engine into the daemon",
     "offset.store.path": "writes files outside the state directory",
 }
+
+
+def reads_file(key: str, value: object) -> bool:
+    """Whether a librdkafka property with this value makes the client read a file."""
+    name = key.strip().lower()
+    return name in FILE_PROPERTIES and isinstance(value, str) and (name, value.strip()) not in _SPECIAL_VALUES
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,6 @@ class Grants:
     def given(self) -> bool:
         """Whether anything is granted: ``validate`` checks grants only then."""
         return bool(self.secrets_dir or self.env)
-
-    def describe(self) -> str:
-        names = ", ".join(sorted(self.env)) or "none"
-        return f"secrets directory {self.secrets_dir or 'none'}; environment variables {names}"
 
 
 _lock = threading.Lock()

@@ -40,10 +40,6 @@ class Scrubber:
             self._whole |= forms
             self._grams |= grams
 
-    def knows(self, value: str) -> bool:
-        with self._lock:
-            return value in self._whole
-
     def scrub(self, text: str) -> str:
         if not self._whole or not text:
             return text
