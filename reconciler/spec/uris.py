@@ -60,12 +60,15 @@ def split_stream_uri(uri: str) -> StreamUri:
 
 
 def identity(uri: str) -> tuple[str, str]:
-    """(host, vhost) of a stream URI, the same for every spelling of one server; a URI that
-    cannot be split is its own identity (validation refuses it before it is ever planned)."""
+    """(host, vhost) of a stream URI, the same for every spelling of one server (the port and
+    the credentials are not part of it); a URI that cannot be split at all is its own
+    identity (validation refuses it before it is ever planned)."""
     try:
-        parts = split_stream_uri(uri)
-    except UriInvalid:
+        parts = urlsplit("//" + _REF.sub("x", uri).split("://", 1)[-1])
+        host = (parts.hostname or "").lower()
+    except ValueError:  # "Invalid IPv6 URL"
         from reconciler.spec.secrets import redact_uri
 
         return (f"unparseable {redact_uri(uri)}", "")
-    return parts.host.lower(), parts.vhost
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    return host, unquote(path) if path else "/"

@@ -28,7 +28,8 @@ def test_a_uri_the_client_cannot_open_is_invalid_with_file_and_line(tmp_path, ur
     assert problem.message.startswith("invalid RabbitMQ stream URI 'rabbitmq-stream://guest:***@") and why in problem.message
     with pytest.raises(UriInvalid, match=why):
         split_stream_uri(uri)
-    assert identity(uri)[0].startswith("unparseable rabbitmq-stream://guest:***@")
+    host, _ = identity(uri)  # the planner's view never raises (the port is not part of the identity)
+    assert host.startswith("unparseable rabbitmq-stream://guest:***@") if "IPv6" in why else host in ("host", "")
 
 
 def test_references_are_masked_while_the_uri_is_split():
