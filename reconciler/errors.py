@@ -12,7 +12,28 @@ code never catches ``confluent_kafka.KafkaException`` or ``sqlalchemy.exc.*``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# C0, DEL, C1 (ESC's 8-bit twin CSI among them), the line and paragraph separators and the
+# bidirectional overrides: what can forge a line, drive a terminal or reorder what is read.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group(0)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def printable(value: object) -> str:
+    """``value`` as one line of text a terminal shows as it is: every control character
+    escaped (a newline too); None is empty. For text meant for people: JSON stays exact."""
+    if value is None:
+        return ""
+    return _UNPRINTABLE.sub(_escape, str(value))
 
 
 class ReconcilerError(Exception):
@@ -48,13 +69,15 @@ class SpecProblem:
     message: str
 
     def __str__(self) -> str:
-        where = self.path
+        """``file:line:column: field: message`` on one line, whatever the file's name or the
+        message quotes (``SpecInvalid`` joins problems with line breaks; text output splits on them)."""
+        where = printable(self.path)
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        field = f" {self.field}:" if self.field else ""
-        return f"{where}:{field} {self.message}"
+        field = f" {printable(self.field)}:" if self.field else ""
+        return f"{where}:{field} {printable(self.message)}"
 
 
 class SpecInvalid(PermanentError):
@@ -69,5 +92,10 @@ class SpecInvalid(PermanentError):
         return self.problems[0]
 
 
-class SparkMisconfigured(PermanentError):
+class Misconfigured(PermanentError):
+    """A setting cannot work as given (the message names the setting and the fix): the
+    command line says so in one line and exits 2."""
+
+
+class SparkMisconfigured(Misconfigured):
     """Spark cannot work with these settings until a person changes them (the message says how)."""

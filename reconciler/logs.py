@@ -5,6 +5,10 @@ batch 1d53 published: 5000 records ... [supervisor=clicks batch=1d53...]``: the
 structured fields a record carries (supervisor, batch, action) are appended, and a
 multi-line message or traceback is folded onto its line with `` | ``.
 
+Text a person or a broker supplied can hold control characters: the text format escapes
+them (``printable``; a newline inside a message is folded to `` | ``), so no value forges a
+line or sends a terminal escape; the JSON format keeps every value exact.
+
 When stderr is connected to the journal (``JOURNAL_STREAM`` names stderr's device
 and inode, as systemd sets it for ``StandardError=journal``), every line starts with
 a ``<N>`` syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
@@ -34,12 +38,19 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
+from reconciler.errors import printable
 from reconciler.spec import secrets
 
 FIELDS = ("supervisor", "batch", "action")
 LIBRARY_LOGGERS = ("reconciler.streams.kafka.librdkafka", "rstream", "py4j", "pika")
 REPEAT_WINDOW = 60.0  # seconds a repeated library message stays quiet
 _NUMBERS = re.compile(r"\d+")
+__all__ = ["printable", "printable_lines", "setup", "priority", "stderr_is_journal"]
+
+
+def printable_lines(text: object) -> list[str]:
+    """Multi-line text of our own making (one problem a line), each line made ``printable``."""
+    return [printable(line) for line in str(text or "").split("\n")]
 
 
 def priority(levelno: int) -> int:
@@ -133,12 +144,27 @@ class _TextFormatter(logging.Formatter):
         self.journald = journald
 
     def format(self, record: logging.LogRecord) -> str:
+        if record.args:  # the values (a reason, a broker's error) are escaped whole; the message's own lines fold
+            record = logging.makeLogRecord({**record.__dict__, "msg": _escaped_message(record), "args": None})
         line = super().format(record)
         extra = " ".join(f"{k}={getattr(record, k)}" for k in FIELDS if getattr(record, k, None) is not None)
         if extra:
             line = f"{line} [{extra}]"
-        line = line.replace("\r", "").replace("\n", " | ")
+        line = " | ".join(printable(part) for part in line.replace("\r", "").split("\n"))
         return f"<{priority(record.levelno)}>{line}" if self.journald else line
+
+
+def _escaped_message(record: logging.LogRecord) -> str:
+    def esc(value):
+        return printable(value) if isinstance(value, str | BaseException) else value
+
+    try:
+        args = record.args
+        if isinstance(args, dict):
+            return str(record.msg) % {k: esc(v) for k, v in args.items()}
+        return str(record.msg) % tuple(esc(a) for a in args)
+    except Exception:  # a bad format string: as logging itself would show it
+        return record.getMessage()
 
 
 def stderr_is_journal(stream=None, env=None) -> bool:

@@ -89,6 +89,15 @@ class Settings:
                                "policies, the status page's charts); 0 disables them")
     log_format: str = _opt("text", "RECONCILER_LOG_FORMAT", "logFormat", "text or json (one event per line on stderr)")
     log_level: str = _opt("INFO", "RECONCILER_LOG_LEVEL", "logLevel", "DEBUG, INFO, WARNING or ERROR")
+    secrets_dir: str = _opt("", "RECONCILER_SECRETS_DIR", "secretsDir",
+                            "the only directory ${file:} references (and librdkafka key, keystore and keytab "
+                            "paths) may read (default: $CREDENTIALS_DIRECTORY under systemd, else none)")
+    secret_env: str = _opt("", "RECONCILER_SECRET_ENV", "secretEnv",
+                           "the only environment variables ${env:} references may read, comma-separated "
+                           "(default: none)")
+    step_timeout: float = _opt(600.0, "RECONCILER_STEP_TIMEOUT", "stepTimeout",
+                               "seconds one step of a supervisor (a batch) may take before the supervisor is "
+                               "reported UNHEALTHY and its runtime thread replaced, so the others keep theirs")
 
     @property
     def state_path(self) -> Path:
@@ -109,7 +118,7 @@ class Settings:
 
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
-           "maintain_interval", "snapshot_retention", "lag_interval"}
+           "maintain_interval", "snapshot_retention", "lag_interval", "step_timeout"}
 _INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
@@ -145,9 +154,11 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
     settings = replace(Settings(), **values)
     if not settings.state_dir:
         settings = replace(settings, state_dir=env.get("STATE_DIRECTORY", "").split(":")[0] or "state")
+    settings = replace(settings, secrets_dir=str(settings.secrets_dir or env.get("CREDENTIALS_DIRECTORY", "")),
+                       secret_env=_names("secretEnv", settings.secret_env))
     if not 0.0 <= settings.max_termination_share <= 1.0:
         raise PermanentError(f"maxTerminationShare must be between 0 and 1, not {settings.max_termination_share}")
-    for name in ("tick_interval", "lease_ttl"):
+    for name in ("tick_interval", "lease_ttl", "step_timeout"):
         if getattr(settings, name) <= 0:
             raise PermanentError(f"setting {name} must be positive")
     if settings.log_format not in ("text", "json"):
@@ -158,6 +169,9 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         raise PermanentError(f"lagInterval must be 0 (off) or positive, not {settings.lag_interval}")
     webhook_urls(settings.webhook)
     _check_spark(settings)
+    check_http(settings.http)
+    if settings.db:
+        check_db(settings.db)
     return settings
 
 
@@ -176,6 +190,59 @@ def webhook_urls(text: str) -> tuple[str, ...]:
             raise PermanentError(f"webhook: {shown}... is not an http(s) URL with a host "
                                  "(set --webhook / RECONCILER_WEBHOOK / webhook: one URL or several separated by commas)")
     return urls
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _names(key: str, value: Any) -> str:
+    """A comma-separated list (a YAML list in the config file) of environment variable names."""
+    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+    names = [str(n).strip() for n in items if str(n).strip()]
+    bad = [n for n in names if not _ENV_NAME.match(n)]
+    if bad:
+        raise PermanentError(f"setting {key}: {', '.join(map(repr, bad))} is not an environment variable name "
+                             "(letters, digits and _, separated by commas)")
+    return ",".join(names)
+
+
+def check_http(address: str) -> None:
+    """``HOST:PORT`` (or ``:PORT``) with a numeric port, or empty to disable."""
+    if not address:
+        return
+    _, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise PermanentError(f"setting http (--http, RECONCILER_HTTP): {address!r} is not HOST:PORT with a port "
+                             "number, e.g. 127.0.0.1:9187 (empty disables it)")
+
+
+def check_db(url: str) -> None:
+    """A SQLAlchemy URL this installation can open, named by the setting when it is not."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    where = "setting db (--db, RECONCILER_DB)"
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        why = "its port is not a number" if "int()" in str(exc) else _no_password(str(exc), url)
+        raise PermanentError(f"{where}: not a database URL ({why}); "
+                             "e.g. postgresql://user@host/reconciler or sqlite:////var/lib/reconciler.db") from None
+    backend = parsed.drivername.split("+", 1)[0]
+    if backend in ("postgres", "pg", "pgsql"):
+        raise PermanentError(f"{where}: the SQLAlchemy name of PostgreSQL is postgresql://, not {backend}://")
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise PermanentError(f"{where}: unknown database kind {parsed.drivername!r}; use postgresql:// "
+                             "(or postgresql+psycopg://) or sqlite:///PATH") from None
+
+
+def _no_password(text: str, url: str) -> str:
+    """An error text about ``url`` with its password, if it quotes it, hidden."""
+    userinfo = url.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+    password = userinfo.partition(":")[2]
+    return text.replace(password, "***") if password else text
 
 
 def _check_spark(settings: Settings) -> None:

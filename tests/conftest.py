@@ -157,6 +157,42 @@ def spark():
         session.stop()
 
 
+# --------------------------------------------------------------------------- secrets
+
+
+@pytest.fixture(autouse=True)
+def _secrets_restored() -> Iterator[None]:
+    """What a test taught this process about secrets stays in that test: the grants the CLI
+    gives its process (and exports for Spark's workers), and the values the scrubber learned
+    (a secret resolved in one test, say a path, must not hide text in the next one's log)."""
+    from reconciler.spec import grants
+    from reconciler.spec.scrubber import scrubber
+
+    saved = grants._granted, {k: os.environ.get(k) for k in (grants.ENV_DIR, grants.ENV_NAMES)}
+    learned = set(scrubber._whole), set(scrubber._grams)
+    yield
+    grants._granted = saved[0]
+    for key, value in saved[1].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    with scrubber._lock:
+        scrubber._whole, scrubber._grams = learned
+
+
+@pytest.fixture
+def grant_secrets(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """``grant_secrets(secrets_dir=None, env=())``: what this test process may resolve, as the
+    ``secretsDir``/``secretEnv`` settings would grant it (restored after the test)."""
+    from reconciler.spec import grants
+
+    def give(secrets_dir: str | os.PathLike[str] | None = None, env: tuple[str, ...] | list[str] = ()) -> None:
+        monkeypatch.setattr(grants, "_granted", grants.Grants.of(os.fspath(secrets_dir) if secrets_dir else None, env))
+
+    return give
+
+
 # --------------------------------------------------------------------------- names
 
 

@@ -42,6 +42,7 @@ from reconciler.control.plan import ActionKind
 from reconciler.control.reconcile import reconcile_once
 from reconciler.errors import PermanentError
 from reconciler.observe.metrics import Metrics, serve
+from reconciler.spec import grants
 from reconciler.spec import secrets as spec_secrets
 from reconciler.spec.loader import load_directory
 from reconciler.store.store import Store
@@ -379,6 +380,7 @@ def test_hostile_files_start_no_process(specs, tmp_path, monkeypatch):
                 with pytest.raises(PermanentError):
                     spec_secrets.resolve(ref)
             monkeypatch.setenv("RECONCILER_TEST_HOSTILE", f"$(touch {canary})")
+            monkeypatch.setattr(grants, "_granted", grants.Grants.of(None, ["RECONCILER_TEST_HOSTILE"]))
             assert spec_secrets.resolve("${env:RECONCILER_TEST_HOSTILE}") == f"$(touch {canary})"
     finally:
         store.close()
@@ -514,6 +516,7 @@ dataSchema:
             "PYSPARK_DRIVER_PYTHON": sys.executable}
     log_path = tmp_path / "run.log"
     command = [str(Path(sys.executable).parent / "reconciler"), "--specs", str(specs), "--state-dir", str(state),
+               "--secrets-dir", str(credentials), "--secret-env", "RECONCILER_TEST_PLANTED,RECONCILER_TEST_WRONG",
                "--spark-master", "local[2]", "--tick-interval", "1", "--debounce", "0.1",
                "--http", f":{port}", "--log-level", "DEBUG", "run", "--until-caught-up", "--timeout", "300"]
     bodies: list[str] = []
@@ -555,6 +558,8 @@ dataSchema:
     monkeypatch.setenv("RECONCILER_TEST_WRONG", wrong_secret)
     monkeypatch.setenv("RECONCILER_SPECS", str(specs))
     monkeypatch.setenv("RECONCILER_STATE_DIR", str(state))
+    monkeypatch.setenv("RECONCILER_SECRETS_DIR", str(credentials))
+    monkeypatch.setenv("RECONCILER_SECRET_ENV", "RECONCILER_TEST_PLANTED,RECONCILER_TEST_WRONG")
     monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "none.yaml")
     caplog.set_level(logging.DEBUG)
     (specs / "bad-auth.yaml").write_text(f"""\

@@ -243,7 +243,7 @@ def test_spark_conf_option_is_repeatable(tmp_path):
     ok = CliRunner().invoke(cli, [*args, "spark.b=2", "validate", str(tmp_path / "none.yaml")], env={})
     assert "Spark setting" not in ok.output and "cannot read" in ok.output
     bad = CliRunner().invoke(cli, [*args, "b=2", "validate", str(tmp_path / "none.yaml")], env={})
-    assert bad.exit_code == 1 and "Spark setting 'b' does not start with 'spark.'" in bad.output
+    assert bad.exit_code == 2 and "Spark setting 'b' does not start with 'spark.'" in bad.output  # a setting
 
 
 def test_webhook_urls_from_each_source(tmp_path):

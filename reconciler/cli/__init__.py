@@ -16,7 +16,7 @@ import click
 from reconciler.cli import backfills, db, maintain, run, specs, supervisors, tables  # noqa: F401  (register)
 from reconciler.cli.base import cli
 from reconciler.cli.supervisors import parse_position
-from reconciler.errors import ReconcilerError
+from reconciler.errors import Misconfigured, ReconcilerError
 from reconciler.spec import secrets
 
 __all__ = ["cli", "main", "parse_position"]
@@ -25,6 +25,6 @@ __all__ = ["cli", "main", "parse_position"]
 def main() -> None:
     try:
         cli(standalone_mode=True)
-    except ReconcilerError as exc:  # a command let one through: still a clean message, exit 1
+    except ReconcilerError as exc:  # a command let one through: still a clean message, exit 1 (2: a setting)
         click.echo(f"Error: {secrets.scrub(str(exc))}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(exc, Misconfigured) else 1)

@@ -20,8 +20,8 @@ import click
 
 from reconciler import logs
 from reconciler import settings as settings_mod
-from reconciler.errors import ReconcilerError
-from reconciler.spec import secrets
+from reconciler.errors import Misconfigured, ReconcilerError
+from reconciler.spec import grants, secrets
 
 EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
 
@@ -35,6 +35,12 @@ def _json_value(value):
     if isinstance(value, datetime):
         return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
     return str(value)
+
+
+class ConfigError(click.ClickException):
+    """A setting that cannot work: ``Error: <setting>: <why>`` on one line, exit 2."""
+
+    exit_code = 2
 
 
 class Context:
@@ -58,7 +64,7 @@ class Context:
             from reconciler.store.schema import is_current
             from reconciler.store.store import Store
 
-            self.settings.state_path.mkdir(parents=True, exist_ok=True)
+            make_state_dir(self.settings)
             self._store = Store(self.settings.db_url)
             if not is_current(self._store.engine):  # alembic only when there is something to upgrade
                 self._store.migrate()
@@ -115,6 +121,15 @@ class Context:
         return _sqlite_file(url) or redact_uri(url)
 
 
+def make_state_dir(settings) -> None:
+    """The state directory, or ``ConfigError`` naming the setting (never a traceback)."""
+    try:
+        settings.state_path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"setting stateDir (--state-dir, RECONCILER_STATE_DIR): cannot create "
+                            f"{settings.state_path}: {exc.strerror or exc}") from None
+
+
 def _sqlite_file(url: str) -> str | None:
     """The path of a file-based SQLite database, else None."""
     from sqlalchemy.engine import make_url
@@ -161,6 +176,8 @@ class _ScrubbedGroup(click.Group):
         except click.ClickException as exc:
             exc.message = secrets.scrub(exc.message)
             raise
+        except Misconfigured as exc:  # a setting that cannot work, found once a command used it
+            raise ConfigError(secrets.scrub(str(exc))) from None
 
 
 @click.group(cls=_ScrubbedGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -186,8 +203,11 @@ def cli(ctx, config, **values):
     ctx.obj = Context(values, config)
     try:
         s = ctx.obj.settings
-    except ReconcilerError as exc:
-        raise click.ClickException(str(exc)) from None
+        granted = grants.Grants.from_settings(s)
+    except ReconcilerError as exc:  # every refusal here is about a setting
+        raise ConfigError(str(exc)) from None
+    grants.grant(granted)  # before any client or Spark worker may resolve a reference
+    secrets.redact_uri(s.db_url)  # teaches the scrubber the database password, should anything quote it
     logs.setup(s.log_level, s.log_format)
 
 

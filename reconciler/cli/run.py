@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from reconciler.cli.base import Context, cli, pass_ctx
-from reconciler.errors import ReconcilerError
+from reconciler.cli.base import ConfigError, Context, cli, pass_ctx
+from reconciler.errors import Misconfigured, ReconcilerError
 
 
 @cli.command(epilog="""\b
@@ -34,6 +34,8 @@ def run(c: Context, until_caught_up, timeout):
     try:
         code = Daemon(c.settings, config_path=c.config, cli_values=c.cli_values).run(
             until_caught_up=until_caught_up, timeout=timeout)
+    except Misconfigured as exc:  # a setting the daemon cannot work with: one line, exit 2
+        raise ConfigError(str(exc)) from None
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)

@@ -33,51 +33,73 @@ def validate(c: Context, paths, output):
     """Validate spec and marker files (directories or single files).
 
     Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE and exits 1 if any file is
-    invalid. With no PATH, validates the spec directory. Needs no database and no broker,
-    so it fits a pre-commit hook or a pull request's CI job.
+    invalid. With no PATH, validates the spec directory. Files named together are checked
+    together, per directory, as the daemon would (duplicate ids, datasources that collide).
+    Secret references are checked against secretsDir and secretEnv when they are given,
+    else for syntax only (said in one line). Needs no database and no broker, so it fits
+    a pre-commit hook or a pull request's CI job.
     """
-    from reconciler.errors import SpecInvalid, SpecProblem
+    from reconciler.errors import SpecProblem
     from reconciler.spec import loader
+    from reconciler.spec.grants import Grants
 
+    granted = Grants.from_settings(c.settings)
+    grants = granted if granted.given else None
     problems: list[SpecProblem] = []
     specs = markers = 0
-    for path in paths or (c.settings.specs,):
-        if Path(path).is_dir():
-            state = loader.load_directory(path, check_permissions=not c.settings.allow_insecure_specs)
-            if not state.ok:
-                problems.append(SpecProblem(str(path), None, None, "", str(state.error)))
-                continue
-            problems += state.problems
-            specs += len(state.specs)
-            markers += len(state.markers)
+    paths = paths or (c.settings.specs,)
+    states = []
+    for path in paths:
+        if not Path(path).is_dir():
             continue
-        try:
-            if loader.classify(path) == "marker":
-                loader.load_marker_file(path)
-                markers += 1
-            else:
-                loader.load_spec_file(path)
-                specs += 1
-        except SpecInvalid as exc:
-            problems += exc.problems
+        state = loader.load_directory(path, check_permissions=not c.settings.allow_insecure_specs, grants=grants)
+        if not state.ok:
+            problems.append(SpecProblem(str(path), None, None, "", str(state.error)))
+            continue
+        states.append(state)
+    states += loader.load_files([p for p in paths if not Path(p).is_dir()], grants=grants)
+    for state in states:
+        problems += state.problems
+        specs += len(state.specs)
+        markers += len(state.markers)
+    note = None if grants else ("note: secret references were checked for syntax only (no secretsDir or "
+                                "secretEnv given); the daemon and `plan` refuse any secret not granted")
     if output == "json":
-        _echo_json({"ok": not problems, "specs": specs, "markers": markers,
+        _echo_json({"ok": not problems, "specs": specs, "markers": markers, "secretsChecked": grants is not None,
                     "problems": [dataclasses.asdict(p) for p in problems]})
         sys.exit(1 if problems else 0)
     for p in problems:
-        click.echo(str(p), err=True)
+        click.echo(render.printable(str(p)), err=True)
+    if note and _has_references(states):
+        click.echo(note, err=True)
     if problems:
         click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
         sys.exit(1)
     click.echo(f"ok: {specs} spec(s), {markers} marker(s) valid")
 
 
+def _has_references(states) -> bool:
+    from reconciler.spec.secrets import has_reference
+
+    def walk(doc) -> bool:
+        if isinstance(doc, dict):
+            return any(walk(v) for v in doc.values())
+        if isinstance(doc, list):
+            return any(walk(v) for v in doc)
+        return has_reference(doc)
+
+    return any(walk(spec.document.get("source")) for state in states for spec in state.specs.values())
+
+
 # -- plan / apply ----------------------------------------------------------------------
 
 def _directory(c: Context):
+    """The spec directory as the daemon reads it: against the operator's grants, always."""
+    from reconciler.spec.grants import Grants
     from reconciler.spec.loader import load_directory
 
-    return load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs)
+    return load_directory(c.settings.specs, check_permissions=not c.settings.allow_insecure_specs,
+                          grants=Grants.from_settings(c.settings))
 
 
 def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = True, directory=None,
@@ -107,7 +129,7 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
         try:
             positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
         except ReconcilerError as exc:
-            click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {exc}", err=True)
+            click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {render.printable(exc)}", err=True)
     return plan(desired, actual, positions=positions, settings=ps, now=now, lag=lag)
 
 
@@ -155,7 +177,7 @@ def plan_cmd(c: Context, output, no_positions):
         for held in p.held_terminations:
             click.echo(f"held: terminate {held} (confirm with `reconciler apply --confirm-terminations`)")
         for error in errors:
-            click.echo(f"error: {error}")
+            click.echo(f"error: {render.printable(error)}")
     sys.exit(1 if errors else 2 if p.changes else 0)
 
 
@@ -181,9 +203,10 @@ def apply(c: Context, confirm_terminations, output):
         _echo_json({"results": [r.to_dict() for r in results], "notes": list(p.notes)})
     else:
         for r in results:
-            click.echo(f"{'ok ' if r.ok else 'ERR'} {r.action.kind:<19} {r.action.supervisor_id:<24} {r.message}")
+            click.echo(f"{'ok ' if r.ok else 'ERR'} {r.action.kind:<19} {render.printable(r.action.supervisor_id):<24} "
+                       f"{render.printable(r.message)}")
         for n in p.notes:
-            click.echo(f"note: {n}")
+            click.echo(f"note: {render.printable(n)}")
         if not results:
             click.echo("No changes.")
     sys.exit(0 if all(r.ok for r in results) else 1)

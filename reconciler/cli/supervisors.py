@@ -195,10 +195,10 @@ def _print_reset(doc, output) -> None:
         _echo_json(doc)
         return
     if doc.get("message"):
-        click.echo(doc["message"])
+        click.echo(render.printable(doc["message"]))
     click.echo(render.reset_table(doc["partitions"]))
     for w in doc.get("warnings", []) + doc.get("errors", []):
-        click.echo(f"! {w}")
+        click.echo(f"! {render.printable(w)}")
     if doc["dryRun"]:
         click.echo(f"dry run: backfill would ingest {doc['backfillRecords']} records; nothing changed")
 
@@ -225,7 +225,7 @@ def suspend_cmd(c: Context, supervisor_id, reason):
             c.store.suspend_by_operator(supervisor_id, reason, actor=f"cli:{_user()}")
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{supervisor_id}: suspended by operator: {reason}"
+    click.echo(f"{supervisor_id}: suspended by operator: {render.printable(reason)}"
                + ("" if rec.kind == "backfill" else f" (drift from the file until `reconciler resume {supervisor_id}`)"))
 
 

@@ -19,12 +19,14 @@ Safety rules live here, where they can be tested exhaustively:
   ``control.lagpolicy`` decides, and a due breach becomes an ordinary reset action whose
   request (trigger ``policy``) carries a token derived from the breach, so it is planned once.
   Each policy's status is in ``Plan.policies``, what ``reconciler plan`` shows.
+* one spec never stops the others: whatever planning one supervisor raises (a value no
+  check foresaw, a stored spec from an older version) becomes a ``mark-invalid`` action
+  on that supervisor naming file and reason, and the plan goes on for the others.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +36,7 @@ from reconciler.control.actual import ActualState, State, SupervisorRecord
 from reconciler.control.lagpolicy import LagState, PolicyDecision, decide_all
 from reconciler.control.requests import ResetRequest, from_marker, from_stanza
 from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from
+from reconciler.errors import printable
 from reconciler.model import (
     KafkaSource,
     Position,
@@ -42,6 +45,7 @@ from reconciler.model import (
     SupervisorSpec,
     file_stem,
 )
+from reconciler.spec.uris import identity as uri_identity
 
 
 class ActionKind(enum.StrEnum):
@@ -178,7 +182,7 @@ def plan(
     for sid in sorted(set(desired.specs) | set(invalid)):
         if sid in desired.specs:
             path, spec = desired.specs[sid]
-            actions += _diff_valid(spec, path, mains.get(sid), actual)
+            actions += _isolated(sid, path, mains.get(sid), notes, _diff_valid, spec, path, mains.get(sid), actual)
         else:
             path, error = invalid[sid]
             rec = mains.get(sid)
@@ -204,7 +208,7 @@ def plan(
     policies = _policies(desired, actual, lag, now) if now is not None else []
     actions += [_reset_action(d.request, None) for d in policies if d.request is not None]
 
-    actions = [_with_preview(a, actual, positions) for a in actions]
+    actions = [_isolated_preview(a, actual, positions) for a in actions]
     return Plan(tuple(actions), tuple(notes), held, tuple(policies))
 
 
@@ -217,6 +221,31 @@ def _policies(desired: Desired, actual: ActualState, lag: Mapping[str, LagState]
         spec = desired.specs[sid][1] if sid in desired.specs else rec.spec
         specs[sid] = (spec, spec.suspended or sid in actual.overrides)
     return decide_all(specs, actual, lag or {}, now)
+
+
+def _isolated(sid: str, path: str, rec: SupervisorRecord | None, notes: list[str], diff, *args) -> list[Action]:
+    """``diff(*args)``, or, when planning this one spec raises, a ``mark-invalid`` action saying
+    why (a note when there is no supervisor to keep): the others are planned all the same."""
+    try:
+        return diff(*args)
+    except Exception as exc:  # noqa: BLE001 - one spec's surprise must not stop the plan of every other
+        error = f"{printable(path)}: cannot be planned: {type(exc).__name__}: {printable(exc)}"
+        if rec is None or rec.state == State.TERMINATED:
+            notes.append(f"{error}; nothing is created from it")
+            return []
+        if rec.spec_error == error:
+            return []
+        return [Action(ActionKind.MARK_INVALID, sid, "cannot be planned; keeps its last valid spec",
+                       path=path, error=error)]
+
+
+def _isolated_preview(action: Action, actual: ActualState, positions: Mapping[str, Positions] | None) -> Action:
+    """A reset's preview, or the action without one (and the reason) when computing it raises."""
+    try:
+        return _with_preview(action, actual, positions)
+    except Exception as exc:  # noqa: BLE001 - a preview is advice; its failure is reported on the action
+        return Action(action.kind, action.supervisor_id, action.reason, action.spec, action.path, action.request,
+                      None, f"no preview: {type(exc).__name__}: {exc}", action.fresh_start)
 
 
 def _diff_valid(spec: SupervisorSpec, path: str, rec: SupervisorRecord | None, actual: ActualState) -> list[Action]:
@@ -278,7 +307,7 @@ def rollup_change(rec: SupervisorRecord, spec: SupervisorSpec) -> str | None:
 
 def source_change_error(path: str, change: str, *, terminated: bool = False) -> str:
     keeps = "is not re-created" if terminated else "keeps its last valid spec"
-    return (f"{path}: source: {change}; the kept checkpoints belong to the old source, so this id {keeps}. "
+    return (f"{printable(path)}: source: {change}; the kept checkpoints belong to the old source, so this id {keeps}. "
             "To start this id over on the new source, add `freshStart: true` to the spec (the old checkpoints "
             "are dropped and ingestion starts from startFrom); or use a new id; or revert the source")
 
@@ -313,17 +342,10 @@ def _brokers(bootstrap: str) -> set[str]:
     return {b.strip().lower() for b in bootstrap.split(",") if b.strip()}
 
 
-_REFERENCE = re.compile(r"\$\{[^}]*\}")
-
-
 def _rabbit_identity(uri: str) -> tuple[str, str]:
-    """(host, vhost) of a stream URI, without resolving references (pure; secrets stay unread)."""
-    from urllib.parse import unquote, urlsplit
-
-    rest = _REFERENCE.sub("x", uri).split("://", 1)[-1]
-    parts = urlsplit("//" + rest)
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    return (parts.hostname or "").lower(), unquote(path) if path else "/"
+    """(host, vhost) of a stream URI, without resolving references (pure; secrets stay unread;
+    never raises: a URI that cannot be split is refused by validation, and is its own identity)."""
+    return uri_identity(uri)
 
 
 def _shared_sources(desired: Desired) -> list[str]:
@@ -334,8 +356,11 @@ def _shared_sources(desired: Desired) -> list[str]:
         src = spec.source
         name = src.topic if isinstance(src, KafkaSource) else _rabbit_identity(src.uri)
         group = groups.setdefault((src.type, name, spec.data_schema.datasource), [])
-        other = next((o for o in group if source_change(desired.specs[o][1].source, src) is None
-                      and source_change(src, desired.specs[o][1].source) is None), None)
+        try:
+            other = next((o for o in group if source_change(desired.specs[o][1].source, src) is None
+                          and source_change(src, desired.specs[o][1].source) is None), None)
+        except Exception:  # noqa: BLE001 - a warning's own failure warns of nothing; never stops the plan
+            other = None
         if other is not None:
             notes.append(f"warning: {other} and {sid} read the same source into datasource "
                          f"'{spec.data_schema.datasource}': every record would be ingested twice "

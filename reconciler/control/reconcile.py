@@ -20,7 +20,10 @@ from datetime import UTC, datetime
 
 from reconciler.control.apply import ActionResult, Applier
 from reconciler.control.plan import Action, Plan, PlanSettings, desired_from_directory, plan
+from reconciler.spec import grants as grants_mod
 from reconciler.spec.loader import SpecCache, load_directory
+from reconciler.spec.markerfiles import retire
+from reconciler.spec.names import BAD_NAME
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,8 @@ class PassResult:
 
 def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | None = None, *,
                    check_permissions: bool = True, stable: Callable[[], bool] | None = None,
-                   cache: SpecCache | None = None, leading: Callable[[], bool] | None = None) -> PassResult | None:
+                   cache: SpecCache | None = None, leading: Callable[[], bool] | None = None,
+                   grants: grants_mod.Grants | None = None) -> PassResult | None:
     """One pass. With ``stable`` (the daemon's watcher), a directory that changed while it was
     being read (an editor's save, a ``git checkout`` under way) is not acted on: None is
     returned and the daemon reads it again once it is quiet, so no pass sees half of a change.
@@ -42,8 +46,12 @@ def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | No
     With ``leading`` (the daemon's lease keeper: renews the lease when due, True while this
     process still holds it without a break), it is called before each spec file is loaded,
     before the database is read and before each action; once it answers False nothing more
-    is applied and the result says ``fenced``."""
-    state = load_directory(specs_dir, check_permissions=check_permissions, cache=cache, progress=leading)
+    is applied and the result says ``fenced``.
+
+    ``grants`` (default: this process's, see ``spec.grants``): a spec naming a secret the
+    operator did not grant is invalid, always; the pass never runs without them."""
+    state = load_directory(specs_dir, check_permissions=check_permissions, cache=cache, progress=leading,
+                           grants=grants or grants_mod.current())
     if stable is not None and not stable():
         return None
     _report(specs_dir, state)
@@ -53,6 +61,8 @@ def reconcile_once(specs_dir: str, applier: Applier, settings: PlanSettings | No
     actual = applier.store.read_actual()
     lag = applier.store.lag_states()  # what the lag observer persisted: the lag policies' input
     p = plan(desired, actual, settings=settings or PlanSettings(), now=datetime.now(UTC), lag=lag)
+    for path in state.bad_markers.values():  # never stored, never applied: renamed, reported once
+        retire(path, "rejected", {"reason": BAD_NAME})
     gate = _Gate(leading)
     results = tuple(applier.apply(gate.admit(p.actions)))
     if gate.closed:

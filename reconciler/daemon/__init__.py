@@ -58,10 +58,11 @@ from reconciler import logs
 from reconciler import settings as settings_mod
 from reconciler.daemon import notify
 from reconciler.daemon.waker import Waker
-from reconciler.errors import ReconcilerError
+from reconciler.errors import Misconfigured, ReconcilerError
 from reconciler.observe.metrics import Metrics
 from reconciler.runtime.manager import RuntimeManager
 from reconciler.settings import Settings
+from reconciler.spec import grants
 from reconciler.store.store import Store
 
 from .freshness import Freshness
@@ -126,8 +127,8 @@ class Daemon:
 
     def run(self, *, until_caught_up: bool = False, timeout: float | None = None) -> int:
         s = self.settings
-        s.state_path.mkdir(parents=True, exist_ok=True)
-        s.segments_dir.mkdir(parents=True, exist_ok=True)
+        _make_dirs(s)
+        grants.grant(grants.Grants.from_settings(s))  # before Spark starts: its workers inherit them
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from reconciler.pipeline.spark import set_status_file
 
@@ -259,7 +260,14 @@ class Daemon:
             log.warning("SIGHUP: %s cannot change while running (restart to change them); kept",
                         ", ".join(_key(f) for f in fixed))
         new = dataclasses.replace(new, **{f: getattr(old, f) for f in RESTART_FIELDS})
+        try:
+            granted = grants.Grants.from_settings(new)
+        except ReconcilerError as exc:
+            log.error("SIGHUP: config not reloaded, keeping the old settings: %s", exc)
+            notify.notify("READY=1", f"STATUS={self.status_line()}")
+            return watcher, next_tick
         self.settings = new
+        grants.grant(granted)  # the next pass checks every spec against the new grants
         logs.setup(new.log_level, new.log_format)
         changes = [f"{f.metadata['key']} {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}"
                    for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
@@ -302,6 +310,16 @@ def _write_stderr(text: str) -> None:
         os.write(2, text.encode(errors="replace"))
     except OSError:  # stderr itself is gone (a closed terminal): nowhere left to say it
         pass
+
+
+def _make_dirs(s: Settings) -> None:
+    """The state and segments directories, or ``Misconfigured`` naming the setting."""
+    for key, path in (("stateDir (--state-dir, RECONCILER_STATE_DIR)", s.state_path),
+                      ("segments (--segments, RECONCILER_SEGMENTS)", s.segments_dir)):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise Misconfigured(f"setting {key}: cannot create {path}: {exc.strerror or exc}") from None
 
 
 def _redacted_url(url: str) -> str:

@@ -29,6 +29,7 @@ from reconciler.runtime.manager import RuntimeManager
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RuntimeContext
 from reconciler.settings import Settings
+from reconciler.spec.grants import Grants, executor_env
 from reconciler.store.store import Store
 
 log = logging.getLogger("reconciler.daemon")  # the name in every line, as before the split
@@ -155,7 +156,8 @@ class Leadership:
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
                                       snapshot_retention=settings.snapshot_retention,
-                                      on_progress=self._wake)
+                                      on_progress=self._wake,
+                                      step_timeout=lambda: self._settings().step_timeout)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
@@ -213,5 +215,7 @@ class Leadership:
 
         with self._spark_lock:
             settings = self._settings()
-            return get_session(settings.spark_master, conf=settings.spark_conf,
-                               shared_dir=settings.segments_dir)
+            conf = dict(settings.spark_conf)
+            if not settings.spark_master.startswith("sc://"):  # a Connect server's workers are its own
+                conf = {**executor_env(Grants.from_settings(settings)), **conf}
+            return get_session(settings.spark_master, conf=conf, shared_dir=settings.segments_dir)

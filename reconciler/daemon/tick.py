@@ -22,6 +22,7 @@ from reconciler.observe.metrics import Metrics
 from reconciler.runtime.batching import caught_up
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.settings import Settings
+from reconciler.spec.grants import Grants
 from reconciler.spec.loader import SpecCache
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
@@ -83,7 +84,8 @@ class Tick:
         try:
             result = reconcile_once(settings.specs, applier, ps,
                                     check_permissions=not settings.allow_insecure_specs, stable=stable,
-                                    cache=self._spec_cache, leading=self._leadership.leading_in_pass)
+                                    cache=self._spec_cache, leading=self._leadership.leading_in_pass,
+                                    grants=Grants.from_settings(settings))
         except ReconcilerError as exc:
             log.error("reconcile aborted (nothing concluded): %s", exc)
             self._metrics.reconcile_done("aborted", time.monotonic() - started, error=str(exc))
@@ -201,7 +203,7 @@ class CatchUp:
                             targets[sid] = adapter.latest()
                         finally:
                             adapter.close()
-                    except ReconcilerError as exc:
+                    except Exception as exc:  # noqa: BLE001 - one supervisor's surprise, reported on it
                         log.warning("%s: cannot read latest offsets yet: %s", sid, exc)
                         return False
             self._targets = targets

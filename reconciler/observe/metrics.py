@@ -50,12 +50,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
+from reconciler.observe.httpserver import BoundedHTTPServer, RequestHandler
 from reconciler.spec import secrets
 
 MAX_LOOP_AGE = 120.0  # seconds without a loop iteration before /healthz says 503
@@ -265,14 +265,16 @@ def _spark_info() -> dict[str, Any]:
     return session_info()
 
 
-def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | None = None) -> ThreadingHTTPServer:
+def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | None = None) -> BoundedHTTPServer:
     """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` and the pages of
     each supervisor ``/supervisors/<id>`` on ``host:port`` in a daemon thread (port 0: any free
-    port). ``page(path)`` returns the HTML, or None for a page that does not exist (404)."""
+    port); HEAD answers as GET without a body. ``page(path)`` returns the HTML, or None for a
+    page that does not exist (404). The server is bounded in threads and connections
+    (``httpserver``)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
 
-    class Handler(MetricsHandler):
+    class Handler(RequestHandler, MetricsHandler):
         def _send(self, code: int, content_type: str, data: bytes) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
@@ -311,7 +313,4 @@ def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | No
             pass
 
     Handler.registry = registry
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    return server
+    return BoundedHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Handler).start()

@@ -1,7 +1,11 @@
 """Human-readable rendering of plans, status, history and segments (tables on stdout).
 
-Machine-readable output is JSON of the same dictionaries (``-o json``); this module
-only lays them out for people.
+Machine-readable output is JSON of the same dictionaries (``-o json``), exact; this module
+only lays them out for people. Text a person or a broker supplied (a reason, a file name,
+an error a client library returned) passes ``printable`` first: control characters (C0,
+DEL, C1, ESC), line and paragraph separators and the bidirectional overrides are shown as
+escapes (``\n``, ``\x1b``, ``\u202e``), so no value can start a forged line of
+``history``, recolour a terminal or reorder what a person reads.
 """
 
 from __future__ import annotations
@@ -10,12 +14,17 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from reconciler.logs import printable, printable_lines
+
+__all__ = ["printable", "printable_lines", "table", "plan_text", "reset_table", "status_text", "history_text",
+           "segments_text"]
+
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, wrap_last: int | None = None) -> str:
     """Columns padded to their widest cell; with ``wrap_last``, the last column is wrapped at
     word boundaries to that many characters (continuation lines indented under it), so a
     long error is read whole instead of cut mid-word."""
-    rows = [["" if v is None else str(v) for v in r] for r in rows]
+    rows = [[printable(v) for v in r] for r in rows]
     cells = [[*r[:-1], _wrap(r[-1], wrap_last)] for r in rows] if wrap_last else [[*r[:-1], [r[-1]]] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
     widths.append(max([len(headers[-1])] + [len(x) for r in cells for x in r[-1]]))
@@ -39,20 +48,20 @@ def plan_text(plan: dict[str, Any]) -> str:
     if not plan["actions"]:
         out.append("No changes: the database matches the spec directory.")
     for a in plan["actions"]:
-        head = f"{a['kind']:<19} {a['supervisor']:<24} {a['reason']}"
+        head = f"{a['kind']:<19} {printable(a['supervisor']):<24} {printable(a['reason'])}"
         if a.get("path"):
-            head += f"  [{a['path']}]"
+            head += f"  [{printable(a['path'])}]"
         out.append(head)
         if a.get("error"):
-            out.extend("    " + line for line in a["error"].splitlines())
+            out.extend("    " + line for line in printable_lines(a["error"]))
         if "partitions" in a:
             out.append(_indent(reset_table(a["partitions"]), 4))
             out.append(f"    backfill {a['backfillRecords']} records, skip {a['skippedRecords']}, "
                        f"re-read {a['rereadRecords']}")
         for w in a.get("warnings", []) + a.get("errors", []):
-            out.append(f"    ! {w}")
+            out.append(f"    ! {printable(w)}")
     for n in plan["notes"]:
-        out.append(f"note: {n}")
+        out.append(f"note: {printable(n)}")
     for d in plan.get("policies") or ():
         out.append(f"lag policy {d['supervisor']}: {_policy_text(d['policy'])}: {d['status']}: {d['message']}")
     return "\n".join(out)
@@ -111,7 +120,7 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
     if detail:
         for s in items:
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "
-                       f"epoch {s['epoch']}, spec {s['specHash']} {s['specPath'] or ''}")
+                       f"epoch {s['epoch']}, spec {s['specHash']} {printable(s['specPath'] or '')}")
             out.append(table(["partition", "checkpoint", "latest", "end", "lag", "lag age"],
                              [[p["partition"], p["checkpoint"], p["latest"], p["end"], p["lag"],
                                "?" if p.get("lagSeconds") is None else _age(p["lagSeconds"])]
@@ -124,9 +133,9 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
                            f"({_age(s['lastCommitAgeSeconds'])} ago)")
             for key in ("lastError", "streamError"):
                 if s[key]:
-                    out.append(f"{key}: {s[key]}")
+                    out.append(f"{key}: {printable(s[key])}")
             if s.get("override"):
-                out.append(f"override: {s['override']['description']} (drift from the file until "
+                out.append(f"override: {printable(s['override']['description'])} (drift from the file until "
                            f"`reconciler resume {s['id']}`)")
     return "\n".join(out)
 
@@ -159,18 +168,18 @@ def history_text(entries: list[dict[str, Any]]) -> str:
         return "No history."
     out = []
     for e in entries:
-        out.append(f"{e['at']:%Y-%m-%d %H:%M:%S}Z  {e['action']:<19} by {e['actor']}"
-                   + (f"  trigger: {e['trigger']}" if e["trigger"] else "")
-                   + (f"  reason: {e['reason']}" if e["reason"] else ""))
+        out.append(f"{e['at']:%Y-%m-%d %H:%M:%S}Z  {printable(e['action']):<19} by {printable(e['actor'])}"
+                   + (f"  trigger: {printable(e['trigger'])}" if e["trigger"] else "")
+                   + (f"  reason: {printable(e['reason'])}" if e["reason"] else ""))
         d = e.get("details") or {}
         if d.get("partitions"):
             out.append(_indent(reset_table(d["partitions"]), 4))
         if d.get("backfill"):
-            out.append(f"    backfill supervisor: {d['backfill']} ({d.get('backfillRecords', 0)} records)")
+            out.append(f"    backfill supervisor: {printable(d['backfill'])} ({d.get('backfillRecords', 0)} records)")
         if d.get("lostRecords"):
             ranges = ", ".join(f"{p}: [{a}, {b})" for p, (a, b) in (d.get("lostRanges") or {}).items())
             out.append(f"    LOST {d['lostRecords']} records deleted by the broker's retention before they were "
-                       f"ingested ({ranges})")
+                       f"ingested ({printable(ranges)})")
     return "\n".join(out)
 
 

@@ -11,12 +11,20 @@ Lag in time (issue 32): with the latest offsets, the same call asks for the time
 record at each checkpoint that is behind (``streams.lagtime``: one fetch per partition, same
 bound), so each partition has ``lagSeconds`` beside ``lag`` and the supervisor has the
 maximum as ``lagSeconds``; ``lagPolicy`` is the policy's status as the planner sees it (from
-the lag the daemon observed), and ``lastCommitAt`` the datasource's last commit."""
+the lag the daemon observed), and ``lastCommitAt`` the datasource's last commit.
+
+One supervisor never breaks the report of the others: a lookup that raises is that
+supervisor's ``streamError``; one that does not answer within ``ASK_DEADLINE`` (a client
+stuck in I/O: a thread cannot be stopped) is given up, its thread left behind as a daemon
+thread and replaced, so the others are still asked and the command still exits; a record
+that cannot be reported is shown with ``statusError``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +37,7 @@ from reconciler.streams import adapter_for
 from reconciler.streams.lagtime import lag_seconds, max_seconds, record_times
 
 LAG_TIMEOUT = 1.0  # seconds each broker call of a lag lookup may take
+ASK_DEADLINE = 10.0  # seconds one supervisor's whole lookup may take before it is given up
 _LAG_THREADS = 16
 
 
@@ -106,7 +115,9 @@ def _latest(rec: SupervisorRecord, checkpoint: Mapping[str, int] | None = None
         finally:
             adapter.close()
     except ReconcilerError as exc:
-        return {}, str(exc), None
+        return {}, secrets.scrub(str(exc)), None
+    except Exception as exc:  # noqa: BLE001 - one supervisor's surprise is its own error, not the report's
+        return {}, secrets.scrub(f"{type(exc).__name__}: {exc}"), None
 
 
 def _partition_seconds(p: str, cp: int | None, target: int | None, times: Mapping[str, int | None] | None,
@@ -121,24 +132,74 @@ def _max_seconds(parts: list[dict[str, Any]], known: bool) -> float | None:
     return max_seconds({x["partition"]: x["lagSeconds"] for x in parts}) if known else None
 
 
+
+
+def ask_all(recs: Sequence[SupervisorRecord], checkpoints: Mapping[str, Mapping[str, int]] | None = None, *,
+            workers: int = _LAG_THREADS, deadline: float | None = None) -> dict[str, tuple]:
+    """``_latest`` of every record (against its checkpoint in ``checkpoints``) on up to
+    ``workers`` threads; a lookup that takes longer than ``deadline`` (default
+    ``ASK_DEADLINE``) is given up (reported as such) and its thread replaced."""
+    checkpoints = checkpoints or {}
+    deadline = ASK_DEADLINE if deadline is None else deadline
+    todo: deque[SupervisorRecord] = deque(recs)
+    results: dict[str, tuple] = {}
+    started: dict[str, float] = {}
+    lock = threading.Lock()
+    wake = threading.Event()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                rec = todo.popleft()
+                started[rec.id] = time.monotonic()
+            answer = _latest(rec, checkpoints.get(rec.id, {}))
+            with lock:
+                results.setdefault(rec.id, answer)
+            wake.set()
+
+    def hire() -> None:
+        threading.Thread(target=work, name="lag", daemon=True).start()
+
+    busy = min(workers, len(todo))
+    for _ in range(busy):
+        hire()
+    while True:
+        with lock:
+            now = time.monotonic()
+            late = [sid for sid, t in started.items() if sid not in results and now - t >= deadline]
+            for sid in late:  # given up: its thread may never come back, so another takes its place
+                results[sid] = ({}, f"no answer from the stream within {deadline:g}s (given up)", None)
+            done = len(results) == len(recs)
+        if done:
+            return results
+        for _ in late:
+            hire()
+        wake.wait(0.1)
+        wake.clear()
+
+
 def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: bool = True) -> list[dict[str, Any]]:
     actual = store.read_actual()
     recs = [r for sid, r in sorted(actual.supervisors.items()) if supervisor_id in (None, sid)]
     asked = [r for r in recs if with_latest and _asks_stream(r)]
-    positions: dict[str, tuple] = {}
-    if asked:
-        with ThreadPoolExecutor(max_workers=min(_LAG_THREADS, len(asked)), thread_name_prefix="lag") as pool:
-            found = pool.map(lambda r: _latest(r, actual.checkpoints.get(r.id, {})), asked)
-            positions = dict(zip((r.id for r in asked), found, strict=True))
+    positions = ask_all(asked, actual.checkpoints) if asked else {}
     every = supervisor_id is None  # one query for all rather than one per supervisor
     totals = store.all_batch_totals() if every else {}
     lost = store.all_lost_records() if every else {}
     now = datetime.now(UTC)
-    items = [supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest, now=now,
-                               positions=positions.get(r.id, ({}, None)),
-                               totals=totals.get(r.id, NO_BATCHES) if every else None,
-                               lost=lost.get(r.id, 0) if every else None)
-             for r in recs]
+    items = []
+    for r in recs:
+        try:
+            items.append(supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest,
+                                           now=now, positions=positions.get(r.id, ({}, None)),
+                                           totals=totals.get(r.id, NO_BATCHES) if every else None,
+                                           lost=lost.get(r.id, 0) if every else None))
+        except ReconcilerError:
+            raise  # the database: the whole report fails, as it must
+        except Exception as exc:  # noqa: BLE001 - one record that cannot be reported is shown as such
+            items.append(_unreportable(r, exc))
     _freshness(store, actual, items, now)
     for item in items:
         override = actual.overrides.get(item["id"])
@@ -168,9 +229,25 @@ def _freshness(store: Store, actual, items: list[dict[str, Any]], now: datetime)
             policy = None
         item["lagPolicy"] = None
         if policy is not None and rec.state != State.TERMINATED:
-            d = decide(rec, policy, lag.get(rec.id), actual, now,
-                       suspended=rec.suspended or rec.id in actual.overrides or rec.spec.suspended)
+            try:
+                d = decide(rec, policy, lag.get(rec.id), actual, now,
+                           suspended=rec.suspended or rec.id in actual.overrides or rec.spec.suspended)
+            except Exception as exc:  # noqa: BLE001 - one policy that cannot be judged is shown as such
+                item["statusError"] = secrets.scrub(f"cannot judge the lag policy: {type(exc).__name__}: {exc}")
+                continue
             item["lagPolicy"] = d.to_dict()
+
+
+def _unreportable(rec: SupervisorRecord, exc: Exception) -> dict[str, Any]:
+    """What is known of a supervisor whose report failed, and why (every key a report has)."""
+    error = secrets.scrub(f"cannot report: {type(exc).__name__}: {exc}")
+    return {"id": rec.id, "kind": str(rec.kind), "parent": rec.parent_id, "state": str(rec.state),
+            "detailedState": str(rec.detailed_state), "epoch": rec.epoch, "specHash": rec.spec_hash,
+            "specPath": rec.spec_path, "datasource": None, "source": None, "lastError": rec.last_error,
+            "specError": rec.spec_error, "runtimeError": rec.runtime_error, "lastRequest": rec.last_request,
+            "streamError": error, "statusError": error, "partitions": [], "lag": None, "records": 0,
+            "unparseable": 0, "batches": 0, "lostRecords": 0, "lagSeconds": None,
+            "updatedAt": rec.updated_at.isoformat() if rec.updated_at else None}
 
 
 def _total_lag(parts: list[dict[str, Any]], known: bool) -> int | None:

@@ -3,6 +3,10 @@
 The result is appended as YAML comments so the renamed file tells its own story; a
 marker that is a symlink, not a regular file, or oversized is only renamed (never
 followed or read: a symlink to a file outside the directory must not be copied in).
+No write follows a link: the new file is written under a name ``mkstemp`` invents in the
+same directory (created with O_EXCL, so a link planted at any fixed name, say a dotfile
+committed to the repo, is never opened) and renamed over the result's name (a rename
+replaces a link there, it never writes through it).
 Renaming can fail (read-only checkout, permissions); the request is recorded in the
 database first, so a marker that cannot be renamed is still applied only once and
 the next tick tries the rename again.
@@ -10,14 +14,17 @@ the next tick tries the rename again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
+from reconciler.spec.names import shown
 from reconciler.spec.yamlsafe import MAX_BYTES
 
 log = logging.getLogger(__name__)
@@ -28,7 +35,7 @@ def retire(path: str, status: str, result: dict) -> str | None:
     src = Path(path)
     dst = src.with_name(src.name + f".{status}")
     n = 1
-    while dst.exists():  # never overwrite an earlier result (two retirements in the same second)
+    while os.path.lexists(dst):  # never overwrite an earlier result (two retirements in the same second)
         dst = src.with_name(src.name + f".{datetime.now(UTC):%Y%m%dT%H%M%S}{f'-{n}' if n > 1 else ''}.{status}")
         n += 1
     try:
@@ -44,13 +51,27 @@ def retire(path: str, status: str, result: dict) -> str | None:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         comment = yaml.safe_dump(result, sort_keys=False, default_flow_style=False, allow_unicode=True)
         lines = [f"# {status} at {stamp} by stream-reconciler"] + [f"# {line}" for line in comment.splitlines()]
-        tmp = dst.with_name("." + dst.name + ".tmp")
-        tmp.write_bytes(body + (b"" if body.endswith(b"\n") or not body else b"\n") + ("\n".join(lines) + "\n").encode())
-        os.replace(tmp, dst)
+        data = body + (b"" if body.endswith(b"\n") or not body else b"\n") + ("\n".join(lines) + "\n").encode()
+        _write_new(dst, data, stat.S_IMODE(st.st_mode) & 0o666)
         src.unlink()
         return str(dst)
     except FileNotFoundError:
         return None  # someone else retired it already
     except OSError as exc:
-        log.warning("marker %s was %s but could not be renamed: %s; will retry", path, status, exc.strerror)
+        log.warning("marker %s was %s but could not be renamed: %s; will retry", shown(path), status,
+                    exc.strerror)
         return None
+
+
+def _write_new(dst: Path, data: bytes, mode: int) -> None:
+    """``data`` as the file ``dst``: written to a fresh temporary file beside it, then renamed."""
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

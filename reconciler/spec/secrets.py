@@ -1,137 +1,161 @@
-"""Secret references: ``${env:NAME}`` and ``${file:/path}``.
+"""Secret references: ``${env:NAME}`` and ``${file:/path}``, and what is shown instead of secrets.
 
-Specs keep references verbatim; they are resolved only here, at the moment a
-client (Kafka consumer, RabbitMQ connection) is built, and the resolved value is
-never returned to anything that logs, stores or prints. ``redact`` is what every
-document shown in status output and the audit log goes through.
-
-Libraries echo what they were given: librdkafka quotes (a truncated copy of) an invalid
-property value in its error and logs ``CONFWARN ... set to '<value>'``. So every value
-resolved here, and every literal under a secret-looking key, is also remembered by the
-process-wide ``scrubber``; ``scrub(text)`` hides each of them, and any fragment of one
-of at least ``FRAGMENT`` characters, in free text. The log handler and every error
-message that is stored or served go through it.
+Specs keep references verbatim; they are resolved only here, at the moment a client
+(Kafka consumer, RabbitMQ connection) is built, and only when the operator granted them
+(``grants``: the secrets directory and the listed environment variables). A resolved value
+is never returned to anything that logs, stores or prints: every one is taught to the log
+scrubber (``scrubber``), as is every literal under a secret key and every literal password
+in a URI. ``redact`` is what every document shown in status output and the audit log goes
+through; it, ``redact_uri`` and ``scrub`` never raise, whatever a spec holds (a value the
+URL parser rejects must not break ``status`` for every supervisor).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from reconciler.errors import PermanentError
+from reconciler.spec import grants as grants_mod
+from reconciler.spec.grants import Grants
+from reconciler.spec.scrubber import FRAGMENT, REDACTED, scrub, scrubber
 
-_REF = re.compile(r"\$\{(?P<kind>env|file):(?P<arg>[^}]+)\}")
+__all__ = ["FRAGMENT", "REDACTED", "scrub", "scrubber", "resolve", "resolve_mapping", "has_reference",
+           "references", "redact", "redact_uri", "literal_secrets", "learn_literals", "is_secret_key",
+           "uri_password"]
 
-# librdkafka / URI keys whose literal values are secrets even without a reference.
-_SECRET_KEYS = re.compile(r"(password|secret|token|sasl\.jaas|ssl\.key|credential)", re.I)
-REDACTED = "***"
-FRAGMENT = 8  # characters: a shorter piece of a secret is hidden only when it is the whole secret
-_SHORTEST = 3  # a secret of one or two characters cannot be hidden without hiding every word
+REF = re.compile(r"\$\{(?P<kind>env|file):(?P<arg>[^}]+)\}")
 
-
-class _Scrubber:
-    """The secret values this process has seen, and their fragments, to hide in free text."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._whole: set[str] = set()
-        self._grams: set[str] = set()
-
-    def learn(self, value: Any) -> None:
-        text = str(value) if value is not None else ""
-        if len(text) < _SHORTEST or text in self._whole:
-            return
-        # A library may show the value raw, repr-escaped or JSON-escaped: learn all three.
-        forms = {text, repr(text)[1:-1], json.dumps(text)[1:-1]}
-        grams = {f[i:i + FRAGMENT] for f in forms for i in range(len(f) - FRAGMENT + 1)}
-        with self._lock:
-            self._whole |= forms
-            self._grams |= grams
-
-    def scrub(self, text: str) -> str:
-        if not self._whole or not text:
-            return text
-        with self._lock:
-            whole, grams = sorted(self._whole, key=len, reverse=True), self._grams
-        for value in whole:
-            text = text.replace(value, REDACTED)
-        if not grams or len(text) < FRAGMENT:
-            return text
-        hidden = bytearray(len(text))
-        for i in range(len(text) - FRAGMENT + 1):
-            if text[i:i + FRAGMENT] in grams:
-                hidden[i:i + FRAGMENT] = b"\x01" * FRAGMENT
-        if not any(hidden):
-            return text
-        out, i = [], 0
-        while i < len(text):
-            if hidden[i]:
-                while i < len(text) and hidden[i]:
-                    i += 1
-                out.append(REDACTED)
-            else:
-                out.append(text[i])
-                i += 1
-        return "".join(out)
+# librdkafka's CONFIGURATION.md: the properties whose value is itself a secret.
+SECRET_PROPERTIES = frozenset({
+    "sasl.password", "sasl.oauthbearer.config", "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.passphrase", "sasl.oauthbearer.assertion.private.key.pem",
+    "ssl.key.password", "ssl.key.pem", "ssl_key", "ssl.keystore.password", "sasl.jaas.config",
+})
+# Any other key (other clients, future properties) that says it holds a secret; a path or a
+# URL to one (``*.location``, ``*.file``, ``*.url``) or an identifier (``*.id``) is not one.
+_SECRET_WORDS = re.compile(r"password|passphrase|passwd|secret|credential|token|jaas|private\.key|key\.pem|ssl_key",
+                           re.I)
+_NOT_SECRET_ENDINGS = (".location", ".file", ".url", ".id", ".algorithm", ".method")
 
 
-scrubber = _Scrubber()
+def is_secret_key(key: str) -> bool:
+    """Whether a property's literal value is a secret (shown as ``***``, warned about)."""
+    name = str(key).strip().lower()
+    if name in SECRET_PROPERTIES:
+        return True
+    return bool(_SECRET_WORDS.search(name)) and not name.endswith(_NOT_SECRET_ENDINGS)
 
 
-def scrub(text: Any) -> Any:
-    """``text`` with every secret this process resolved (or any long fragment of one) hidden;
-    None passes through."""
-    return scrubber.scrub(str(text)) if text is not None else None
-
-
-def _lookup(kind: str, arg: str) -> str:
-    if kind == "env":
-        if arg not in os.environ:
-            raise PermanentError(f"secret reference ${{env:{arg}}}: environment variable {arg} is not set")
-        return os.environ[arg]
-    path = Path(arg.replace("$CREDENTIALS_DIRECTORY", os.environ.get("CREDENTIALS_DIRECTORY", "")))
-    try:
-        value = path.read_text(encoding="utf-8", errors="replace").rstrip("\r\n")
-    except OSError as exc:
-        raise PermanentError(f"secret reference ${{file:{arg}}}: cannot read: {exc.strerror}") from None
+def _lookup(kind: str, arg: str, grants: Grants | None) -> str:
+    value = grants_mod.read_env(arg, grants) if kind == "env" else grants_mod.read_file(arg, grants)
     scrubber.learn(value)
     return value
 
 
-def resolve(value: Any) -> Any:
-    """Replace every reference in a string by its value; other types pass through."""
+def resolve(value: Any, grants: Grants | None = None) -> Any:
+    """Replace every reference in a string by its value (granted ones only, else
+    ``PermanentError``); other types pass through. ``grants``: this process's by default."""
     if not isinstance(value, str):
         return value
-    return _REF.sub(lambda m: _lookup(m["kind"], m["arg"]), value)
+    return REF.sub(lambda m: _lookup(m["kind"], m["arg"], grants), value)
 
 
-def resolve_mapping(values: Mapping[str, Any]) -> dict[str, Any]:
-    resolved = {k: resolve(v) for k, v in values.items()}
+def resolve_mapping(values: Mapping[str, Any], grants: Grants | None = None) -> dict[str, Any]:
+    """Client properties with their references resolved. A property that runs a command or
+    loads code is refused, and one that reads a file must name a granted regular file: its
+    value becomes that file's real path (the client reads exactly what was checked)."""
+    grants = grants or grants_mod.current()
+    resolved = {}
     for k, v in values.items():
-        if isinstance(v, str) and not has_reference(v) and _SECRET_KEYS.search(str(k)):
+        field = f"source.consumerProperties[{json.dumps(str(k))}]"  # named as validation names it
+        name = str(k).strip().lower()
+        if name in grants_mod.REFUSED_PROPERTIES:
+            raise PermanentError(f"{field}: {k} {grants_mod.REFUSED_PROPERTIES[name]}: no spec may set it")
+        try:
+            value = resolve(v, grants)
+            if grants_mod.reads_file(str(k), value):
+                value = grants_mod.client_file(value, grants, f"{k}: {v}")
+        except PermanentError as exc:
+            raise PermanentError(f"{field}: {exc}") from None
+        resolved[k] = value
+        if isinstance(v, str) and not has_reference(v) and is_secret_key(str(k)):
             scrubber.learn(v)  # a literal secret is still a secret in an echoed message
     return resolved
 
 
 def has_reference(value: Any) -> bool:
-    return isinstance(value, str) and bool(_REF.search(value))
+    return isinstance(value, str) and bool(REF.search(value))
+
+
+def references(value: Any) -> Iterator[tuple[str, str]]:
+    """(kind, argument) of every reference in a string."""
+    if isinstance(value, str):
+        for m in REF.finditer(value):
+            yield m["kind"], m["arg"]
+
+
+def _userinfo_span(uri: str) -> tuple[int, int] | None:
+    """Where the password of ``scheme://user:password@host...`` lies in ``uri`` (references
+    masked first, as a reference may hold ``/`` or ``@``), or None; never raises."""
+    masked = REF.sub(lambda m: "R" * len(m.group(0)), uri)
+    head = masked.find("://")
+    if head < 0:
+        return None
+    start = head + 3
+    end = len(masked)
+    for sep in "/?#":
+        i = masked.find(sep, start)
+        if i >= 0:
+            end = min(end, i)
+    at = masked.rfind("@", start, end)
+    if at < 0:
+        return None
+    colon = masked.find(":", start, at)
+    if colon < 0 or colon + 1 == at:
+        return None
+    return colon + 1, at
+
+
+def uri_password(uri: str) -> str | None:
+    """The literal password of a URI (a reference is not one), or None."""
+    span = _userinfo_span(uri) if isinstance(uri, str) else None
+    if span is None:
+        return None
+    password = uri[span[0]:span[1]]
+    return None if has_reference(password) else password
 
 
 def redact_uri(uri: str) -> str:
-    """Hide a literal password in a URI; references are shown as they are (they are not secrets)."""
-    parts = urlsplit(uri)
-    if parts.password and not has_reference(parts.password):
-        netloc = f"{parts.username}:{REDACTED}@{parts.hostname}"
-        if parts.port:
-            netloc += f":{parts.port}"
-        return urlunsplit(parts._replace(netloc=netloc))
-    return uri
+    """Hide a literal password in a URI, in its user information or in a query parameter
+    named like a secret (``?password=``); references are shown as they are (they are not
+    secrets). Works on any text, parseable or not, and teaches what it hides to the scrubber."""
+    out = uri
+    password = uri_password(uri)
+    if password:
+        scrubber.learn(password)
+        start, end = _userinfo_span(uri)
+        out = uri[:start] + REDACTED + uri[end:]
+    return _redact_query(out)
+
+
+def _redact_query(uri: str) -> str:
+    head, sep, query = uri.partition("?")
+    if not sep:
+        return uri
+    query, hash_sep, fragment = query.partition("#")
+    parts = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if eq and value and not has_reference(value) and is_secret_key(unquote(key)):
+            scrubber.learn(unquote(value))
+            value = REDACTED
+        parts.append(f"{key}{eq}{value}")
+    return f"{head}?{'&'.join(parts)}{hash_sep}{fragment}"
 
 
 def redact(doc: Any, key: str = "") -> Any:
@@ -142,8 +166,8 @@ def redact(doc: Any, key: str = "") -> Any:
         return [redact(v, key) for v in doc]
     if isinstance(doc, str):
         if has_reference(doc):
-            return doc
-        if _SECRET_KEYS.search(key):
+            return redact_uri(doc) if "://" in doc else doc
+        if is_secret_key(key):
             return REDACTED
         if "://" in doc:
             return redact_uri(doc)
@@ -158,15 +182,25 @@ def literal_secrets(source: Mapping[str, Any]) -> list[tuple[tuple[str, ...], st
     """
     found: list[tuple[tuple[str, ...], str]] = []
     for key, value in (source.get("consumerProperties") or {}).items():
-        if isinstance(value, str) and value and not has_reference(value) and _SECRET_KEYS.search(str(key)):
+        if isinstance(value, str) and value and not has_reference(value) and is_secret_key(str(key)):
             found.append((("source", "consumerProperties", str(key)), f"'{key}'"))
     uri = source.get("uri")
-    if isinstance(uri, str):
-        masked = _REF.sub("REFERENCE", uri)
-        try:
-            password = urlsplit(masked).password
-        except ValueError:
-            password = None
-        if password and "REFERENCE" not in password:
-            found.append((("source", "uri"), "the URI's password"))
+    if isinstance(uri, str) and uri_password(uri):
+        found.append((("source", "uri"), "the URI's password"))
     return found
+
+
+def learn_literals(source: Any) -> None:
+    """Teach the scrubber a spec's literal secrets (as soon as a process reads the spec, so
+    an error quoting one, before any client is built, is scrubbed too)."""
+    if not isinstance(source, Mapping):
+        return
+    props = source.get("consumerProperties")
+    for key, value in (props.items() if isinstance(props, Mapping) else ()):
+        if isinstance(value, str) and not has_reference(value) and is_secret_key(str(key)):
+            scrubber.learn(value)
+    uri = source.get("uri")
+    if isinstance(uri, str):
+        password = uri_password(uri)
+        if password:
+            scrubber.learn(password)

@@ -9,8 +9,9 @@ key and suggest the closest allowed one, wrong values point at the value, missin
 keys point at the mapping that lacks them, and ``oneOf`` failures are narrowed to
 the branch the user meant (``source`` by its ``type``, positions by their key).
 Timestamps are then checked with ``timeparse`` (they must parse and not lie in the
-future), durations against their lower bound, and column names against the ones the
-output reserves. Problems come back sorted by line.
+future), durations against their lower bound, and what the pipeline and the clients would
+refuse later (column names, the stream URI, references and client properties; see
+``columns``, ``uris``, ``references``). Problems come back sorted by line.
 
 Two keywords follow the JSON Schema specification more strictly than Python's
 ``jsonschema`` does by default, because its lenient readings let bad values through:
@@ -35,8 +36,11 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from referencing import Registry, Resource
 
 from reconciler.errors import SpecProblem
-from reconciler.model import RESERVED_COLUMNS, parse_duration
+from reconciler.model import parse_duration
+from reconciler.spec import columns, references
+from reconciler.spec.secrets import redact_uri
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
+from reconciler.spec.uris import UriInvalid, split_stream_uri
 from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
 
 SchemaKind = Literal["spec", "marker"]
@@ -66,7 +70,8 @@ def schema_registry() -> Registry:
 
 MIN_TASK_DURATION = 0.1  # seconds: below this a supervisor would spin on batch overhead alone
 _DURATION_PATHS: tuple[YamlPath, ...] = (("taskDuration",),)
-_COLUMN_PATHS: tuple[YamlPath, ...] = (("dataSchema", "dimensions"),)
+_COLUMN_PATHS: tuple[YamlPath, ...] = (("dataSchema", "dimensions"), ("dataSchema", "metrics"),
+                                       ("dataSchema", "granularity"))
 
 
 @functools.cache
@@ -127,7 +132,7 @@ def validate_document(
             except TimestampError as exc:
                 problems.append(_problem(parsed, parsed.value_position(at), at, str(exc)))
     if kind == "spec":
-        problems += _duration_problems(parsed, problems) + _column_problems(parsed, problems)
+        problems += _duration_problems(parsed, problems) + _static_problems(parsed, problems)
     return sort_problems(problems)
 
 
@@ -143,20 +148,23 @@ def _duration_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[Spe
     return problems
 
 
-def _column_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecProblem]:
-    """Names the output itself writes cannot also be dimensions (they would clash at run time)."""
-    problems = []
-    for at in _COLUMN_PATHS:
-        names = _get(parsed.data, at)
-        if not isinstance(names, list) or any(_within(p.field, at) for p in found):
-            continue
-        for i, name in enumerate(names):
-            if name in RESERVED_COLUMNS:
-                where = (*at, i)
-                problems.append(_problem(parsed, parsed.value_position(where), where,
-                                         f"{name!r} is a column the output writes itself "
-                                         f"(reserved: {', '.join(RESERVED_COLUMNS)}); use another name"))
-    return problems
+def _static_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecProblem]:
+    """What the pipeline and the clients refuse that the schema cannot say: column names
+    (``columns``), the stream URI (``uris``), references and client properties (``references``)."""
+    out: list[SpecProblem] = []
+    if not any(_within(p.field, at) for p in found for at in _COLUMN_PATHS):
+        out += columns.problems(parsed)
+    if not any(_within(p.field, ("source",)) for p in found):
+        out += references.syntax_problems(parsed)
+        source = parsed.data.get("source")
+        if isinstance(source, Mapping) and source.get("type") == "rabbitmq" and isinstance(source.get("uri"), str):
+            try:
+                split_stream_uri(source["uri"])
+            except UriInvalid as exc:
+                at = ("source", "uri")
+                out.append(_problem(parsed, parsed.value_position(at), at,
+                                    f"invalid RabbitMQ stream URI {redact_uri(source['uri'])!r}: {exc}"))
+    return out
 
 
 def validate_data(

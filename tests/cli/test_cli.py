@@ -437,7 +437,8 @@ def test_cli_beats_env_beats_file(tmp_path):
     assert planned(extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
                               "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == (["clicks-rollup"], "env.db")
     assert planned("--specs", str(dirs["orders"]), "--db", f"sqlite:///{tmp_path / 'cli.db'}",
-                   extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]),
+                   "--secret-env", "RMQ_PASSWORD",  # the example's ${env:RMQ_PASSWORD}, granted
+                   extra_env={"RECONCILER_SPECS": str(dirs["clicks-rollup"]), "RMQ_PASSWORD": "guest",
                               "RECONCILER_DB": f"sqlite:///{tmp_path / 'env.db'}"}) == (["orders"], "cli.db")
     assert list(tmp_path.glob("*.db")) == []
 
@@ -446,7 +447,7 @@ def test_bad_config_file_is_a_clear_error(tmp_path, specs):
     config = tmp_path / "config.yaml"
     config.write_text("specz: x\n")
     result = Cli(specs, tmp_path / "state", None)("--config", str(config), "validate", globals_=False)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a configuration error
     assert f"config file {config}: unknown setting(s) specz" in result.stderr
 
 
@@ -535,5 +536,5 @@ def test_script_plan_apply_plan(tmp_path, specs, db_url):
 
 def test_bad_log_level_from_the_environment_is_a_clear_error(tmp_path, specs):
     result = Cli(specs, tmp_path / "state", None)("validate", env={"RECONCILER_LOG_LEVEL": "verbose"})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a configuration error
     assert "Error: logLevel must be DEBUG, INFO, WARNING or ERROR, not 'verbose'" in result.stderr

@@ -66,7 +66,7 @@ def _created_by(store: Store, ids) -> dict[str, str]:
 def _slow_loader(monkeypatch, seconds: float, hang_at: int | None = None):
     """Each spec file takes ``seconds`` to load; with ``hang_at``, the first thread to load
     reaches that file and waits there until ``release`` is set. Returns (hung, release)."""
-    real = loader._spec_result
+    real = loader.spec_result
     hung, release = threading.Event(), threading.Event()
     first: list[int] = []
     counts: dict[int, int] = {}
@@ -82,7 +82,7 @@ def _slow_loader(monkeypatch, seconds: float, hang_at: int | None = None):
         time.sleep(seconds)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loader, "_spec_result", slow)
+    monkeypatch.setattr(loader, "spec_result", slow)
     return hung, release
 
 

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import yaml
 
 import devservices
+from reconciler.spec import markerfiles
 from reconciler.store.engine import create_engine
 from reconciler.store.store import Store
 from tests.e2e import helpers as h
@@ -167,16 +168,18 @@ def test_invalid_markers_are_rejected_and_change_nothing(spark, kafka_broker, in
     h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 2000))
 
 
-def test_marker_that_cannot_be_renamed_is_still_applied_once(spark, kafka_broker, ingested):
+def test_marker_that_cannot_be_renamed_is_still_applied_once(spark, kafka_broker, ingested, monkeypatch):
     s, store, name, _ = ingested
     specs = Path(s.specs)
     produce(kafka_broker, name, 1000, 1500)
     marker = specs / "clicks.reset.yaml"
     marker.write_text("reason: rename blocked\n")
-    # The retirement writes ".clicks.reset.yaml.applied.tmp" first: a directory there makes it fail
-    # (as root, permissions would not).
-    blocker = specs / ".clicks.reset.yaml.applied.tmp"
-    blocker.mkdir()
+    # The retirement writes a temporary file beside the marker first: refused, as in a read-only
+    # checkout (the tests run as root, whom permissions would not stop).
+    def read_only(*args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(markerfiles, "_write_new", read_only)
     daemon(s)
     assert marker.exists() and not (specs / "clicks.reset.yaml.applied").exists()
     for _ in range(2):  # more passes and another daemon run: still one reset
@@ -188,7 +191,7 @@ def test_marker_that_cannot_be_renamed_is_still_applied_once(spark, kafka_broker
     assert len(resets(store, "clicks")) == 1 and backfills(store, "clicks") == ["clicks-backfill-1"]
     assert [r["status"] for r in requests_rows(s.db_url)] == ["applied"]
 
-    blocker.rmdir()
+    monkeypatch.undo()
     code, out = h.run_cli(s, "apply")
     assert code == 0 and "renamed to" in out
     assert not marker.exists() and (specs / "clicks.reset.yaml.applied").exists()

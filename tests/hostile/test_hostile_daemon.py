@@ -84,7 +84,8 @@ def test_hostile_input_and_a_signal_storm_on_a_live_daemon(tmp_path, kafka_broke
     port = devservices.free_port()
     s = helpers.make_settings(tmp_path, http=f"127.0.0.1:{port}", spark_master="local[1]")
     specs = Path(s.specs)
-    secret_file = tmp_path / "planted-secret"
+    (tmp_path / "secrets").mkdir()
+    secret_file = tmp_path / "secrets" / "planted-secret"  # granted: the operator's secrets directory
     secret_file.write_text(PLANTED_FILE)
 
     good_topic = topic(partitions=2)
@@ -93,7 +94,8 @@ def test_hostile_input_and_a_signal_storm_on_a_live_daemon(tmp_path, kafka_broke
     devservices.produce_kafka(bootstrap, good_topic, first)
 
     env = {**os.environ, **helpers.settings_env(s), "PYSPARK_PYTHON": sys.executable,
-           "HOSTILE_PLANTED": PLANTED_ENV}
+           "HOSTILE_PLANTED": PLANTED_ENV, "RECONCILER_SECRETS_DIR": str(tmp_path / "secrets"),
+           "RECONCILER_SECRET_ENV": "HOSTILE_PLANTED"}
     env.pop("NOTIFY_SOCKET", None)
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:

@@ -20,7 +20,7 @@ import pytest
 from reconciler import logs
 from reconciler.cli import parse_position
 from reconciler.daemon.waker import Waker
-from reconciler.spec import secrets
+from reconciler.spec import grants, secrets
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.validate import validate_data
 
@@ -138,6 +138,7 @@ def planted(tmp_path, monkeypatch):
     secret = "root:x:0:0:PLANTED-7f3a:/root:/bin/bash\ndaemon:x:1:1:PLANTED-9c1d:/usr/sbin"
     path = tmp_path / "secret"
     path.write_text(secret)
+    monkeypatch.setattr(grants, "_granted", grants.Grants.of(str(tmp_path), ()))
     secrets.resolve(f"${{file:{path}}}")
     return secret
 
@@ -154,6 +155,7 @@ def test_scrub_hides_the_whole_value_and_any_long_fragment(planted):
 
 def test_env_secret_echoed_by_a_library_log_line_is_hidden(monkeypatch):
     monkeypatch.setenv("HOSTILE_SASL", "sasl-PLANTED-e4b2")
+    monkeypatch.setattr(grants, "_granted", grants.Grants.of(None, ["HOSTILE_SASL"]))
     secrets.resolve_mapping({"sasl.mechanism": "${env:HOSTILE_SASL}"})
     stream = io.StringIO()
     logs.setup("INFO", "text")

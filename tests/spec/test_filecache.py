@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reconciler.spec import filecache, loader
+from reconciler.spec import filecache, specfiles
 from reconciler.spec.filecache import FileCache, FileKey
 from reconciler.spec.loader import SpecCache, load_directory
 
@@ -43,13 +43,13 @@ def specs(tmp_path):
 def parses(monkeypatch) -> list[str]:
     """Paths parsed by the loader, in order."""
     seen: list[str] = []
-    real = loader.parse_yaml
+    real = specfiles.parse_yaml
 
     def counting(data, path, **kwargs):
         seen.append(os.path.basename(path))
         return real(data, path, **kwargs)
 
-    monkeypatch.setattr(loader, "parse_yaml", counting)
+    monkeypatch.setattr(specfiles, "parse_yaml", counting)
     return seen
 
 

@@ -240,7 +240,8 @@ def test_unreachable_broker_is_retryable_and_quick():
     assert time.monotonic() - started < 8
 
 
-def test_consumer_properties_references_are_resolved(monkeypatch, kafka_broker, topic):
+def test_consumer_properties_references_are_resolved(monkeypatch, kafka_broker, topic, grant_secrets):
+    grant_secrets(None, ["RCT_CLIENT_ID"])
     monkeypatch.setenv("RCT_CLIENT_ID", "resolved-client-id")
     name = topic(partitions=1)
     source = _source(kafka_broker, name, **{"client.id": "${env:RCT_CLIENT_ID}"})
@@ -256,7 +257,8 @@ def test_consumer_properties_references_are_resolved(monkeypatch, kafka_broker, 
         adapter.close()
 
 
-def test_secret_never_appears_in_errors(monkeypatch, kafka_broker, topic):
+def test_secret_never_appears_in_errors(monkeypatch, kafka_broker, topic, grant_secrets):
+    grant_secrets(None, ["RCT_KAFKA_PW"])
     secret = "s3cr3t-Pa55word-42"
     monkeypatch.setenv("RCT_KAFKA_PW", secret)
     name = topic(partitions=1)

@@ -42,7 +42,8 @@ def _amqp(**kwargs: object) -> bytes:
     return bytes(AMQPMessage(**kwargs))
 
 
-def test_uri_with_references(monkeypatch, tmp_path):
+def test_uri_with_references(monkeypatch, tmp_path, grant_secrets):
+    grant_secrets(tmp_path, ["RCT_USER"])
     secret_file = tmp_path / "pw"
     secret_file.write_text("p@ss/w:rd}\n")
     monkeypatch.setenv("RCT_USER", "svc")
@@ -69,7 +70,8 @@ def test_uri_with_references(monkeypatch, tmp_path):
     assert parse_stream_uri("rabbitmq-stream://host").vhost == "/"
 
 
-def test_uri_errors_never_show_the_password():
+def test_uri_errors_never_show_the_password(grant_secrets):
+    grant_secrets(None, ["RCT_SURELY_NOT_SET_42"])
     with pytest.raises(PermanentError) as err:
         parse_stream_uri("amqp://u:hunter2@host:5552/")
     assert "hunter2" not in str(err.value)
@@ -477,7 +479,8 @@ def test_reading_beyond_latest_raises_retryable_within_the_timeout(rabbit_node, 
 
 @pytest.mark.rabbitmq
 @pytest.mark.integration
-def test_env_password_resolves_and_never_shows(monkeypatch, rabbit_node, stream):
+def test_env_password_resolves_and_never_shows(monkeypatch, rabbit_node, stream, grant_secrets):
+    grant_secrets(None, ["RCT_RMQ_PW"])
     name = stream()
     devservices.produce_rabbit(rabbit_node.stream_uri, name, devservices.make_records(3))
     uri = f"rabbitmq-stream://guest:${{env:RCT_RMQ_PW}}@127.0.0.1:{rabbit_node.stream_port}/%2f"
@@ -517,7 +520,8 @@ def test_missing_vhost_is_permanent(rabbit_node, stream):
         _adapter(_source(rabbit_node, name, uri=uri)).latest()
 
 
-def test_unreachable_node_is_retryable_and_quick(monkeypatch):
+def test_unreachable_node_is_retryable_and_quick(monkeypatch, grant_secrets):
+    grant_secrets(None, ["RCT_RMQ_PW"])
     monkeypatch.setenv("RCT_RMQ_PW", "Unreachable-Secret-9")
     port = devservices.free_port()
     source = RabbitSource(

@@ -1,0 +1,284 @@
+"""Which secrets a spec may name: what the operator granted, and nothing else.
+
+A config repo is written by many teams, and the daemon runs with every team's
+credentials. A spec may therefore read only what the operator granted:
+
+* ``${file:PATH}``: a regular file under the secrets directory (the ``secretsDir``
+  setting; by default ``$CREDENTIALS_DIRECTORY``, where systemd puts the ``LoadCredential=``
+  files). PATH is absolute, starts with ``$CREDENTIALS_DIRECTORY/``, or is relative to the
+  secrets directory. Links are resolved and the real path must stay inside the real
+  secrets directory; the file is opened without following a last link and without
+  blocking, checked again after it is open (a FIFO or a device is refused, never waited
+  on; a directory swapped for a link in between is caught), and read up to
+  ``MAX_SECRET_BYTES``.
+* ``${env:NAME}``: only the names listed in ``secretEnv``.
+* librdkafka properties that make the client read a file (private keys, keystores,
+  keytabs, JWT assertions, and CA and CRL files too) follow the ``${file:}`` rule: a key
+  read from another team's path would authenticate as that team, and librdkafka opens
+  these files while it builds a client holding Python's lock, so a FIFO there would freeze
+  the whole daemon, not one step. ``ssl.ca.location: probe`` (the system's CAs) stays
+  allowed. Properties that run a command, load a library or write files are refused outright.
+
+``check_file``, ``check_env`` and ``check_property`` say why a spec's reference is
+refused (validation names file:line, and every pass checks again, so a grant withdrawn by
+SIGHUP counts at once); ``read_file`` and ``read_env`` hold to the same rules when a client
+is built.
+
+Spark's Python workers build clients too, in processes started by the daemon's JVM: so
+``grant`` also exports the grants (``RECONCILER_SECRETS_DIR``, ``RECONCILER_SECRET_ENV``) to
+the environment those processes inherit (Spark is started after the settings are read), and
+a process that was never told reads them from there. The daemon's own checks run before
+every batch whatever the workers were told.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from reconciler.errors import PermanentError
+
+ENV_DIR = "RECONCILER_SECRETS_DIR"
+ENV_NAMES = "RECONCILER_SECRET_ENV"
+MAX_SECRET_BYTES = 64 << 10  # a password, a key or a keystore; not a data file
+MAX_CLIENT_FILE_BYTES = 4 << 20  # a file the client reads itself: a CA bundle may hold a few hundred certificates
+HOW_DIR = "secretsDir, --secrets-dir, RECONCILER_SECRETS_DIR; under systemd LoadCredential= sets it"
+HOW_ENV = "secretEnv, --secret-env, RECONCILER_SECRET_ENV"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CREDENTIALS = "$CREDENTIALS_DIRECTORY"
+
+# librdkafka's CONFIGURATION.md: properties whose value is a path the client reads.
+FILE_PROPERTIES = frozenset({
+    "ssl.key.location", "ssl.keystore.location", "ssl.certificate.location", "sasl.kerberos.keytab",
+    "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.assertion.file",
+    "sasl.oauthbearer.assertion.jwt.template.file", "ssl.ca.location", "https.ca.location", "ssl.crl.location",
+})
+_SPECIAL_VALUES = {("ssl.ca.location", "probe")}  # not a path: librdkafka probes the system's CA paths
+# ... and properties no spec may set: whoever writes one runs code as the daemon or writes its files.
+REFUSED_PROPERTIES = {
+    "sasl.kerberos.kinit.cmd": "runs a shell command",
+    "plugin.library.paths": "loads a shared library into the daemon",
+    "ssl.engine.location": "loads an OpenSSL engine into the daemon",
+    "offset.store.path": "writes files outside the state directory",
+}
+
+
+def reads_file(key: str, value: object) -> bool:
+    """Whether a librdkafka property with this value makes the client read a file."""
+    name = key.strip().lower()
+    return name in FILE_PROPERTIES and isinstance(value, str) and (name, value.strip()) not in _SPECIAL_VALUES
+
+
+@dataclass(frozen=True)
+class Grants:
+    """The secrets directory (absolute, or None) and the environment variables specs may read."""
+
+    secrets_dir: str | None = None
+    env: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, secrets_dir: str | None, names: str | Iterable[str] | None) -> Grants:
+        """From the settings' values: ``names`` is a comma-separated string or a list."""
+        if isinstance(names, str):
+            names = names.split(",")
+        listed = frozenset(str(n).strip() for n in (names or ()) if str(n).strip())
+        bad = sorted(n for n in listed if not ENV_NAME.match(n))
+        if bad:
+            raise PermanentError(f"setting secretEnv: {', '.join(map(repr, bad))} is not an environment "
+                                 "variable name (letters, digits and _, comma-separated)")
+        return cls(os.path.abspath(secrets_dir) if secrets_dir else None, listed)
+
+    @classmethod
+    def from_settings(cls, settings) -> Grants:
+        """From ``reconciler.settings.Settings`` (``secretsDir`` already defaulted)."""
+        return cls.of(settings.secrets_dir or None, settings.secret_env)
+
+    @classmethod
+    def from_environment(cls, env: dict[str, str] | None = None) -> Grants:
+        env = os.environ if env is None else env
+        return cls.of(env.get(ENV_DIR) or env.get("CREDENTIALS_DIRECTORY") or None, env.get(ENV_NAMES, ""))
+
+    @property
+    def given(self) -> bool:
+        """Whether anything is granted: ``validate`` checks grants only then."""
+        return bool(self.secrets_dir or self.env)
+
+
+_lock = threading.Lock()
+_granted: Grants | None = None
+
+
+def grant(grants: Grants, *, export: bool = True) -> None:
+    """What this process (and, with ``export``, every process it starts later) may resolve."""
+    global _granted
+    with _lock:
+        _granted = grants
+    if export:
+        os.environ[ENV_DIR] = grants.secrets_dir or ""
+        os.environ[ENV_NAMES] = ",".join(sorted(grants.env))
+
+
+def executor_env(grants: Grants) -> dict[str, str]:
+    """Spark settings that hand the grants to the executors' Python workers, which resolve
+    references when they build their clients (on a cluster they are not this process's children)."""
+    return {f"spark.executorEnv.{ENV_DIR}": grants.secrets_dir or "",
+            f"spark.executorEnv.{ENV_NAMES}": ",".join(sorted(grants.env))}
+
+
+def current() -> Grants:
+    """This process's grants: as ``grant`` set them, else from the environment."""
+    with _lock:
+        if _granted is not None:
+            return _granted
+    return Grants.from_environment()
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _inside(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _target(arg: str, grants: Grants) -> tuple[str | None, str | None]:
+    """(the absolute path a ``${file:}`` argument names, or the reason it names none)."""
+    if "\0" in arg:
+        return None, "holds a NUL byte"
+    if not grants.secrets_dir:
+        return None, f"reads a file, and no secrets directory is granted ({HOW_DIR})"
+    text = arg
+    if text == _CREDENTIALS or text.startswith(_CREDENTIALS + "/"):
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not credentials:
+            return None, "names $CREDENTIALS_DIRECTORY, which is not set (systemd sets it with LoadCredential=)"
+        text = credentials + text[len(_CREDENTIALS):]
+    base = grants.secrets_dir
+    path = os.path.normpath(os.path.join(base, text))  # an absolute text replaces the base
+    if not _inside(path, base):
+        return None, f"names {path}, outside the secrets directory {base} ({HOW_DIR}): only files there may be read"
+    return path, None
+
+
+def check_file(arg: str, grants: Grants, max_bytes: int = MAX_SECRET_BYTES) -> str | None:
+    """Why ``${file:arg}`` cannot be read under ``grants``, or None. Looks at the file
+    (never opens it)."""
+    path, why = _target(arg, grants)
+    if why:
+        return why
+    base = os.path.realpath(grants.secrets_dir)
+    if not os.path.isdir(base):
+        return f"the secrets directory {grants.secrets_dir} does not exist ({HOW_DIR})"
+    real = os.path.realpath(path)
+    if not _inside(real, base):
+        return f"resolves through a link to {real}, outside the secrets directory {grants.secrets_dir}"
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        return f"cannot be read: {path}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"names {path}, which is not a regular file (a FIFO, device, socket or directory)"
+    if st.st_size > max_bytes:
+        return f"names {path}, which holds {st.st_size} bytes; a secret file holds at most {max_bytes} bytes"
+    return None
+
+
+def check_env(name: str, grants: Grants) -> str | None:
+    """Why ``${env:name}`` cannot be read under ``grants``, or None."""
+    if name not in grants.env:
+        return f"reads environment variable {name}, which is not granted: add it to {HOW_ENV}"
+    if name not in os.environ:
+        return f"reads environment variable {name}, which is granted but not set"
+    return None
+
+
+def check_property(key: str, value: str, grants: Grants | None) -> str | None:
+    """Why a librdkafka property may not have this (literal) value, or None. Without
+    ``grants`` only the outright refusals count."""
+    name = key.strip().lower()
+    if name in REFUSED_PROPERTIES:
+        return f"{key} {REFUSED_PROPERTIES[name]}: no spec may set it"
+    if reads_file(key, value) and grants is not None:
+        why = check_file(value, grants, MAX_CLIENT_FILE_BYTES)
+        if why:
+            return f"{key} reads a file and {why}"
+    return None
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def _refused(reference: str, why: str) -> PermanentError:
+    return PermanentError(f"secret reference {reference} is refused: it {why}")
+
+
+def secret_path(arg: str, grants: Grants, reference: str) -> str:
+    """The real path a granted file argument names (links resolved, still inside the
+    secrets directory); ``PermanentError`` otherwise."""
+    path, why = _target(arg, grants)
+    if why:
+        raise _refused(reference, why)
+    base = os.path.realpath(grants.secrets_dir)
+    real = os.path.realpath(path)
+    if not _inside(real, base):
+        raise _refused(reference, f"resolves through a link to {real}, outside the secrets directory")
+    return real
+
+
+def client_file(arg: str, grants: Grants, reference: str) -> str:
+    """The real path of a granted regular file for a client property to read (looked at,
+    never opened: the client opens it, and must never meet a FIFO or a device)."""
+    real = secret_path(arg, grants, reference)
+    why = check_file(real, grants, MAX_CLIENT_FILE_BYTES)
+    if why:
+        raise _refused(reference, why)
+    return real
+
+
+def read_file(arg: str, grants: Grants | None = None) -> str:
+    """The value of ``${file:arg}``: the file's text without its final line break."""
+    grants = grants or current()
+    reference = f"${{file:{arg}}}"
+    real = secret_path(arg, grants, reference)
+    base = os.path.realpath(grants.secrets_dir)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(real, flags)
+    except OSError as exc:
+        raise PermanentError(f"secret reference {reference}: cannot read {real}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(reference, f"names {real}, which is not a regular file")
+        opened = _opened_path(fd, real)
+        if not _inside(opened, base):  # a directory on the way was swapped for a link
+            raise _refused(reference, f"opened {opened}, outside the secrets directory")
+        if st.st_size > MAX_SECRET_BYTES:
+            raise _refused(reference, f"names a file of {st.st_size} bytes; at most {MAX_SECRET_BYTES}")
+        data = os.read(fd, MAX_SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET_BYTES:  # grew after the check
+        raise _refused(reference, f"names a file of more than {MAX_SECRET_BYTES} bytes")
+    return data.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _opened_path(fd: int, fallback: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the realpath check before the open stands
+        return fallback
+
+
+def read_env(name: str, grants: Grants | None = None) -> str:
+    """The value of ``${env:name}``."""
+    grants = grants or current()
+    if name not in grants.env:
+        raise _refused(f"${{env:{name}}}", f"reads environment variable {name}, which is not granted: "
+                                           f"add it to {HOW_ENV}")
+    if name not in os.environ:
+        raise PermanentError(f"secret reference ${{env:{name}}}: environment variable {name} is not set")
+    return os.environ[name]

@@ -1,0 +1,93 @@
+"""The daemon's HTTP server: idle sockets pin no threads and lock nobody out; HEAD answers (issue 29)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from reconciler.observe import httpserver
+from reconciler.observe.metrics import Metrics, serve
+
+
+@pytest.fixture
+def server():
+    metrics = Metrics()
+    metrics.loop_alive()
+    srv = serve(metrics, "127.0.0.1:0", page=lambda: "<!doctype html><p>page</p>")
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_300_idle_connections_pin_no_threads_and_healthz_still_answers(server):
+    port = server.server_address[1]
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
+    try:
+        time.sleep(0.5)  # every one accepted by now
+        status, _, body = _get(port, "/healthz")
+        assert status == 200 and json.loads(body)["healthy"] is True
+        assert _get(port, "/")[0] == 200
+        # ThreadingHTTPServer held one thread per socket (302 here); the bounded server none
+        assert threading.active_count() <= before + 2, threading.active_count()
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_head_answers_like_get_without_a_body(server):
+    port = server.server_address[1]
+    for path in ("/healthz", "/metrics", "/"):
+        get_status, get_headers, get_body = _get(port, path)
+        head_status, head_headers, head_body = _get(port, path, "HEAD")
+        assert (head_status, head_body) == (get_status, b""), path
+        assert head_headers.get("Content-Type") == get_headers.get("Content-Type"), path
+        assert get_body, path
+
+
+def test_a_connection_that_says_nothing_is_closed_after_the_deadline(monkeypatch):
+    monkeypatch.setattr(httpserver, "REQUEST_DEADLINE", 0.3)
+    srv = httpserver.BoundedHTTPServer(("127.0.0.1", 0), httpserver.RequestHandler, deadline=0.3).start()
+    try:
+        quiet = socket.create_connection(srv.server_address, timeout=5)
+        slow = socket.create_connection(srv.server_address, timeout=5)
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # a head never finished (slowloris)
+        assert quiet.recv(1) == b"" and slow.recv(1) == b"", "closed by the server"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_beyond_the_cap_the_longest_waiting_connection_goes():
+    srv = httpserver.BoundedHTTPServer(("127.0.0.1", 0), httpserver.RequestHandler, max_connections=8).start()
+    try:
+        first = socket.create_connection(srv.server_address, timeout=5)
+        time.sleep(0.2)
+        later = [socket.create_connection(srv.server_address, timeout=5) for _ in range(8)]
+        assert first.recv(1) == b"", "the oldest idle connection made room"
+        for s in later:
+            s.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_urllib_sees_the_same_health_as_before(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/healthz", timeout=5) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "application/json"

@@ -1,0 +1,113 @@
+"""The runtime manager's step time limit: a supervisor stuck in I/O is reported UNHEALTHY and
+the others keep their share of the runtime threads (issue 29).
+
+The steps here are stand-ins (a step that blocks on a FIFO like a client reading a secret
+swapped for a pipe, and steps that return at once); the store is a real SQLite database.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from reconciler.control.actual import DetailedState, State
+from reconciler.model import SupervisorSpec
+from reconciler.observe.metrics import Metrics
+from reconciler.runtime import manager as manager_mod
+from reconciler.runtime.manager import RuntimeManager
+from reconciler.runtime.supervisor import RuntimeContext, StepOutcome, SupervisorRuntime
+from reconciler.store.store import Store
+
+STUCK = ("stuck-a", "stuck-b")
+
+
+def _spec(sid: str) -> SupervisorSpec:
+    return SupervisorSpec.from_document({
+        "id": sid, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9", "topic": sid},
+        "dataSchema": {"datasource": sid.replace("-", "_"), "timestamp": {"column": "ts"}}})
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    s.migrate()
+    for sid in (*STUCK, "good"):
+        s.create_supervisor(_spec(sid), None, actor="test")
+    yield s
+    s.close()
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"no {what} within {timeout}s")
+
+
+def test_a_step_stuck_in_io_is_reported_and_the_others_keep_their_threads(store, tmp_path, monkeypatch):
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo)  # open() of a FIFO with no writer blocks: I/O no client timeout bounds
+    steps: Counter[str] = Counter()
+    concurrent: dict[str, int] = Counter()
+    overlap: list[str] = []
+    lock = threading.Lock()
+
+    def step(self: SupervisorRuntime) -> StepOutcome:
+        sid = self.supervisor_id
+        with lock:
+            concurrent[sid] += 1
+            steps[sid] += 1
+            if concurrent[sid] > 1:
+                overlap.append(sid)
+        try:
+            if sid in STUCK and steps[sid] == 1:
+                Path(fifo).read_bytes()  # blocks until the test writes
+            return StepOutcome(0.01, records=1 if sid == "good" else 0)
+        finally:
+            with lock:
+                concurrent[sid] -= 1
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    metrics = Metrics()
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None, metrics=metrics)
+    manager = RuntimeManager(ctx, workers=2, refresh=0.05, step_timeout=0.5)
+    base = threading.active_count()
+    manager.start()
+    try:
+        _wait(lambda: steps["stuck-a"] and steps["stuck-b"], 10, "first steps")
+        _wait(lambda: manager.stuck() == list(STUCK), 10, "both stuck steps abandoned")
+        before = steps["good"]
+        _wait(lambda: steps["good"] >= before + 20, 10, "the good supervisor stepping on")
+        for sid in STUCK:
+            rec = store.get(sid)
+            assert (rec.state, rec.detailed_state) == (State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR)
+            assert "over the 0.5s limit (stepTimeout)" in rec.runtime_error
+            assert "stuck in read_bytes" in rec.runtime_error or "stuck in open" in rec.runtime_error
+            assert sid in metrics.failing
+        assert steps["stuck-a"] == steps["stuck-b"] == 1, "a stuck supervisor is not stepped again"
+        # the manager, two abandoned steps and at most two working ones
+        assert threading.active_count() - base <= 1 + len(STUCK) + 2
+
+        with open(fifo, "wb") as w1, open(fifo, "wb") as w2:  # release both readers
+            w1.write(b"x")
+            w2.write(b"y")
+        _wait(lambda: not manager.stuck(), 10, "the stuck steps coming back")
+        _wait(lambda: steps["stuck-a"] > 1 and steps["stuck-b"] > 1, 10, "the stuck supervisors stepping again")
+    finally:
+        manager.stop(wait=True)
+    assert overlap == [], f"a runtime was stepped twice at once: {overlap}"
+
+
+def test_the_limit_is_the_step_timeout_setting(monkeypatch, tmp_path):
+    from reconciler import settings as settings_mod
+
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "none.yaml")
+    assert settings_mod.load({}, None, env={}).step_timeout == manager_mod.STEP_TIMEOUT
+    assert settings_mod.load({}, None, env={"RECONCILER_STEP_TIMEOUT": "90s"}).step_timeout == 90.0

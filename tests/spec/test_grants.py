@@ -1,0 +1,207 @@
+"""Secrets are granted by the operator (issue 29): a spec reads only files under the secrets
+directory and only the environment variables listed, opened without blocking and bounded in
+size; anything else is a validation error naming the reference and the setting."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from reconciler import settings as settings_mod
+from reconciler.cli import cli
+from reconciler.errors import PermanentError
+from reconciler.spec import grants, secrets
+from reconciler.spec.grants import MAX_SECRET_BYTES, Grants
+from reconciler.spec.loader import load_directory
+
+CLEAN_ENV: dict[str, str | None] = {env: None for _, env, _, _ in settings_mod.describe()}
+CLEAN_ENV |= {"RECONCILER_CONFIG": None, "STATE_DIRECTORY": None, "CREDENTIALS_DIRECTORY": None}
+
+
+def spec_text(sid: str, props: dict[str, str]) -> str:
+    lines = "".join(f"    {k}: '{v}'\n" for k, v in props.items())
+    return (f"id: {sid}\nsource:\n  type: kafka\n  bootstrapServers: 127.0.0.1:9092\n  topic: {sid}\n"
+            f"  consumerProperties:\n{lines}dataSchema:\n  datasource: {sid}\n  timestamp: {{column: ts}}\n")
+
+
+@pytest.fixture
+def vault(tmp_path) -> Path:
+    """The operator's secrets directory, with one granted secret; another team's file beside it."""
+    d = tmp_path / "credentials"
+    d.mkdir()
+    (d / "kafka-password").write_text("granted-s3cret\n")
+    (tmp_path / "other-team-cred").write_text("OTHER-TEAM-PLANTED")
+    return d
+
+
+def _in_thread(fn, timeout: float = 5.0):
+    """``fn()`` on a daemon thread: (result or exception); a call that blocks fails the test."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"blocked for more than {timeout}s"
+    return out[0]
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+@pytest.mark.parametrize("form", ["{d}/kafka-password", "kafka-password", "$CREDENTIALS_DIRECTORY/kafka-password"])
+def test_a_granted_file_resolves_and_is_taught_to_the_scrubber(vault, monkeypatch, form):
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(vault))
+    value = secrets.resolve(f"${{file:{form.format(d=vault)}}}", Grants.of(str(vault), ()))
+    assert value == "granted-s3cret"
+    assert secrets.scrub("echo granted-s3cret") == "echo ***"
+
+
+@pytest.mark.parametrize("arg, why", [
+    ("{t}/other-team-cred", "outside the secrets directory"),
+    ("../other-team-cred", "outside the secrets directory"),
+    ("/etc/passwd", "outside the secrets directory"),
+    ("/dev/zero", "outside the secrets directory"),
+    ("link-out", "resolves through a link"),
+    ("fifo", "not a regular file"),
+    ("big", f"at most {MAX_SECRET_BYTES}"),
+    ("subdir", "not a regular file"),
+    ("missing", "cannot read"),
+])
+def test_a_file_not_granted_is_refused_at_once(vault, tmp_path, arg, why):
+    os.symlink(tmp_path / "other-team-cred", vault / "link-out")
+    os.mkfifo(vault / "fifo")  # a reader of a FIFO without a writer would wait forever
+    (vault / "big").write_bytes(b"x" * (MAX_SECRET_BYTES + 1))
+    (vault / "subdir").mkdir()
+    g = Grants.of(str(vault), ())
+    ref = f"${{file:{arg.format(t=tmp_path)}}}"
+    refused = _in_thread(lambda: secrets.resolve(ref, g))
+    assert isinstance(refused, PermanentError) and why in str(refused), refused
+    checked = _in_thread(lambda: grants.check_file(arg.format(t=tmp_path), g))
+    assert checked and (why in checked or "does not exist" in checked or "cannot be read" in checked), checked
+    assert "OTHER-TEAM" not in str(refused)
+
+
+def test_without_a_secrets_directory_no_file_is_read(vault):
+    with pytest.raises(PermanentError, match="no secrets directory is granted .*secretsDir"):
+        secrets.resolve(f"${{file:{vault}/kafka-password}}", Grants.of(None, ()))
+
+
+def test_only_listed_environment_variables_resolve_and_each_value_is_scrubbed(monkeypatch):
+    monkeypatch.setenv("TEAM_A_TOKEN", "team-a-env-PLANTED")
+    monkeypatch.setenv("GRANTED_PW", "granted-env-value-77")
+    g = Grants.of(None, "GRANTED_PW, OTHER")
+    with pytest.raises(PermanentError, match=r"\$\{env:TEAM_A_TOKEN\} is refused.*secretEnv"):
+        secrets.resolve("x${env:TEAM_A_TOKEN}", g)
+    assert secrets.resolve("${env:GRANTED_PW}", g) == "granted-env-value-77"
+    # librdkafka echoes what it was given: the ${env:} value is hidden like a ${file:} one
+    assert "granted-env" not in secrets.scrub("CONFWARN sasl.mechanism set to 'granted-env-value-77'")
+
+
+def test_properties_that_run_code_or_read_secret_files_are_held_to_the_grants(vault, tmp_path):
+    g = Grants.of(str(vault), ())
+    with pytest.raises(PermanentError, match="runs a shell command"):
+        secrets.resolve_mapping({"sasl.kerberos.kinit.cmd": "cat /etc/shadow"}, g)
+    with pytest.raises(PermanentError, match=r'^source.consumerProperties\["ssl.key.location"\]: .*outside the secrets'):
+        secrets.resolve_mapping({"ssl.key.location": str(tmp_path / "other-team-cred")}, g)  # named as validation does
+    resolved = secrets.resolve_mapping({"ssl.key.location": "kafka-password", "ssl.ca.location": "probe"}, g)
+    assert resolved == {"ssl.key.location": str(vault / "kafka-password"), "ssl.ca.location": "probe"}
+
+
+def test_a_file_a_client_reads_is_never_a_fifo(vault):
+    """librdkafka opens its CA and key files while it builds a client, holding Python's lock:
+    a FIFO there froze the whole daemon (every thread), which no step time limit can undo."""
+    os.mkfifo(vault / "ca.pem")
+    g = Grants.of(str(vault), ())
+    refused = _in_thread(lambda: secrets.resolve_mapping({"ssl.ca.location": "ca.pem"}, g))
+    assert isinstance(refused, PermanentError) and "not a regular file" in str(refused)
+    assert "not a regular file" in grants.check_property("ssl.ca.location", "ca.pem", g)
+    assert "outside the secrets directory" in grants.check_property("ssl.ca.location", "/tmp/anywhere.pem", g)
+
+
+def test_grants_are_exported_for_the_processes_started_later(vault, monkeypatch):
+    grants.grant(Grants.of(str(vault), ["A", "B"]))
+    assert os.environ[grants.ENV_DIR] == str(vault) and os.environ[grants.ENV_NAMES] == "A,B"
+    assert Grants.from_environment() == Grants.of(str(vault), ["A", "B"])
+    monkeypatch.setattr(grants, "_granted", None)  # a Spark worker: never told, reads the environment
+    assert grants.current() == Grants.of(str(vault), ["A", "B"])
+
+
+def test_secrets_dir_defaults_to_the_credentials_directory(monkeypatch, tmp_path):
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "none.yaml")
+    s = settings_mod.load({}, None, env={"CREDENTIALS_DIRECTORY": "/run/credentials/x"})
+    assert s.secrets_dir == "/run/credentials/x"
+    s = settings_mod.load({"secrets_dir": "/srv/secrets"}, None, env={"CREDENTIALS_DIRECTORY": "/run/x"})
+    assert s.secrets_dir == "/srv/secrets"
+    assert settings_mod.load({}, None, env={"RECONCILER_SECRET_ENV": " A, B_2 ,"}).secret_env == "A,B_2"
+    with pytest.raises(PermanentError, match="secretEnv: 'A-B' is not an environment variable name"):
+        settings_mod.load({}, None, env={"RECONCILER_SECRET_ENV": "A-B"})
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_loading_against_grants_names_the_reference_the_line_and_the_setting(vault, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRANTED_PW", "x")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "thief.yaml").write_text(spec_text("thief", {
+        "client.id": f"${{file:{tmp_path}/other-team-cred}}+${{env:ANY}}"}))
+    (specs / "keys.yaml").write_text(spec_text("keys", {"ssl.key.location": str(tmp_path / "other-team-cred")}))
+    (specs / "good.yaml").write_text(spec_text("good", {"sasl.password": "${file:kafka-password}",
+                                                        "sasl.username": "${env:GRANTED_PW}"}))
+    state = load_directory(str(specs), grants=Grants.of(str(vault), ["GRANTED_PW"]))
+    assert set(state.by_id()) == {"good"}
+    thief = [str(p) for p in state.invalid[str(specs / "thief.yaml")].problems]
+    assert thief == [
+        f'{specs / "thief.yaml"}:7:16: source.consumerProperties["client.id"]: ${{env:ANY}} is refused: it reads '
+        "environment variable ANY, which is not granted: add it to secretEnv, --secret-env, RECONCILER_SECRET_ENV",
+        f'{specs / "thief.yaml"}:7:16: source.consumerProperties["client.id"]: ${{file:{tmp_path}/other-team-cred}} '
+        f"is refused: it names {tmp_path}/other-team-cred, outside the secrets directory {vault} (secretsDir, "
+        "--secrets-dir, RECONCILER_SECRETS_DIR; under systemd LoadCredential= sets it): only files there may be read"]
+    [keys] = state.invalid[str(specs / "keys.yaml")].problems
+    assert keys.line == 7 and "ssl.key.location reads a file and names" in keys.message
+    # without grants (validate in a config repo's CI): syntax only
+    assert set(load_directory(str(specs)).by_id()) == {"good", "thief", "keys"}
+
+
+def test_refused_properties_are_invalid_without_any_grant(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "shell.yaml").write_text(spec_text("shell", {"sasl.kerberos.kinit.cmd": "touch /tmp/x"}))
+    (specs / "lib.yaml").write_text(spec_text("lib", {"plugin.library.paths": "/tmp/evil.so"}))
+    state = load_directory(str(specs))
+    assert not state.specs
+    assert "runs a shell command: no spec may set it" in str(state.invalid[str(specs / "shell.yaml")])
+    assert "loads a shared library" in str(state.invalid[str(specs / "lib.yaml")])
+
+
+def test_validate_checks_grants_when_given_and_says_when_it_cannot(vault, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "thief.yaml").write_text(spec_text("thief", {"client.id": f"${{file:{tmp_path}/other-team-cred}}"}))
+    runner = CliRunner()
+    syntax = runner.invoke(cli, ["validate", str(specs)], env=CLEAN_ENV)
+    assert syntax.exit_code == 0, syntax.output
+    assert syntax.stderr.strip() == ("note: secret references were checked for syntax only (no secretsDir or "
+                                     "secretEnv given); the daemon and `plan` refuse any secret not granted")
+    granted = runner.invoke(cli, ["--secrets-dir", str(vault), "validate", str(specs)], env=CLEAN_ENV)
+    assert granted.exit_code == 1
+    assert f"{specs / 'thief.yaml'}:7:16: " in granted.stderr and "secretsDir" in granted.stderr
+    assert "OTHER-TEAM" not in granted.output + granted.stderr
+    by_env = runner.invoke(cli, ["validate", "-o", "json", str(specs)], env=CLEAN_ENV | {
+        "RECONCILER_SECRETS_DIR": str(vault)})
+    assert by_env.exit_code == 1 and '"secretsChecked": true' in by_env.stdout
+    plan = runner.invoke(cli, ["--specs", str(specs), "--state-dir", str(tmp_path / "state"), "plan",
+                               "--no-positions"], env=CLEAN_ENV)  # plan always enforces: nothing granted here
+    assert plan.exit_code == 1 and "no secrets directory is granted" in plan.stdout
