@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import multiprocessing
 import os
 import sys
@@ -23,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.explorer.schedules import NAMED, Result, Runner, random_schedule
+from tests.explorer.schedules import NAMED, Result
+from tests.explorer.worker import work as _work
 
 
 def scratch() -> str | None:
@@ -42,24 +42,6 @@ def _replay(result: Result) -> str:
     db = "postgres" if result.db.startswith("postgres") else "sqlite"
     what = f"--named {result.name}" if result.name != "random" else f"--seed {result.seed}"
     return f".venv/bin/python -m tests.explorer --db {db} {what} -v"
-
-
-def _work(args: tuple) -> list[dict]:
-    """One worker: its own directory and database, schedules one after another."""
-    db_url, workdir, db_name, jobs = args
-    logging.disable(logging.CRITICAL)
-    runner = Runner(db_url, Path(workdir), db_name)
-    out = []
-    try:
-        for kind, value in jobs:
-            schedule = NAMED[value]() if kind == "named" else random_schedule(value)
-            r = runner.run(schedule)
-            out.append({"name": r.name, "seed": r.seed, "db": db_name, "ok": r.ok, "problems": r.problems,
-                        "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes,
-                        "trace": r.trace if not r.ok else []})
-    finally:
-        runner.close()
-    return out
 
 
 def explore(db: str, jobs: list[tuple[str, object]], workers: int, root: Path, *,

@@ -19,7 +19,7 @@ from reconciler.observe.metrics import Metrics, serve
 def server():
     metrics = Metrics()
     metrics.loop_alive()
-    srv = serve(metrics, "127.0.0.1:0", page=lambda: "<!doctype html><p>page</p>")
+    srv = serve(metrics, "127.0.0.1:0", page=lambda path: "<!doctype html><p>page</p>")
     yield srv
     srv.shutdown()
     srv.server_close()
