@@ -20,7 +20,8 @@ sources' readers run there): on the same host ``PYSPARK_PYTHON`` (set to this
 interpreter unless the operator set it) is enough; on other hosts ship a packed
 virtualenv with ``spark.archives`` (README, "Running on a Spark cluster"). The
 segments directory must be the same path for this process, the driver and every
-executor: ``check_shared_dir`` proves it once per session.
+executor: ``check_shared_dir`` (``sparkshared``) proves it once per session. What every
+session is configured with is ``sparkconf``; the local workers' daemon is ``sparkworker``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.errors import RetryableError, SparkMisconfigured
-from reconciler.pipeline import sparkcds, sparkhome
+from reconciler.pipeline import sparkconf, sparkhome
+from reconciler.pipeline.sparkconf import DEFAULT_MASTER, LOCAL_CONF, SQL_CONF, STATIC_CONF  # noqa: F401  (callers' names)
+from reconciler.pipeline.sparkshared import check_shared_dir
 from reconciler.settings import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
 from reconciler.settings import endpoints as _endpoints
 
@@ -50,7 +52,6 @@ if TYPE_CHECKING:  # pyspark costs a second to import: status and settings do no
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MASTER = "local[*]"
 MASTER_LOST_AFTER = 15.0  # seconds a standalone master may be unreachable before the running jobs are given up
 WATCH_EVERY = 2.0
 
@@ -61,75 +62,6 @@ _lost: str | None = None  # why the current session is no longer usable (set by 
 _refused: tuple[tuple, SparkMisconfigured] | None = None  # the last permanent refusal, per (master, conf)
 _status_file: Path | None = None
 _info: dict[str, Any] = {"master": None, "appId": None, "state": "not started", "reason": None, "since": None}
-
-# Settings that every session gets (runtime SQL settings: also valid for Spark Connect).
-SQL_CONF: dict[str, str] = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Timestamps as INT64 micros adjusted to UTC (not legacy INT96): pyarrow and DuckDB
-    # read __time as timestamp[us, tz=UTC].
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # partitionBy without a sort: a task keeps up to this many open files (one per
-    # time chunk) and only falls back to sorting beyond it. Few chunks per batch is
-    # the common case; many open writers share the memory for row groups and cost
-    # more than the sort (measured: 278 hourly chunks, 64 writers ~25% slower).
-    "spark.sql.maxConcurrentOutputFileWriters": "8",
-    # Rows handed to a Python worker (the sink) go in Arrow batches of at most
-    # maxRecordsPerBatch (10,000) rows; a byte limit too makes Spark size the batch after
-    # every row, measured 7.7% of a warm batch's JVM time. Int.MaxValue turns that check
-    # off. The sink's rows are parsed fields, and the readers' batches (65,536 records)
-    # were never byte-bounded, so this bounds nothing that was bounded before.
-    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
-}
-
-# Settings fixed when the JVM starts (a Spark Connect server has its own); the operator's
-# `spark:` map overrides any of them.
-STATIC_CONF: dict[str, str] = {
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    # No _SUCCESS markers: staging directories hold only what we move.
-    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-    # The JVM no longer writes Parquet (the pyarrow sink does), but a 1g heap still ran a
-    # warm 1M-record batch ~8% slower (GC); with 2g the whole daemon's peak stays near
-    # 2.1 GiB (PSS, benchmarks/ingest.py).
-    "spark.driver.memory": "2g",
-    # The parallel collector instead of G1: a batch daemon wants throughput, not short
-    # pauses, and G1's write barriers run in the executor threads themselves. Measured on
-    # warm 1M-record batches: executor CPU 4.45 -> 4.05 s, batch 4.7 -> 4.4 s. Default
-    # options, so an operator's spark.driver.extraJavaOptions adds to them.
-    "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
-    # Hadoop's checksummed local filesystem writes a .crc beside every file, and without
-    # Hadoop's native library every file it creates costs a forked `chmod` (from a 2 GB
-    # JVM): two per data file, one file per (task, time chunk). The plain local
-    # filesystem writes no .crc (nothing here reads them: the collector deleted them),
-    # halving those forks; measured 1.3 -> 0.9 CPU s per 112-file batch.
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
-    # PySpark records the Python call site of every DataFrame and functions call for error
-    # messages: five py4j round trips each, measured: most of the 250 ms a warm batch spent
-    # building its plan. The transform's call sites are ours, not the operator's.
-    "spark.python.sql.dataFrameDebugging.enabled": "false",
-}
-
-# Spark starts its Python workers as ``python -m <daemon module> <worker module>`` with
-# ``$SPARK_HOME/python/lib/pyspark.zip`` first on their path. Python never caches the
-# bytecode of modules imported from a zip, so every daemon and every worker it forks
-# compiles pyspark's sources again: 1.2-1.4 s of CPU per process (measured: importing
-# pyspark.worker takes 1.8 s from the zip, 0.57 s from the virtualenv). This module as the
-# daemon of the data source readers (one worker per task) imports pyspark from the
-# virtualenv instead (its cached bytecode; the same version, checked) and imports
-# ``pyspark.worker`` once before the daemon forks, so a new reader worker only imports
-# pyarrow and the stream client. (Spark 4.3 starts the planner's workers, for data source
-# lookup, creation and partitioning, with ``pyspark.daemon`` whatever this setting says:
-# ``sparkhome`` gives local sessions a SPARK_HOME without the zip for those.)
-# Local masters only: there the workers are this interpreter, with this package, for certain.
-# Local sessions map the class archive that ``sparkcds`` built, when there is one (off
-# while building one: a JVM cannot record an archive while mapping another).
-ARCHIVE_OPTIONS_ENABLED = True
-
-DAEMON_MODULE = "reconciler.pipeline.spark"
-LOCAL_CONF: dict[str, str] = {
-    "spark.python.daemon.module": DAEMON_MODULE,
-}
 
 # What a job's error says when the cluster, not the job, is the problem.
 _GONE = (
@@ -305,10 +237,10 @@ def _classic(master: str, app_name: str, settings: dict[str, str], conf: dict[st
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    settings.update(STATIC_CONF)
+    settings.update(sparkconf.STATIC_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
-        archive = sparkcds.java_options() if ARCHIVE_OPTIONS_ENABLED else None
+        archive = sparkconf.java_options() if sparkconf.ARCHIVE_OPTIONS_ENABLED else None
         if archive:  # Spark's classes pre-parsed: the JVM starts in ~4 s instead of ~6.5 s
             settings["spark.driver.defaultJavaOptions"] = f"{settings['spark.driver.defaultJavaOptions']} {archive}"
     settings.update({k: str(v) for k, v in conf.items()})
@@ -482,68 +414,6 @@ def _watch(session: SparkSession, master: str) -> None:
     threading.Thread(target=run, name="spark-master-watch", daemon=True).start()
 
 
-# --------------------------------------------------------------------------- shared output
-
-
-def check_shared_dir(session: SparkSession, path: str | os.PathLike[str], tasks: int | None = None) -> None:
-    """Prove that this process and the executors see the same ``path``: this process writes a
-    token there, each task reads it and writes one back, this process reads those.
-
-    Without it, executors on another host write staged files to their own disk: the job
-    "succeeds", and the batch's files are nowhere this process can publish them from."""
-    root = Path(path).absolute() / "_staging" / f".shared-probe-{uuid.uuid4().hex[:12]}"
-    root.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex
-    (root / "token").write_text(token, encoding="utf-8")
-    n = tasks or max(2, _default_parallelism(session))
-    try:
-        rows = session.range(n, numPartitions=n).mapInArrow(
-            _probe_task(str(root), token), "host string, seen boolean").collect()
-        blind = sorted({r.host for r in rows if not r.seen})
-        written = {p.name for p in root.iterdir() if p.name != "token"}
-        lost = sorted({r.host for r in rows if r.seen} - {w.split("@", 1)[0] for w in written})
-    finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-    if blind or lost:
-        raise SparkMisconfigured(
-            f"the segments directory {Path(path).absolute()} is not shared with the Spark executors "
-            f"(executor host(s) {', '.join(blind + lost)} do not see what this process sees there): put it on "
-            "a filesystem every executor and this process mount at the same path (NFS, a cluster "
-            "filesystem), and set --segments to that path")
-
-
-def _probe_task(root: str, token: str):
-    def probe(batches):
-        import os as _os
-        import socket as _socket
-
-        import pyarrow as _pa
-
-        host = _socket.gethostname()
-        try:
-            with open(_os.path.join(root, "token"), encoding="utf-8") as f:
-                seen = f.read() == token
-        except OSError:
-            seen = False
-        if seen:
-            with open(_os.path.join(root, f"{host}@{_os.getpid()}-{id(batches)}"), "w") as f:
-                f.write(token)
-        for _ in batches:
-            pass
-        yield _pa.RecordBatch.from_pydict({"host": [host], "seen": [seen]})
-
-    return probe
-
-
-def _default_parallelism(session: SparkSession) -> int:
-    try:
-        return int(session.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext
-        return 2
-
-
 # --------------------------------------------------------------------------- status
 
 
@@ -589,60 +459,3 @@ def _write_status() -> None:
         os.replace(tmp, _status_file)
     except OSError:  # status is a convenience: an unwritable state dir is reported elsewhere
         log.debug("cannot write %s", _status_file, exc_info=True)
-
-
-# --------------------------------------------------------------------------- worker daemon
-
-
-def _spark_zips(path: list[str]) -> list[str]:
-    return [p for p in path if re.search(r"(^|[/\\])(pyspark\.zip|py4j-[^/\\]*-src\.zip)$", p)]
-
-
-def _same_pyspark(zip_path: str, rest: list[str]) -> bool:
-    """Whether the pyspark importable from ``rest`` is the version inside ``zip_path``."""
-    import importlib.machinery
-    import zipfile
-
-    spec = importlib.machinery.PathFinder.find_spec("pyspark", rest)
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    try:
-        with zipfile.ZipFile(zip_path) as zf:
-            zipped = zf.read("pyspark/version.py")
-        installed = Path(next(iter(spec.submodule_search_locations)), "version.py").read_bytes()
-    except (OSError, KeyError, zipfile.BadZipFile):
-        return False
-    return zipped == installed
-
-
-def worker_daemon_path(path: list[str]) -> list[str]:
-    """``path`` with Spark's pyspark.zip and py4j zip moved to the end when the same pyspark
-    (and a py4j) is installed elsewhere on it; else ``path`` unchanged."""
-    import importlib.machinery
-
-    zips = _spark_zips(path)
-    if not zips:
-        return list(path)
-    rest = [p for p in path if p not in zips]
-    pyspark_zip = next((z for z in zips if z.endswith("pyspark.zip")), None)
-    if pyspark_zip is not None and not _same_pyspark(pyspark_zip, rest):
-        return list(path)
-    if importlib.machinery.PathFinder.find_spec("py4j", rest) is None:
-        return list(path)
-    return rest + zips
-
-
-def _run_worker_daemon() -> None:
-    """``python -m reconciler.pipeline.spark <worker module>``: pyspark's daemon, faster."""
-    import runpy
-
-    sys.path[:] = worker_daemon_path(sys.path)
-    # Pure Python and thread-free (the daemon forks after this): each forked worker finds it
-    # imported. Modules that start threads on import (pyarrow) stay after the fork.
-    import pyspark.worker  # noqa: F401
-
-    runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    _run_worker_daemon()

@@ -17,50 +17,13 @@ starts without it (``-Xshare:auto``), as it would with no archive: only slower.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from reconciler.pipeline import sparkhome
-
-# The JVM reports a rejected archive on its standard output; a daemon's output is its log.
-_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-
-
-def _java() -> Path | None:
-    home = os.environ.get("JAVA_HOME")
-    found = Path(home, "bin", "java") if home else None
-    if found is None or not found.exists():
-        which = shutil.which("java")
-        found = Path(which) if which else None
-    return found.resolve() if found is not None else None
-
-
-def archive_path(prefix: str | os.PathLike[str] | None = None) -> Path | None:
-    """Where this installation's archive is (or would be); None without a ``java``."""
-    java = _java()
-    if java is None:
-        return None
-    try:
-        stamp = java.stat().st_mtime_ns
-    except OSError:
-        return None
-    source = sparkhome.installed_home()
-    key = f"{java}:{stamp}:{source}:{os.getuid()}"
-    tag = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(prefix or sys.prefix) / "share" / "stream-reconciler" / f"spark-{tag}.jsa"
-
-
-def java_options(prefix: str | os.PathLike[str] | None = None) -> str | None:
-    """The JVM options that use the archive, or None when there is none (or its path has
-    whitespace, which Spark's option string cannot carry unquoted)."""
-    path = archive_path(prefix)
-    if path is None or not path.is_file() or any(c.isspace() for c in str(path)):
-        return None
-    return f"-XX:SharedArchiveFile={path} -Xshare:auto {_QUIET}"
+from reconciler.pipeline import spark, sparkconf
+from reconciler.pipeline.sparkconf import archive_path, java_options  # noqa: F401  (the commands' names)
 
 
 def build(prefix: str | os.PathLike[str] | None = None) -> Path:
@@ -68,9 +31,7 @@ def build(prefix: str | os.PathLike[str] | None = None) -> Path:
     own, started here and stopped before returning, so call it where no SparkSession runs
     (``python -m reconciler.pipeline.sparkcds``). Raises ``RuntimeError`` when it could
     not be built."""
-    from reconciler.pipeline import spark as spark_mod
-
-    if spark_mod.current_session() is not None:
+    if spark.current_session() is not None:
         raise RuntimeError("a SparkSession already runs in this process: build the archive in a fresh one")
     path = archive_path(prefix)
     if path is None:
@@ -93,11 +54,9 @@ def build(prefix: str | os.PathLike[str] | None = None) -> Path:
 def _dump(target: str) -> None:
     """A session whose JVM writes its loaded classes to ``target`` as it exits, after the
     kinds of work a batch does (JSON parse, an Arrow write to the Python sink)."""
-    from reconciler.pipeline import spark as spark_mod
-
-    spark_mod.STATIC_CONF["spark.driver.extraJavaOptions"] = f"-XX:ArchiveClassesAtExit={target}"
-    spark_mod.ARCHIVE_OPTIONS_ENABLED = False  # never record while mapping an older archive
-    session = spark_mod.get_session(master="local[1]")
+    sparkconf.STATIC_CONF["spark.driver.extraJavaOptions"] = f"-XX:ArchiveClassesAtExit={target}"
+    sparkconf.ARCHIVE_OPTIONS_ENABLED = False  # never record while mapping an older archive
+    session = spark.get_session(master="local[1]")
     from pyspark import SparkContext
     from pyspark.sql import functions as F
 
@@ -109,7 +68,7 @@ def _dump(target: str) -> None:
             F.from_json(F.to_json(F.struct(F.col("id").cast("string").alias("a"))), "a string").alias("j"))
         (df.select(F.col("j.a").alias("a"), F.lit("x").alias("chunk")).write.format(sink.NAME).mode("append")
          .options(**sink.options(out, "chunk")).save())
-    spark_mod.stop_session()
+    spark.stop_session()
     jvm.stdin.close()  # its end of input is the JVM's signal to exit
     jvm.wait(timeout=240)
 

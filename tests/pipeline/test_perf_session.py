@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pyspark
 
-from reconciler.pipeline import spark as sp
+from reconciler.pipeline import sparkconf as sp
+from reconciler.pipeline import sparkworker
 
 LIB = Path(pyspark.__file__).parent / "python" / "lib"
 
@@ -29,7 +30,7 @@ def test_spark_zips_move_behind_the_installed_pyspark():
     zips = _zips()
     assert Path(zips[0]).is_file()
     path = [*zips, "/somewhere", *sys.path]
-    out = sp.worker_daemon_path(path)
+    out = sparkworker.worker_daemon_path(path)
     assert out[-len(zips):] == zips  # kept, as a fallback, but last
     assert sorted(out) == sorted(path)
     assert out.index("/somewhere") == 0
@@ -41,17 +42,17 @@ def test_a_different_pyspark_in_the_zip_keeps_the_path(tmp_path):
         zf.writestr("pyspark/__init__.py", "")
         zf.writestr("pyspark/version.py", '__version__ = "0.0.1"\n')
     path = [str(other), *sys.path]
-    assert sp.worker_daemon_path(path) == path
+    assert sparkworker.worker_daemon_path(path) == path
 
 
 def test_no_zip_no_change():
-    assert sp.worker_daemon_path(list(sys.path)) == list(sys.path)
+    assert sparkworker.worker_daemon_path(list(sys.path)) == list(sys.path)
 
 
 def test_workers_import_pyspark_from_the_virtualenv():
     """What the daemon module does to a worker's path: pyspark comes from site-packages."""
     code = (
-        "import sys; from reconciler.pipeline.spark import worker_daemon_path as w; "
+        "import sys; from reconciler.pipeline.sparkworker import worker_daemon_path as w; "
         "sys.path[:] = w(sys.path); import pyspark; print(pyspark.__file__)"
     )
     env_path = ":".join(_zips())
@@ -62,7 +63,7 @@ def test_workers_import_pyspark_from_the_virtualenv():
 
 def test_local_settings_apply_to_local_masters_only():
     assert sp.LOCAL_CONF["spark.python.daemon.module"] == sp.DAEMON_MODULE
-    assert sp.DAEMON_MODULE == "reconciler.pipeline.spark"
+    assert sp.DAEMON_MODULE == "reconciler.pipeline.sparkworker"
     assert all(k.startswith("spark.") for k in sp.LOCAL_CONF)
     assert "spark.python.daemon.module" not in sp.STATIC_CONF  # not on a cluster
 

@@ -35,9 +35,9 @@ def test_a_built_archive_is_mapped_by_a_session_jvm(tmp_path):
     assert options is not None and str(path) in options
     # -Xshare:on: the JVM refuses to start unless it maps the archive (auto would go on without)
     child = textwrap.dedent(f"""
-        from reconciler.pipeline import spark as sp
-        sp.ARCHIVE_OPTIONS_ENABLED = False
-        sp.STATIC_CONF["spark.driver.defaultJavaOptions"] += " " + {options!r}.replace("-Xshare:auto", "-Xshare:on")
+        from reconciler.pipeline import spark as sp, sparkconf
+        sparkconf.ARCHIVE_OPTIONS_ENABLED = False
+        sparkconf.STATIC_CONF["spark.driver.defaultJavaOptions"] += " " + {options!r}.replace("-Xshare:auto", "-Xshare:on")
         print("rows", sp.get_session(master="local[1]").range(3).count())
         sp.stop_session()
     """)

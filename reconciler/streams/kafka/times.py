@@ -24,13 +24,13 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException,
 
 log = logging.getLogger(__name__)
 
-_EOF = KafkaError._PARTITION_EOF
+EOF = KafkaError._PARTITION_EOF
 _FETCH = {"fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 64 << 10, "queued.min.messages": 1}
 
 
 class RecordTimes:
     """``at(offsets)`` for one topic. ``config`` builds consumers and translates errors
-    (``kafka._Config``: ``consumer(**extra)``, ``translate(exc, doing)``)."""
+    (``kafka.config.ClientConfig``: ``consumer(**extra)``, ``translate(exc, doing)``)."""
 
     def __init__(self, config: Any, topic: str, timeout: float):
         self._config = config
@@ -74,7 +74,7 @@ class RecordTimes:
                         if kind != TIMESTAMP_NOT_AVAILABLE and stamp is not None and stamp >= 0:
                             out[str(p)] = int(stamp)
                         settled.add(p)
-                    elif err.code() == _EOF:
+                    elif err.code() == EOF:
                         if m.offset() >= want[p]:
                             out[str(p)] = None  # the partition ends at the offset: nothing waits there
                             settled.add(p)

@@ -1,0 +1,121 @@
+"""What every SparkSession this product builds is configured with, and where the class
+archive is: settings only, no session (``spark`` builds it, ``sparkcds`` records the archive).
+
+The archive is a class-data-sharing file of Spark's JVM (``sparkcds``). It lives in the
+virtualenv (``<prefix>/share/stream-reconciler/``), named after what it depends on: the
+``java`` binary, the pyspark installation and the user (whose private SPARK_HOME,
+``sparkhome``, is on the recorded class path). A local session maps it when it exists;
+the JVM checks it again itself and, when anything differs, starts without it
+(``-Xshare:auto``), as it would with no archive: only slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from reconciler.pipeline import sparkhome
+
+DEFAULT_MASTER = "local[*]"
+
+# Settings that every session gets (runtime SQL settings: also valid for Spark Connect).
+SQL_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Timestamps as INT64 micros adjusted to UTC (not legacy INT96): pyarrow and DuckDB
+    # read __time as timestamp[us, tz=UTC].
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # partitionBy without a sort: a task keeps up to this many open files (one per
+    # time chunk) and only falls back to sorting beyond it. Few chunks per batch is
+    # the common case; many open writers share the memory for row groups and cost
+    # more than the sort (measured: 278 hourly chunks, 64 writers ~25% slower).
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
+    # Rows handed to a Python worker (the sink) go in Arrow batches of at most
+    # maxRecordsPerBatch (10,000) rows; a byte limit too makes Spark size the batch after
+    # every row, measured 7.7% of a warm batch's JVM time. Int.MaxValue turns that check
+    # off. The sink's rows are parsed fields, and the readers' batches (65,536 records)
+    # were never byte-bounded, so this bounds nothing that was bounded before.
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
+}
+
+# Settings fixed when the JVM starts (a Spark Connect server has its own); the operator's
+# `spark:` map overrides any of them.
+STATIC_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # No _SUCCESS markers: staging directories hold only what we move.
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # The JVM no longer writes Parquet (the pyarrow sink does), but a 1g heap still ran a
+    # warm 1M-record batch ~8% slower (GC); with 2g the whole daemon's peak stays near
+    # 2.1 GiB (PSS, benchmarks/ingest.py).
+    "spark.driver.memory": "2g",
+    # The parallel collector instead of G1: a batch daemon wants throughput, not short
+    # pauses, and G1's write barriers run in the executor threads themselves. Measured on
+    # warm 1M-record batches: executor CPU 4.45 -> 4.05 s, batch 4.7 -> 4.4 s. Default
+    # options, so an operator's spark.driver.extraJavaOptions adds to them.
+    "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
+    # Hadoop's checksummed local filesystem writes a .crc beside every file, and without
+    # Hadoop's native library every file it creates costs a forked `chmod` (from a 2 GB
+    # JVM): two per data file, one file per (task, time chunk). The plain local
+    # filesystem writes no .crc (nothing here reads them: the collector deleted them),
+    # halving those forks; measured 1.3 -> 0.9 CPU s per 112-file batch.
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    # PySpark records the Python call site of every DataFrame and functions call for error
+    # messages: five py4j round trips each, measured: most of the 250 ms a warm batch spent
+    # building its plan. The transform's call sites are ours, not the operator's.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
+}
+
+# Local masters only (there the workers are this interpreter, with this package, for
+# certain): the readers' and the sink's workers start from ``sparkworker``, which imports
+# pyspark from its cached bytecode. (Spark 4.3 starts the planner's workers, for data
+# source lookup, creation and partitioning, with ``pyspark.daemon`` whatever this setting
+# says: ``sparkhome`` gives local sessions a SPARK_HOME without the zip for those.)
+# Local sessions map the class archive that ``sparkcds`` built, when there is one (off
+# while building one: a JVM cannot record an archive while mapping another).
+ARCHIVE_OPTIONS_ENABLED = True
+
+DAEMON_MODULE = "reconciler.pipeline.sparkworker"
+LOCAL_CONF: dict[str, str] = {
+    "spark.python.daemon.module": DAEMON_MODULE,
+}
+
+
+# The JVM reports a rejected archive on its standard output; a daemon's output is its log.
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    found = Path(home, "bin", "java") if home else None
+    if found is None or not found.exists():
+        which = shutil.which("java")
+        found = Path(which) if which else None
+    return found.resolve() if found is not None else None
+
+
+def archive_path(prefix: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where this installation's archive is (or would be); None without a ``java``."""
+    java = _java()
+    if java is None:
+        return None
+    try:
+        stamp = java.stat().st_mtime_ns
+    except OSError:
+        return None
+    source = sparkhome.installed_home()
+    key = f"{java}:{stamp}:{source}:{os.getuid()}"
+    tag = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(prefix or sys.prefix) / "share" / "stream-reconciler" / f"spark-{tag}.jsa"
+
+
+def java_options(prefix: str | os.PathLike[str] | None = None) -> str | None:
+    """The JVM options that use the archive, or None when there is none (or its path has
+    whitespace, which Spark's option string cannot carry unquoted)."""
+    path = archive_path(prefix)
+    if path is None or not path.is_file() or any(c.isspace() for c in str(path)):
+        return None
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto {_QUIET}"
