@@ -40,6 +40,9 @@ The parts, one module each, composed by ``Daemon`` (the loop, signals, reload, s
 deposed leader is fenced and how a pass longer than the lease keeps it), ``tick`` (the
 reconcile pass, the STATUS summary, ``--until-caught-up``), ``freshness`` (the leader's lag
 observer and webhook delivery) and ``http`` (the status page, ``/metrics``, ``/healthz``).
+
+May import every layer below it (``control``, ``observe``, ``runtime`` and theirs);
+only ``cli`` imports it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Stream systems: one adapter module per system, behind ``base.StreamAdapter``."""
+"""Stream systems: one adapter package per system, behind ``base.StreamAdapter``.
+
+``kafka`` (confluent-kafka) and ``rabbitmq`` (rstream) each answer positions and read
+exact offset ranges as Arrow batches; ``lagtime`` turns record times into lag in time.
+
+May import: ``spec`` (secret references), ``settings``, ``faults``, ``model`` and
+``errors``; imported by the control plane, the pipeline, the runtimes and ``observe``.
+"""
 
 from __future__ import annotations
 

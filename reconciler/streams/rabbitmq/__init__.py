@@ -14,6 +14,9 @@ The package, one module per concern:
 * ``arrow``: the numpy chunk cutter and the Arrow batch builder;
 * ``adapter``: ``RabbitStreamAdapter`` (partitions, earliest, latest, offsets for time);
 * ``reader``: ``RabbitRangeReader`` (exactly ``[start, end)`` as Arrow batches).
+
+May import: rstream, pika, pyarrow, ``streams.base``, ``spec`` (secret references),
+``model`` and ``errors``; nothing above them.
 """
 
 from __future__ import annotations
