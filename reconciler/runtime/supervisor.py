@@ -74,6 +74,10 @@ class StepOutcome:
     delay: float  # seconds until this runtime should step again
     records: int = 0
     done: bool = False  # bounded supervisor completed, or no longer runnable
+    # The delay counts from when the step started, not from when it ended: batches are cut
+    # every taskDuration (a fixed cadence), so a record waits for the next cut, not for
+    # the cut plus the time the last batch took to read and publish.
+    cadence: bool = False
 
 
 @dataclass
@@ -138,7 +142,7 @@ class SupervisorRuntime:
                 return StepOutcome(0.0, done=True)
             self._report(rec, State.IDLE, DetailedState.IDLE, None)
             self.failures = 0
-            return StepOutcome(spec.task_duration)
+            return StepOutcome(spec.task_duration, cadence=True)
         checkpoint, blocked = self._past_retention(rec, spec, adapter, checkpoint, target)
         if blocked:
             return blocked
@@ -149,7 +153,7 @@ class SupervisorRuntime:
         self.failures = 0
         more = not caught_up({r.partition: r.end for r in ranges} | {
             p: o for p, o in checkpoint.items() if p not in {r.partition for r in ranges}}, target)
-        return StepOutcome(0.0 if more else spec.task_duration, records=records)
+        return StepOutcome(0.0 if more else spec.task_duration, records=records, cadence=True)
 
     def _init_checkpoints(self, rec, spec, adapter, checkpoint, latest):
         missing = set(latest) - set(checkpoint)
