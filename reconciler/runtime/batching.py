@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from reconciler.model import PartitionRange
 
 ASSUMED_RECORD_BYTES = 512  # before a supervisor's first batch has measured its records
-# A main supervisor's batch gets one task per this many offsets when that is more than its
-# taskCount: a catch-up (after downtime, a rewind, a new partition read from earliest) then
-# uses every executor slot, while a live batch of a few thousand records stays one task.
-# Large enough that a task's fixed cost (a consumer, a Python worker's setup, one file per
-# time chunk) stays small against its reading, small enough that the default
-# maxBatchRecords (1,000,000) splits in 4.
+# A main supervisor's range longer than this gets one task per this many offsets when that
+# is more than its taskCount: a catch-up (after downtime, a rewind, a new partition read
+# from earliest) then uses every executor slot, while a live batch stays as it was. Large
+# enough that a task's fixed cost (a consumer, a Python worker's setup, one file per time
+# chunk) stays small against its reading, small enough that one partition's share of the
+# default maxBatchRecords (1,000,000) splits in 4.
 CATCH_UP_SUB_RANGE = 250_000
 # More tasks than this never come from catching up: each task writes its own file per time
 # chunk, and the publish and readers pay per file until compaction merges them.
@@ -69,10 +69,13 @@ def batch_tasks(ranges: Sequence[PartitionRange], task_count: int, *, bounded: b
 
     A bounded supervisor (a backfill) uses its ``taskCount`` as it stands: the operator sized
     it. A main supervisor uses its ``taskCount``, or, catching up, one task per ``sub_range``
-    offsets (at most ``max_tasks``) when that is more. Never more tasks than offsets (a task
-    with nothing to read is pure cost), never fewer than one."""
+    offsets of each range larger than that (at most ``max_tasks``) when that is more: only a
+    partition far behind is split, so a batch of many partitions each within the threshold
+    keeps the parallelism (and the files) its taskCount asks for. Never more tasks than
+    offsets (a task with nothing to read is pure cost), never fewer than one."""
     offsets = sum(r.size for r in ranges)
     tasks = max(1, int(task_count))
     if not bounded and sub_range > 0:
-        tasks = max(tasks, min(max_tasks, -(-offsets // sub_range)))
+        pieces = sum(-(-r.size // sub_range) for r in ranges if r.size > sub_range)
+        tasks = max(tasks, min(max_tasks, pieces))
     return max(1, min(tasks, offsets))

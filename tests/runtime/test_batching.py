@@ -66,6 +66,10 @@ def test_a_main_supervisor_catching_up_splits_ranges_above_the_threshold():
     assert batch_tasks(behind, 1, bounded=False) == 4
     assert batch_tasks(behind, 1, bounded=False, sub_range=300_000) == 4  # ceil: no task above the threshold
     assert batch_tasks(behind, 8, bounded=False) == 8  # more tasks asked than the catch-up needs
+    # only ranges beyond the threshold are split: four partitions each at it keep taskCount
+    assert batch_tasks([PartitionRange(str(p), 0, 250_000) for p in range(4)], 2, bounded=False) == 2
+    # one partition far behind among short ones: its pieces decide
+    assert batch_tasks([PartitionRange("0", 0, 600_000), PartitionRange("1", 0, 900)], 1, bounded=False) == 3
     assert batch_tasks([PartitionRange("0", 0, 10**9)], 1, bounded=False) == MAX_CATCH_UP_TASKS
 
 
