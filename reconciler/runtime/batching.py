@@ -64,7 +64,7 @@ def caught_up(checkpoint: Mapping[str, int], target: Mapping[str, int]) -> bool:
 
 
 def batch_tasks(ranges: Sequence[PartitionRange], task_count: int, *, bounded: bool,
-                sub_range: int = CATCH_UP_SUB_RANGE, max_tasks: int = MAX_CATCH_UP_TASKS) -> int:
+                sub_range: int | None = None, max_tasks: int | None = None) -> int:
     """How many Spark tasks read a batch of ``ranges``.
 
     A bounded supervisor (a backfill) uses its ``taskCount`` as it stands: the operator sized
@@ -73,6 +73,8 @@ def batch_tasks(ranges: Sequence[PartitionRange], task_count: int, *, bounded: b
     partition far behind is split, so a batch of many partitions each within the threshold
     keeps the parallelism (and the files) its taskCount asks for. Never more tasks than
     offsets (a task with nothing to read is pure cost), never fewer than one."""
+    sub_range = CATCH_UP_SUB_RANGE if sub_range is None else sub_range
+    max_tasks = MAX_CATCH_UP_TASKS if max_tasks is None else max_tasks
     offsets = sum(r.size for r in ranges)
     tasks = max(1, int(task_count))
     if not bounded and sub_range > 0:

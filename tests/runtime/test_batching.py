@@ -107,3 +107,42 @@ def test_the_checkpoint_after_a_split_batch_is_the_end_of_each_partitions_last_s
         assert mine[0].start == r.start and mine[-1].end == r.end
         assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
         assert all(x.size > 0 for x in mine)
+
+
+def test_the_runtime_hands_the_job_the_tasks_batch_tasks_asks_for(tmp_path, monkeypatch):
+    """Through the product's runtime, store and table (the explorer's world, whose job writes one
+    file per task and chunk): a main batch far behind is split beyond its taskCount, a backfill's
+    batch keeps the backfill's taskCount, and every record lands once."""
+    from reconciler.runtime import batching
+    from reconciler.store.store import Store
+    from tests.explorer.check import truth
+    from tests.explorer.world import BACKFILL_TASKS, MAIN, World
+
+    monkeypatch.setattr(batching, "CATCH_UP_SUB_RANGE", 2)  # a 12-offset batch is "far behind"
+    url = f"sqlite:///{tmp_path}/w/reconciler.db"
+    (tmp_path / "w").mkdir()
+    store = Store(url)
+    try:
+        World.setup(tmp_path / "w", store)
+        world = World(tmp_path / "w", url, partitions=1, records=30, store=store)
+        proc = world.process("daemon")
+        job, seen = proc.ctx.job, []
+        run = job.run
+
+        def recording(spec, ranges, batch_id, **kw):
+            seen.append((spec.id, sum(r.size for r in ranges), kw["task_count"]))
+            return run(spec, ranges, batch_id, **kw)
+
+        monkeypatch.setattr(job, "run", recording)
+        world.lead(proc)
+        world.step(proc, MAIN)  # [0, 12): 6 pieces of 2 offsets, more than taskCount 3
+        world.reset(proc)  # the main jumps to 30, a backfill of [12, 30) with taskCount 2
+        world.step_backfills(proc, steps=4)
+        assert seen[0] == (MAIN, 12, 6)
+        backfills = [s for s in seen if s[0] != MAIN]
+        assert backfills and all(tasks == BACKFILL_TASKS for _, _, tasks in backfills), seen
+        assert sum(n for _, n, _ in backfills) == 18
+        assert truth(world, proc.tables, store, final=False).ok
+        world.close()
+    finally:
+        store.close()
