@@ -25,7 +25,7 @@ from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
-from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
+from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
 from reconciler.table.writeids import new_write_id
@@ -222,8 +222,12 @@ class SupervisorRuntime:
         self.ctx.store.begin_write(batch_id, "batch", tables=[ds.datasource, dead_name], supervisor_id=rec.id)
         planned = time.monotonic()
         faults.point("write-begun", rec.id)
+        # Sub-ranges, not partitions, are the unit of parallelism: exactly once does not depend
+        # on how they are cut, since the publish commits the whole batch (every task's files
+        # and the checkpoints at the ranges' ends) or nothing.
+        tasks = batch_tasks(ranges, spec.task_count, bounded=rec.bounded)
         try:
-            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=spec.task_count)
+            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=tasks)
         except Exception:  # a failed job's partial output must not linger
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
