@@ -434,7 +434,12 @@ def _evolve_partitioning(tx, granularity: str) -> None:
 
 
 def _unlink(location: str) -> None:
+    """Delete a file no commit needs (superseded after a commit, or staged by one that lost):
+    best effort. It runs after the commit, so an error here must not make a committed batch
+    look failed; a file the file system refuses to delete is orphan clean-up's later."""
     try:
         local_path(location).unlink()
     except (FileNotFoundError, ValueError):
         pass
+    except OSError as exc:
+        log.warning("cannot delete %s (%s); left for orphan clean-up", location, exc)

@@ -263,3 +263,60 @@ def test_two_supervisors_racing_into_one_table_fold_exactly(env):
     assert folded == {"clicks": [("0", 0, folded["clicks"][0][2])], "views": [("0", 0, folded["views"][0][2])]}
     report = _verify(store, tables, sids=("clicks", "views"))
     assert report.ok, report.to_dict()
+
+
+def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batch(tmp_path, db_url, monkeypatch):
+    """The deletions run after the commit, inside the publish. One that the file system
+    refuses (EACCES: a compaction's directory made by ``reconciler compact`` run as root, a
+    read-only mount) raised out of the publish of a batch that had committed: the runtime
+    counted a failed batch (UNHEALTHY after three), the batch's metrics and timings were lost,
+    and the fence had to find out that it committed. A deletion is best effort: what is left
+    is orphan clean-up's."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "commit_growth.py"
+    spec = importlib.util.spec_from_file_location("commit_growth", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("commit_growth", bench)
+    spec.loader.exec_module(bench)
+    store = Store(db_url)
+    store.migrate()
+    store.create_supervisor(SupervisorSpec.from_document({
+        "id": bench.SID, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": bench.SID},
+        "maxBatchRecords": 3, "dataSchema": {"datasource": bench.SID, "timestamp": {"column": "ts"},
+                                             "dimensions": ["id", "__partition", "__offset"]}}), None, actor="test")
+    phases = bench.Phases()
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None, metrics=phases,
+                         job=bench.TinyJob(), adapters=lambda source: counter, snapshots_kept=KEPT)
+    counter = bench.Counter(3)
+    rt = SupervisorRuntime(bench.SID, ctx)
+    try:
+        for _ in range(KEPT + 5):  # no expiry yet
+            rt.step()
+        assert len(phases.publish) == KEPT + 5 and rt.failures == 0
+        unlink = pathlib.Path.unlink
+        refused = []
+
+        def eacces(self, missing_ok=False):
+            if "/metadata/snap-" in str(self):
+                refused.append(str(self))
+                raise PermissionError(13, "Permission denied", str(self))
+            return unlink(self, missing_ok=missing_ok)
+
+        monkeypatch.setattr(pathlib.Path, "unlink", eacces)
+        rt.step()  # publishes and expires: deleting the expired snapshots' manifest lists is refused
+        monkeypatch.undo()
+        assert refused, "nothing was deleted after the commit: the schedule did not happen"
+        assert rt.failures == 0, rt.recent_errors
+        assert len(phases.publish) == KEPT + 6
+        assert store.checkpoints(bench.SID) == {"0": 3 * (KEPT + 6)}
+        assert store.get(bench.SID).state not in ("UNHEALTHY_SUPERVISOR", "UNHEALTHY_TASKS")
+        assert all(pathlib.Path(p).exists() for p in refused)  # left for orphan clean-up
+        table = ctx.tables().load(bench.SID)
+        assert sorted(table.scan().to_arrow()["id"].to_pylist()) == sorted(f"k{o}" for o in range(3 * (KEPT + 6)))
+    finally:
+        store.close()
