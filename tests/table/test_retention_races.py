@@ -320,3 +320,47 @@ def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batc
         assert sorted(table.scan().to_arrow()["id"].to_pylist()) == sorted(f"k{o}" for o in range(3 * (KEPT + 6)))
     finally:
         store.close()
+
+
+def test_two_compactions_of_one_partition_at_once_keep_every_key_once(env):
+    """``reconciler compact`` beside the daemon's compactor: both plan the same closed
+    partition. The first writes its files while the second commits, then stages on the
+    table as it is now, where the files it planned to replace are no longer live: pyiceberg's
+    own check refuses the removal ("Missing required files to delete") and it plans again,
+    finding nothing left to do; then the publishes that expire both compactions' parents
+    delete the replaced files, and every key stays once (this held)."""
+    store, tables = env
+    for lo in range(0, 40, 10):
+        _publish(store, tables, lo, lo + 10, hour=0)
+    at_written, go = threading.Event(), threading.Event()
+
+    def hook(point, subject):
+        if point == "compact-written" and threading.current_thread().name == "cli-compaction":
+            at_written.set()
+            go.wait(60)
+        return None
+
+    outcome = {}
+
+    def cli_compaction():
+        outcome["result"] = compact(cat.Tables(store.engine, tables.warehouse, snapshots_kept=KEPT), "clicks",
+                                    store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30)
+
+    faults.install(hook)
+    try:
+        t = threading.Thread(target=cli_compaction, name="cli-compaction")
+        t.start()
+        assert at_written.wait(60), "the first compaction never wrote its files"
+        daemon = compact(tables, "clicks", store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30)
+        assert daemon.committed, daemon.message
+        go.set()
+        t.join(60)
+    finally:
+        faults.install(None)
+        go.set()
+    table = tables.load("clicks")
+    assert _offsets(table) == list(range(40)), f"{outcome['result'].message}; rows: {len(_offsets(table))}"
+    for lo in range(40, 120, 10):  # the replaced files go as the compactions' parents expire
+        _publish(store, tables, lo, lo + 10, hour=1)
+    assert _offsets(tables.load("clicks")) == list(range(120))
+    assert _verify(store, tables).ok
