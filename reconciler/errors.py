@@ -50,6 +50,12 @@ class CommitOutcomeUnknown(RetryableError):
     not have committed. Never guess: a write of files is fenced before any is deleted."""
 
 
+class StaleRequest(RetryableError):
+    """A request decided on a state that has moved since (a lag policy's reset, planned on an
+    observation from before another reset): not applied, and not handled, so the next pass
+    decides again on what is true then."""
+
+
 class PermanentError(ReconcilerError):
     """A failure that needs a person: bad configuration, missing topic, bad request."""
 

@@ -110,8 +110,8 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
     It runs safely while the daemon ingests: if a batch is published meanwhile, the
     compaction is planned again on the new table state and retried. It never touches
     offsets or checkpoints, and `reconciler verify` ignores its snapshot. The replaced
-    files stay on disk for readers of older snapshots until `reconciler maintain`
-    expires those snapshots.
+    files stay on disk while a kept snapshot (one of the newest snapshotsKept, a tag's or
+    a branch's) still lists them; they go once those snapshots are expired.
     """
     from reconciler.errors import ReconcilerError
     from reconciler.table.compact import compact

@@ -25,7 +25,7 @@ from reconciler.control import positions as positions_mod
 from reconciler.control.actual import DetailedState, Kind, State
 from reconciler.control.plan import Action, ActionKind
 from reconciler.control.resets import Positions, compute_reset
-from reconciler.errors import PermanentError, ReconcilerError
+from reconciler.errors import PermanentError, ReconcilerError, StaleRequest
 from reconciler.model import Position, SupervisorSpec
 from reconciler.spec import secrets
 from reconciler.spec.markerfiles import retire
@@ -134,6 +134,8 @@ class Applier:
             if req.trigger == "cli":
                 raise
             return self._reject(a, str(exc))
+        except StaleRequest as exc:  # not handled: the next pass decides on what is true then
+            return f"not applied: {exc}", {"stale": True}
         faults.crash_point("after-reset", req.supervisor_id)
         summary = _summary(result)
         message = _message(result)

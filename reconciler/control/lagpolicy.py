@@ -21,7 +21,10 @@ The rules, in the order they are checked once a breach has held for ``for``:
 * no automatic reset while the backfill of the previous policy-made reset still runs,
   nor within ``cooldown`` of that reset;
 * an observation older than ``STALE_AFTER``, or made before the supervisor's epoch moved,
-  is not acted on: the observer looks again first.
+  is not acted on: the observer looks again first. The request carries the epoch its
+  observation saw, and the reset transaction applies it only at that epoch (under the
+  supervisor's lock): another reset that landed after the plan was read (a marker earlier in
+  the same pass, an operator's ``reconciler reset``) leaves it unapplied and unhandled.
 """
 
 from __future__ import annotations
@@ -134,7 +137,8 @@ def policy_request(supervisor_id: str, policy: LagPolicy, observation: LagObserv
     return ResetRequest(
         supervisor_id=supervisor_id, token=policy_token(supervisor_id, since), trigger="policy",
         source=f"lag policy breach since {since.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z", position=Position("latest"), backfill=True,
-        backfill_task_count=policy.backfill_task_count, reason=reset_reason(policy, observation))
+        backfill_task_count=policy.backfill_task_count, reason=reset_reason(policy, observation),
+        epoch=observation.epoch)
 
 
 @dataclass(frozen=True)

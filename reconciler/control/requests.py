@@ -27,6 +27,7 @@ class ResetRequest:
     backfill_task_count: int | None = None
     allow_rewind: bool = False
     reason: str | None = None
+    epoch: int | None = None  # a policy's: the supervisor's epoch its observation saw (applied only at it)
 
     @property
     def action_kind(self) -> str:

@@ -15,7 +15,7 @@ from reconciler import faults
 from reconciler.control.actual import DetailedState, Kind, State
 from reconciler.control.requests import ResetRequest
 from reconciler.control.resets import ResetOutcome, fill_missing
-from reconciler.errors import PermanentError, RetryableError
+from reconciler.errors import PermanentError, RetryableError, StaleRequest
 from reconciler.model import BACKFILL_ID, canonical_json, document_hash
 from reconciler.store.base import _aware, _short, utcnow
 from reconciler.store.records import HandledRequest
@@ -81,6 +81,9 @@ class RequestsMixin:
             raise PermanentError(f"unknown supervisor '{request.supervisor_id}'")
         if request.trigger == "policy" and row.state == State.SUSPENDED:  # read under the lock: exact
             raise PermanentError(f"{row.id} is suspended: a lag policy never resets a suspended supervisor")
+        if request.epoch is not None and row.epoch != request.epoch:  # another reset landed since it was decided
+            raise StaleRequest(f"{row.id} was reset since its lag was observed (epoch {request.epoch}, now "
+                               f"{row.epoch}): the lag is observed again before a policy acts")
         current = self._checkpoints(c, request.supervisor_id)
         filled = fill_missing(current, earliest if earliest is not None else initial, initial)
         missing = {p: o for p, o in filled.items() if p not in current}

@@ -305,13 +305,17 @@ class Tables:
     # -- the staged append (the publish) ----------------------------------------------
 
     def stage(self, name: str, build: Callable[[Transaction], None], *, write_id: str | None = None,
-              attempt: int = 0) -> TableCommit:
+              attempt: int = 0, expected: str | None = None) -> TableCommit:
         """Stage one change of table ``name``: ``build(tx)`` adds updates to a transaction on
         the table's current version; its metadata files are written (named with the write's
         tag) and made durable, and the pointer move is returned for the commit's own
-        transaction (``Store.publish`` or ``Store.commit_tables``)."""
+        transaction (``Store.publish`` or ``Store.commit_tables``). ``expected``: the
+        version (metadata location) the change was planned on; when the table is at
+        another one now, ``TableConflict`` and nothing is written."""
         write_id = write_id if write_id is not None and is_write_id(write_id) else new_write_id()
         table = self.current(name)
+        if expected is not None and table.metadata_location != expected:
+            raise TableConflict(f"table {name}: planned on {expected}, now at {table.metadata_location}")
         out: list[TableCommit] = []
         staging = self.catalog._staging
         staging.out, staging.write_id, staging.tag = out, write_id, tag(write_id, attempt)
@@ -430,7 +434,12 @@ def _evolve_partitioning(tx, granularity: str) -> None:
 
 
 def _unlink(location: str) -> None:
+    """Delete a file no commit needs (superseded after a commit, or staged by one that lost):
+    best effort. It runs after the commit, so an error here must not make a committed batch
+    look failed; a file the file system refuses to delete is orphan clean-up's later."""
     try:
         local_path(location).unlink()
     except (FileNotFoundError, ValueError):
         pass
+    except OSError as exc:
+        log.warning("cannot delete %s (%s); left for orphan clean-up", location, exc)

@@ -21,6 +21,7 @@ from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
 from reconciler.table import summary
+from reconciler.table.catalog import TableConflict as StagedOnAnother
 from reconciler.table.catalog import (
     Tables,
     local_path,
@@ -116,12 +117,17 @@ def expire_snapshots(
             ExpireSnapshots(tx).by_ids([s.snapshot_id for s in expired]).commit()
             tx.set_properties(folded)
 
-        commit = tables.stage(name, build, write_id=write_id, attempt=attempt)
-        faults.point("expire-commit", name)
+        commit = None
         try:
+            # Staged on exactly the version planned on: a publish that expired snapshots
+            # meanwhile (continuous expiry) removed ids planned here and folded their ranges
+            # into properties this plan does not hold.
+            commit = tables.stage(name, build, write_id=write_id, attempt=attempt, expected=table.metadata_location)
+            faults.point("expire-commit", name)
             store.commit_tables(write_id, "expire", [commit])
-        except TableConflict as exc:
-            tables.discard_staged([commit])
+        except (TableConflict, StagedOnAnother) as exc:
+            if commit is not None:
+                tables.discard_staged([commit])
             log.info("expiry of %s: the table moved (%s); again", name, exc)
             time.sleep(min(0.05 * (attempt + 1), 0.5))
             continue

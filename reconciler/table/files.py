@@ -91,12 +91,27 @@ def _when(snapshot: Snapshot) -> datetime:
 
 def batch_snapshots(table: Table) -> list[BatchSnapshot]:
     """The batch snapshots of the current lineage, oldest first (compactions, imports and
-    other writers' snapshots carry no offsets and are skipped)."""
+    other writers' snapshots carry no offsets and are skipped).
+
+    The walk from the current snapshot through its parents stops at the first expired one.
+    Older snapshots are expired too (their ranges folded into the table's properties),
+    except those a tag or a branch keeps: such a snapshot that was the table's current one
+    once and is older than where the walk stopped is of the lineage too, and neither
+    walked nor folded, so it is added here."""
     current = table.current_snapshot()
     if current is None:
         return []
+    lineage = list(ancestors_of(current, table.metadata))
+    oldest = lineage[-1]  # its parent is expired (pyiceberg then drops the parent's id) or none
+    if (oldest.sequence_number or 0) > 1:
+        walked = {s.snapshot_id for s in lineage}
+        once_current = {e.snapshot_id for e in table.metadata.snapshot_log}
+        lineage += sorted((s for s in table.metadata.snapshots
+                           if s.snapshot_id in once_current and s.snapshot_id not in walked
+                           and (s.sequence_number or 0) < oldest.sequence_number),
+                          key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True)
     out = []
-    for snap in ancestors_of(current, table.metadata):
+    for snap in lineage:
         props = _summary(snap)
         if RANGES not in props:
             continue

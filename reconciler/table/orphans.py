@@ -43,6 +43,7 @@ from reconciler.table.writeids import BATCH_DIR_PREFIX, write_id_of_data_path, w
 log = logging.getLogger(__name__)
 
 DEFAULT_ORPHAN_AGE = timedelta(days=1)
+READ_ATTEMPTS = 10  # reads of the table's references while publishes move it
 
 
 @dataclass
@@ -86,10 +87,7 @@ def remove_orphans(
     listed = _list_files(root)
     result.scanned_files = len(listed)
     faults.point("orphans-listed", name)
-    table = tables.load(name)  # after the listing: whatever committed meanwhile is referenced
-    if table is None:
-        raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
-    referenced = _referenced(table)
+    referenced = _referenced_now(tables, name)  # after the listing: whatever committed meanwhile is referenced
     candidates = {p: st for p, st in listed.items() if _norm(p) not in referenced}
     faults.point("orphans-judge", name)
     by_write: dict[str, list[str]] = defaultdict(list)
@@ -100,10 +98,7 @@ def remove_orphans(
     doomed = _finished_writes(store, by_write, root) if store is not None else set()
     if doomed:
         # A write judged committed may have committed after the read above: read again.
-        table = tables.load(name)
-        if table is None:
-            raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
-        referenced = _referenced(table)
+        referenced = _referenced_now(tables, name)
         candidates = {p: st for p, st in candidates.items() if _norm(p) not in referenced}
     for path, (mtime, size) in sorted(candidates.items()):
         wid = _write_of(root, path)
@@ -128,6 +123,25 @@ def remove_orphans(
     if result.deleted_files and not dry_run:
         log.info("maintenance of %s: %s", name, result.message)
     return result
+
+
+def _referenced_now(tables: Tables, name: str, attempts: int = READ_ATTEMPTS) -> set[str]:
+    """What table ``name`` references, read from one version. A publish that expires
+    snapshots as it commits (``retention``) deletes their manifest lists right after:
+    when one is gone while it is read, the table has moved on, and it is read again. A file
+    missing from a version that is still the current one is an error (nothing deleted)."""
+    for _ in range(attempts):
+        table = tables.load(name)
+        if table is None:
+            raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
+        try:
+            return _referenced(table)
+        except FileNotFoundError as exc:
+            now = tables.load(name)
+            if now is not None and now.metadata_location == table.metadata_location:
+                raise MaintenanceError(f"table {name}: a file its current metadata references is missing ({exc}); "
+                                       "nothing deleted (run reconciler verify)") from exc
+    raise MaintenanceError(f"table {name} kept moving during the orphan scan; nothing deleted")
 
 
 def _finished_writes(store: Any, by_write: dict[str, list[str]], root: Path) -> set[str]:

@@ -137,7 +137,11 @@ def _norm(location: str) -> str:
 
 
 def _unlink(path: Path) -> None:
+    """Delete a file nothing needs (after an expiry committed, or an orphan): best effort, a
+    file the file system refuses to delete is left for the next clean-up."""
     try:
         path.unlink()
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        log.warning("cannot delete %s (%s); left for the next clean-up", path, exc)

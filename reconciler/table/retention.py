@@ -84,7 +84,12 @@ def superseded(base, new, reader) -> list[str]:
         for s in expired:
             out.add(s.manifest_list)
             out |= {m.manifest_path for m in reader.manifests(s, missing_ok=True)} - kept_manifests
-        out |= _replaced(reader, [s for s in [*expired, *kept] if s.parent_snapshot_id in expired_ids])
+        replaced = _replaced(reader, [s for s in [*expired, *kept] if s.parent_snapshot_id in expired_ids])
+        if replaced:
+            # A kept snapshot older than the expired parent (a tag's or a branch's head, a
+            # current snapshot rolled back to) may still list a replaced file.
+            live = _live(reader, kept)
+            out |= replaced - live if live is not None else set()
     out |= _dropped_metadata(base, new)
     return sorted(out)
 
@@ -106,8 +111,9 @@ def _referenced_by_new(new, reader) -> set[str]:
 
 
 def _replaced(reader, snapshots: Iterable) -> set[str]:
-    """Data files the given snapshots deleted (a compaction's inputs): once each one's parent
-    is expired, no kept snapshot sees them."""
+    """Data files the given snapshots deleted (a compaction's inputs). Once each one's parent
+    is expired, only a kept snapshot older than that parent can see them (a ref's head):
+    ``superseded`` keeps the ones still live in any kept snapshot."""
     out: set[str] = set()
     for s in snapshots:
         props = _props(s)
@@ -118,6 +124,19 @@ def _replaced(reader, snapshots: Iterable) -> set[str]:
             if m.added_snapshot_id != s.snapshot_id:
                 continue
             out |= reader.deleted_files(m)
+    return out
+
+
+def _live(reader, snapshots: Iterable) -> set[str] | None:
+    """The data files live in any of ``snapshots``; None when one cannot be read (then no
+    replaced file is deleted: orphan clean-up judges them later)."""
+    out: set[str] = set()
+    try:
+        for s in snapshots:
+            for m in reader.manifests(s):
+                out |= reader.data_files(m, live_only=True)
+    except FileNotFoundError:
+        return None
     return out
 
 

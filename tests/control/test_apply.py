@@ -181,3 +181,38 @@ def test_same_marker_bytes_again_is_a_new_request_same_file_is_not(store, tmp_pa
                    store.read_actual(), settings=PlanSettings()).actions
     assert [a.kind for a in actions] == [ActionKind.RESET_AND_BACKFILL]
 
+
+
+def test_a_marker_and_a_due_lag_policy_in_one_pass_reset_once(store, tmp_path):
+    """A marker and a lag policy's breach due in the same pass: the plan, read before either,
+    holds both resets. The marker's goes first and moves the supervisor to latest (epoch
+    bumped); the policy's, decided on the observation from before it, used to reset it again,
+    with a second backfill. It is not applied now, and not handled: the next pass sees the
+    observation is from before the reset (stale), and the observer's next round ends the
+    breach."""
+    from datetime import timedelta
+
+    from reconciler.control.lagpolicy import LagObservation
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = spec_text("a") + "lagPolicy: {maxRecords: 10, for: 0s, action: resetToLatestAndBackfill, cooldown: 10m}\n"
+    (specs / "a.yaml").write_text(text)
+    applier = Applier(store, capture=fixed, clock=lambda: NOW)
+    reconcile_once(str(specs), applier, check_permissions=False)  # creates it
+    store.init_checkpoints("a", {"0": 0, "1": 0})
+    rec = store.get("a")
+    now = datetime.now(UTC)
+    store.save_lag([LagObservation("a", now, rec.epoch, 150, 30.0, now - timedelta(seconds=5), now)], now=now)
+    (specs / "a.reset.yaml").write_text("reason: lag\n")
+    result = reconcile_once(str(specs), applier, check_permissions=False)
+    resets = [r for r in result.results if r.action.kind == ActionKind.RESET_AND_BACKFILL]
+    assert [r.action.request.trigger for r in resets] == ["marker", "policy"]  # both planned
+    assert all(r.ok for r in resets), [r.message for r in resets]
+    assert "not applied" in resets[1].message
+    backfills = sorted(sid for sid in store.read_actual().supervisors if sid.startswith("a-backfill"))
+    assert backfills == ["a-backfill-1"]
+    assert store.get("a").epoch == rec.epoch + 1
+    again = reconcile_once(str(specs), applier, check_permissions=False)
+    assert [r for r in again.results if r.action.kind == ActionKind.RESET_AND_BACKFILL] == []
+    assert [d.status.value for d in again.plan.policies] == ["stale"]

@@ -135,33 +135,66 @@ def _blackhole() -> tuple[socket.socket, list[socket.socket]]:
 
 
 def test_an_endpoint_that_is_down_does_not_slow_the_tick(tmp_path, kafka_broker, topic, spark):
+    """One endpoint accepts and never answers, one refuses: the reconcile passes stay short
+    (none as long as one POST's timeout), the supervisor ingests its topic exactly once
+    meanwhile with short publishes, and its lag in time is above 0 while it is behind."""
     hole, held = _blackhole()
     refused = f"http://127.0.0.1:{devservices.free_port()}/hook"
     port = devservices.free_port()
     s = _settings(tmp_path, webhook=f"http://127.0.0.1:{hole.getsockname()[1]}/hook,{refused}",
                   http=f"127.0.0.1:{port}")
-    name = topic(partitions=1)
+    name, empty = topic(partitions=1), topic(partitions=1)
+    first = devservices.make_records(1_000)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, first)
+    doc = h.spec_doc("down-0", h.kafka_source(kafka_broker.bootstrap, name))
     try:
         with _Daemon(s) as d:
             store = d.store
-            # the first event's POST is held open by the black hole; passes go on meanwhile
-            h.write_spec(s.specs, h.spec_doc("down-0", h.kafka_source(kafka_broker.bootstrap, name)))
+            # the first event's POST is held open by the black hole; passes and batches go on meanwhile
+            h.write_spec(s.specs, doc)
             _wait("a delivery stuck in the black hole", lambda: held, 60)
+            _wait("down-0 ingesting while the webhook hangs", lambda: store.checkpoints("down-0") == {"0": 1_000})
             passes = d.daemon.metrics.passes_count("changed")
             for i in range(1, 4):
-                h.write_spec(s.specs, h.spec_doc(f"down-{i}", h.kafka_source(kafka_broker.bootstrap, name),
+                h.write_spec(s.specs, h.spec_doc(f"down-{i}", h.kafka_source(kafka_broker.bootstrap, empty),
                                                  datasource=f"down-{i}"))
                 _wait(f"down-{i} created while the webhook hangs", lambda i=i: store.get(f"down-{i}") is not None, 30)
             assert d.daemon.metrics.passes_count("changed") >= passes + 3
+            # behind: suspended while records arrive, its lag in time shows
+            h.write_spec(s.specs, {**doc, "suspended": True})
+            _wait("down-0 SUSPENDED", lambda: store.get("down-0").state == "SUSPENDED", 60)
+            second = devservices.make_records(1_000, start=1_000)
+            devservices.produce_kafka(kafka_broker.bootstrap, name, second)
+            time.sleep(1.5)  # the oldest unread record is older than a second
+            code_behind, behind = h.run_cli(s, "status", "down-0", "-o", "json")
+            h.write_spec(s.specs, doc)
+            _wait("down-0 caught up", lambda: store.checkpoints("down-0") == {"0": 2_000})
             _wait("the refusing endpoint reported failing", lambda: any(
                 w.failing_since for w in store.webhook_cursors() if w.label.startswith(refused.rsplit("/", 1)[0])), 30)
+            code_after, after = h.run_cli(s, "status", "down-0", "-o", "json")
             code, out = h.run_cli(s, "status", "-o", "json", "--no-lag")
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
             code_text, text = h.run_cli(s, "status", "--no-lag")
+            registry = d.daemon.metrics.registry
+            ticks = registry.get_sample_value("reconciler_tick_duration_seconds_count")
+            short_ticks = registry.get_sample_value("reconciler_tick_duration_seconds_bucket", {"le": "5.0"})
+            publishes = registry.get_sample_value("reconciler_batch_phase_seconds_count",
+                                                  {"supervisor": "down-0", "phase": "publish"})
+            short_publishes = registry.get_sample_value("reconciler_batch_phase_seconds_bucket",
+                                                        {"supervisor": "down-0", "phase": "publish", "le": "5.0"})
     finally:
         hole.close()
         for c in held:
             c.close()
+    assert held, "the black hole never held a delivery"
+    assert ticks and short_ticks == ticks, f"{ticks - short_ticks} of {ticks} passes took 5 s or more"
+    assert publishes and short_publishes == publishes, f"{publishes - short_publishes} publishes took 5 s or more"
+    h.assert_exactly_once(h.key_counts(spark, s, "down-0"), h.keys(first + second))
+    assert code_behind == 0 and code_after == 0, (behind, after)
+    was = json.loads(behind)["supervisors"][0]
+    assert was["lag"] == 1_000 and was["lagSeconds"] is not None and was["lagSeconds"] > 0, was
+    now = json.loads(after)["supervisors"][0]
+    assert now["lag"] == 0 and now["lagSeconds"] == 0.0, now
     assert code == 0, out
     hooks = json.loads(out)["webhooks"]
     assert len(hooks) == 2 and any(w["failing"] and "refused" in (w["lastError"] or "").lower() for w in hooks), hooks

@@ -13,8 +13,9 @@ import pytest
 
 from reconciler.control.actual import DetailedState, State
 from reconciler.control.lagpolicy import LagObservation, policy_request, policy_token
+from reconciler.control.requests import ResetRequest
 from reconciler.control.resets import Positions, compute_reset
-from reconciler.errors import PermanentError
+from reconciler.errors import PermanentError, StaleRequest
 from reconciler.model import LagPolicy, Position, SupervisorSpec
 from reconciler.store.freshness import AuditNote, WebhookCursor
 from reconciler.store.store import Store
@@ -89,6 +90,35 @@ def test_a_policy_reset_of_a_suspended_supervisor_is_refused_under_lock(store: S
     with pytest.raises(PermanentError, match="never resets a suspended supervisor"):
         _reset(store, observation())
     assert store.checkpoints("clicks") == {"0": 10}
+
+
+def test_a_policy_reset_decided_before_another_reset_moved_the_epoch_is_not_applied(store: Store):
+    """The plan decides a policy's reset from the state read at the start of the pass; the
+    reset transaction checked only the token and suspension. Another reset landing first (a
+    marker or a ``backfill:`` stanza planned before the policy in the same pass, or an
+    operator's ``reconciler reset``) moved the supervisor to latest and bumped its epoch, and
+    the policy then reset it again on its stale observation: two resets and two backfills for
+    one breach, the second inside what the cooldown should have held. Under the lock, a
+    policy's request is applied only at the epoch its observation saw."""
+    o = observation(epoch=store.get("clicks").epoch)
+    store.save_lag([o], now=NOW)
+    request = policy_request("clicks", LagPolicy.from_document(POLICY), o)
+    assert request.epoch == o.epoch
+    operator = ResetRequest("clicks", "cli:op@host:1", "cli", "op@host", Position("latest"), backfill=True)
+    first = store.apply_reset(operator, _to_latest(1000), initial={"0": 0}, earliest={"0": 0}, actor="cli")
+    assert first.backfill_id == "clicks-backfill-1"
+    epoch = store.get("clicks").epoch
+    with pytest.raises(StaleRequest, match="observed again"):
+        store.apply_reset(request, _to_latest(1200), initial={"0": 0}, earliest={"0": 0}, actor="policy")
+    assert store.get("clicks").epoch == epoch and store.checkpoints("clicks") == {"0": 1000}
+    assert "clicks-backfill-2" not in store.read_actual().supervisors
+    assert request.token not in store.read_actual().handled_tokens  # not handled: the next pass decides afresh
+    assert store.lag_states()["clicks"].last_reset_at is None
+
+
+def _to_latest(latest: int):
+    pos = Positions(earliest={"0": 0}, latest={"0": latest})
+    return lambda cp: compute_reset(Position("latest"), cp, pos, backfill=True)
 
 
 def test_health_transitions_are_audited_once(store: Store):

@@ -1,0 +1,39 @@
+"""Issue 34's goals, fast: 300 one-record commits through ``benchmarks/commit_growth.py``'s
+``run()`` (the product's runtime step, its publish with continuous expiry and the deletions
+after each commit; Parquet written with pyarrow, no broker, no Spark), measured after EVERY
+commit: the table's ``metadata/`` directory never holds more than 100 files once past the
+first few commits, the current metadata file stays under 256 KiB, and ``verify`` passes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITS = 300
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("commit_growth", ROOT / "benchmarks" / "commit_growth.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("commit_growth", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_metadata_stays_bounded_after_every_commit(db_url, tmp_path):
+    kept = 25  # snapshotsKept's default
+    doc = _benchmark().run(db_url, tmp_path, commits=COMMITS, window=1, records=1, kept=kept)
+    windows = doc["windows"]
+    assert [w["commits"] for w in windows] == list(range(1, COMMITS + 1))  # one measure per commit
+    late = windows[kept + 10:]  # past the first few: the history has reached its steady size
+    worst = max(late, key=lambda w: w["metadataDirFiles"])
+    assert worst["metadataDirFiles"] <= 100, worst
+    assert max(w["metadataFileKiB"] for w in windows) <= 256
+    assert max(w["snapshots"] for w in late) <= kept + 5 + 1
+    # the directory is flat, not growing: the last 50 commits hold no more files than the 50 before
+    assert max(w["metadataDirFiles"] for w in windows[-50:]) <= max(w["metadataDirFiles"] for w in windows[-100:-50]) + 2
+    assert doc["verifyOk"], doc
+    print(f"metadata/ at most {worst['metadataDirFiles']} files, metadata file at most "
+          f"{max(w['metadataFileKiB'] for w in windows)} KiB, {doc['seconds']} s")
