@@ -8,8 +8,9 @@ Safety rules live here, where they can be tested exhaustively:
 
 * an invalid file never terminates its supervisor: it keeps its last valid spec;
 * an unreadable or empty spec directory plans no termination;
-* a tick that would terminate more than ``max_termination_share`` of the active
-  supervisors (and more than one) plans none, and says how to confirm;
+* a tick that would terminate more than ``max_termination_share`` of the supervisors
+  active once its creates are applied (and more than one) plans none, and says how to
+  confirm;
 * a reset request is planned once per token (stanza request id, marker hash, CLI op);
 * a changed source identity (topic, cluster, RabbitMQ host/vhost, streams removed) is
   never combined with old checkpoints, on update or re-create, unless the spec says
@@ -395,10 +396,14 @@ def _terminations(desired: Desired, mains: Mapping[str, SupervisorRecord], setti
         if desired.empty:
             return [], tuple(gone), (f"spec directory is empty; terminating {', '.join(gone)} is held "
                                      "(restore the files, or run `reconciler apply --confirm-terminations`)")
-        share = len(gone) / len(active)
+        # Of the supervisors active once this tick's creates are applied: the share is then the
+        # same on the next tick (those creates done, the terminations still pending), so a held
+        # termination stays held until confirmed instead of passing one tick later.
+        after = set(active) | set(desired.specs)
+        share = len(gone) / len(after)
         if len(gone) > 1 and share > settings.max_termination_share:
             return [], tuple(gone), (
-                f"{len(gone)} of {len(active)} supervisors would terminate ({share:.0%} > "
+                f"{len(gone)} of {len(after)} supervisors would terminate ({share:.0%} > "
                 f"{settings.max_termination_share:.0%}); held: {', '.join(gone)} "
                 "(run `reconciler apply --confirm-terminations` if this is intended)")
     return [Action(ActionKind.TERMINATE, sid, "spec file removed", path=mains[sid].spec_path) for sid in gone], (), None
