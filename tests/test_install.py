@@ -205,8 +205,14 @@ def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], ti
         (staged_root / d).mkdir(parents=True, exist_ok=True)
         mounts.append(f"mount -t overlay overlay -o lowerdir={staged_root / d}:/{d},"
                       f"upperdir={work / 'up' / d},workdir={work / 'work' / d} /{d}")
-    # a /tmp of its own too, as the unit's PrivateTmp=yes gives the daemon
-    script = ["set -u", *mounts, "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"cd {ROOT}"]
+    # a /tmp of its own too, as the unit's PrivateTmp=yes gives the daemon; a checkout that
+    # lies under /tmp is bound back into it (held meanwhile at a place of the work directory)
+    fresh_tmp = ["mount -t tmpfs -o mode=1777 tmpfs /tmp"]
+    if ROOT.is_relative_to("/tmp"):
+        (work / "checkout").mkdir(parents=True, exist_ok=True)
+        fresh_tmp = [f"mount --bind {ROOT} {work / 'checkout'}", *fresh_tmp,
+                     f"mkdir -p {ROOT}", f"mount --bind {work / 'checkout'} {ROOT}"]
+    script = ["set -u", *mounts, *fresh_tmp, f"cd {ROOT}"]
     for name, command in steps:
         script.append(f"echo '@@@ {name}'; ( {command} ) 2>&1; echo \"@@@ rc $?\"")
     r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", "\n".join(script)],
