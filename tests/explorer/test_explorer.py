@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +48,27 @@ def _replays(results: list[dict]) -> str:
             lines.append(f"{r['name']} seed {r['seed']}: {'; '.join(r['problems'])[:400]}\n"
                          f"  replay: .venv/bin/python -m tests.explorer --db {r['db']} {what} -v")
     return "\n".join(lines)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children (the explorer's workers once their pool
+    closed): what a part costs on cores of its own, whatever else the machine runs (the
+    PostgreSQL server's share aside)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _server_cpu(cluster) -> float:
+    """CPU seconds of the PostgreSQL server (the postmaster and its ended backends), 0 when
+    there is none or it cannot be read."""
+    if cluster is None:
+        return 0.0
+    try:
+        pid = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
 
 
 def _named(name: str, db: str):
@@ -89,18 +111,20 @@ def test_random_schedules(db, request, capsys, record_property):
     if db == "postgres":  # the SQLite part runs the seeds before
         first += split(total)["sqlite"]
     cluster = request.getfixturevalue("pg_cluster") if db == "postgres" else None
-    started = time.monotonic()
+    started, cpu, server = time.monotonic(), _children_cpu(), _server_cpu(cluster)
     with tempfile.TemporaryDirectory(prefix="explorer-", dir=scratch()) as tmp:
         results = explore(db, [("seed", first + i) for i in range(count)], 2, Path(tmp),
                           pg_url_for=cluster.create_database if cluster else None)
-    seconds = time.monotonic() - started
+    seconds, cpu, server = time.monotonic() - started, _children_cpu() - cpu, _server_cpu(cluster) - server
     failed = [r for r in results if not r["ok"]]
     faults: dict[str, int] = {}
     for r in results:
         for f in r["faults"]:
             faults[f.split()[0]] = faults.get(f.split()[0], 0) + 1
     summary = {"db": db, "firstSeed": first, "schedules": len(results), "failed": len(failed),
-               "seconds": round(seconds, 1), "faultSchedules": sum(1 for r in results if r["faults"]),
+               "seconds": round(seconds, 1), "workersCpuSeconds": round(cpu, 1),
+               **({"serverCpuSeconds": round(server, 1)} if cluster else {}),
+               "loadAverage": round(os.getloadavg()[0], 1), "faultSchedules": sum(1 for r in results if r["faults"]),
                "faultsInjected": dict(sorted(faults.items()))}
     record_property("explorer", summary)  # the terminal summary's (conftest.py) and --junitxml's
     with capsys.disabled():
