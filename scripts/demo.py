@@ -45,10 +45,20 @@ def kafka_examples(bootstrap: str, specs: Path) -> list[str]:
     return ids
 
 
-def reconciler(workdir: Path, *args: str) -> int:
+def reconciler(workdir: Path, *args: str, log: Path | None = None) -> int:
+    """``reconciler ARGS`` on the demo's settings; with ``log``, its output goes there (the
+    Spark JVM's start-up lines) and only a failure shows it, naming the file."""
     cmd = [str(Path(sys.executable).parent / "reconciler"), "--specs", str(workdir / "specs"),
            "--state-dir", str(workdir / "state"), "--log-level", "WARNING", *args]
-    return subprocess.call(cmd)
+    if log is None:
+        return subprocess.call(cmd)
+    with log.open("w") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = log.read_text(errors="replace").splitlines()[-20:]
+        print(f"== reconciler {args[0]} failed (exit {code}); its output is in {log}, which ends:", file=sys.stderr)
+        print("\n".join(f"    {line}" for line in tail), file=sys.stderr)
+    return code
 
 
 def main() -> int:
@@ -71,8 +81,8 @@ def main() -> int:
         print(f"== specs: {', '.join(ids)} (from examples/)")
         if reconciler(args.workdir, "validate") != 0:
             return 1
-        print("== reconciler run --until-caught-up (Spark local[*], SQLite)")
-        if reconciler(args.workdir, "run", "--until-caught-up", "--timeout", "900") != 0:
+        print(f"== reconciler run --until-caught-up (Spark local[*], SQLite; its output in {args.workdir / 'run.log'})")
+        if reconciler(args.workdir, "run", "--until-caught-up", "--timeout", "900", log=args.workdir / "run.log") != 0:
             return 1
         print("== reconciler status")
         reconciler(args.workdir, "status")

@@ -23,6 +23,8 @@
 #   /usr/local/bin/reconciler          the command line, run as the service user (the database
 #                                      is that user's; a command run as root would leave
 #                                      root-owned files in the state directory)
+#   /var/log/stream-reconciler-install.log   the last run's steps' own output (pip, apt-get,
+#                                      the JVM building the archive); one line per step is shown
 #
 # Upgrading: run it again from the newer checkout (or with the newer wheel). The virtualenv
 # is updated in place, the configuration, the state and the specs are kept, the unit is
@@ -61,6 +63,7 @@ STATE=/var/lib/stream-reconciler
 DEFAULT_SPECS=/srv/stream-reconciler/specs
 UNIT_DIR=/etc/systemd/system
 WRAPPER=/usr/local/bin/reconciler
+INSTALL_LOG=/var/log/stream-reconciler-install.log
 SERVICE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # systemd's, so the archive finds the daemon's java
 # The system's Python, not the first on PATH: the virtualenv links to it, and one in root's
 # home (pyenv) is out of the service user's reach.
@@ -99,6 +102,8 @@ FROM=$(realpath -m -- "$FROM")
 [ -z "$ROOT" ] || ROOT=$(realpath -m -- "$ROOT")
 cd "$CHECKOUT"
 
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
 # shellcheck source=scripts/lib/apt.sh
 source scripts/lib/apt.sh
 
@@ -190,6 +195,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
     fi
     specs=$(awk '/^specs:/ { print $2 }' "$ROOT$CONF_DIR/config.yaml" 2>/dev/null || true)
     rm -rf "$ROOT$CONF_DIR" "$ROOT$STATE"
+    rm -f "$ROOT$INSTALL_LOG"
     for dir in "${specs:-$DEFAULT_SPECS}" "$(dirname "$DEFAULT_SPECS")"; do
         if [ -d "$ROOT$dir" ]; then
             rmdir "$ROOT$dir" 2>/dev/null && say "removed the empty $dir" \
@@ -208,6 +214,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
 fi
 
 # =============================================================== install or upgrade
+step_log_start "$ROOT$INSTALL_LOG" "$@"
 UPGRADE=0
 [ -x "$VENV/bin/reconciler" ] && UPGRADE=1
 
@@ -264,33 +271,33 @@ if [ -x "$VENV/bin/python" ] && ! vpython -c 'import sys' >/dev/null 2>&1; then
     UPGRADE=0
 fi
 if [ ! -x "$VENV/bin/python" ]; then
-    say "creating the virtualenv $PREFIX"
     mkdir -p "$(dirname "$VENV")"
-    "$PYTHON" -m venv "$VENV"
+    step "creating the virtualenv $PREFIX" "$PYTHON" -m venv "$VENV"
 fi
 old_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))' \
     2>/dev/null || true)
 BUILD=$(mktemp -d)
 trap 'rm -rf "$BUILD"' EXIT
 if [ -d "$FROM" ]; then
-    say "building the wheel of $FROM"
     # pip builds in the checkout: leave it as it was (an egg-info there would shadow the
     # version of a development virtualenv run from it)
     leftovers=()
     for made in build stream_reconciler.egg-info; do
         [ -e "$FROM/$made" ] || leftovers+=("$FROM/$made")
     done
-    vpython -m pip wheel -q --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
+    step "building the wheel of $FROM" vpython -m pip wheel --disable-pip-version-check --no-deps -w "$BUILD" "$FROM"
     rm -rf "${leftovers[@]}"
     WHEEL=$(ls "$BUILD"/stream_reconciler-*.whl)
 else
     WHEEL=$FROM
 fi
-say "installing $(basename "$WHEEL") (the package alone: no test or demo extras)"
 # The dependencies first, then the package itself again: pip keeps an installed
 # package of the same version as it is, which an in-place upgrade must not.
-vpython -m pip install -q --disable-pip-version-check "$WHEEL"
-vpython -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
+install_wheel() {
+    vpython -m pip install --disable-pip-version-check "$WHEEL" \
+        && vpython -m pip install --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
+}
+step "installing $(basename "$WHEEL") (the package alone: no test or demo extras)" install_wheel
 new_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))')
 if [ "$HAVE_USER" -eq 1 ] && [ "$IS_ROOT" -eq 1 ] && ! as_service "$VENV/bin/reconciler" --version >/dev/null; then
     die "$SERVICE_USER cannot run $PREFIX/bin/reconciler (does its Python, $(readlink -f "$VENV/bin/python"), lie in a directory only root may enter?)"
@@ -359,9 +366,8 @@ else
     if [ -n "$have" ]; then
         say "Spark class archive found: ${have#"$ROOT"}"
     else
-        say "building Spark's class archive as $SERVICE_USER (about 30 s)"
-        if ! as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds >"$BUILD/sparkcds.log" 2>&1; then
-            tail -n 20 "$BUILD/sparkcds.log" >&2
+        if ! step "building Spark's class archive as $SERVICE_USER (about 30 s)" \
+                as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds; then
             say "no class archive (the daemon starts Spark without it, slower)"
         fi
         have=$(as_service "$VENV/bin/python" -I -c \

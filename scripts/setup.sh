@@ -9,6 +9,8 @@
 #     chromium for the status page's browser test, and systemd's analyzer
 #     (systemd-analyze verify checks the unit file and the installed service).
 # apt-get update runs once, and only when something must be installed.
+# One line per step on the terminal; the steps' own output (pip, apt-get, the JVM that builds
+# the class archive) goes to setup.log in the checkout, which a failure's message names.
 set -euo pipefail
 
 usage() { echo "usage: $0 [--with-test-services]" >&2; }
@@ -27,8 +29,11 @@ ROOT=$(pwd)
 
 say() { echo "setup: $*"; }
 
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
 # shellcheck source=scripts/lib/apt.sh
 source scripts/lib/apt.sh
+step_log_start "$ROOT/setup.log" "$@"
 
 # ---------------------------------------------------------------- Python virtualenv
 PY=${PYTHON:-python3}
@@ -49,8 +54,7 @@ if [ ! -x .venv/bin/python ]; then
         ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
         apt_install "python${ver}-venv" || apt_install python3-venv
     fi
-    say "creating .venv"
-    "$PY" -m venv .venv
+    step "creating .venv" "$PY" -m venv .venv
 fi
 
 # Reinstall only when pyproject.toml changed since the last successful install.
@@ -58,8 +62,8 @@ STAMP=.venv/.reconciler-setup-stamp
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] \
         || ! .venv/bin/python -c 'import reconciler, pytest' >/dev/null 2>&1; then
-    say "pip install -e '.[test,demo]' (into .venv)"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,demo]'
+    step "pip install -e '.[test,demo]' (into .venv)" \
+        .venv/bin/python -m pip install --disable-pip-version-check -e '.[test,demo]'
     echo "$want" > "$STAMP"
 else
     say ".venv is up to date"
@@ -88,8 +92,9 @@ fi
 if .venv/bin/python -c 'import sys; from reconciler.pipeline.sparkcds import java_options; sys.exit(0 if java_options() else 1)' 2>/dev/null; then
     say "Spark class archive found"
 else
-    say "building Spark's class archive (about 30 s, once)"
-    .venv/bin/python -m reconciler.pipeline.sparkcds || say "no class archive (Spark starts without it, slower)"
+    # The JVM that builds it prints a warning per class it cannot share (hundreds): the log keeps them.
+    step "building Spark's class archive (about 30 s, once)" .venv/bin/python -m reconciler.pipeline.sparkcds \
+        || say "no class archive (Spark starts without it, slower)"
 fi
 
 # ---------------------------------------------------------------- test services
@@ -128,4 +133,4 @@ if [ "$WITH_SERVICES" -eq 1 ]; then
     fi
 fi
 
-say "done ($ROOT)"
+say "done ($ROOT; the steps' output is in $STEP_LOG)"

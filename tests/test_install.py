@@ -145,6 +145,26 @@ def test_the_staged_install_lays_out_the_service(staged):
     assert subprocess.run(["sh", "-n", str(wrapper)]).returncode == 0
     # the archive needs the user in the host's user database: built in the namespace test
     assert "no Spark class archive: this host has no user stream-reconciler" in output
+    # one line per step; pip's own output is in the log, which names each step it ran
+    strays = [line for line in output.splitlines() if not line.startswith("install: ")]
+    assert not strays, strays[:20]
+    log = (root / "var" / "log" / "stream-reconciler-install.log").read_text()
+    assert "==> installing stream_reconciler-" in log and "Successfully installed" in log
+
+
+def test_a_failed_step_names_its_log_and_shows_its_end(tmp_path):
+    """``scripts/lib/steps.sh`` on its own: the step's output goes to the log, and a failure
+    says which step, its exit code and the log's path, with the log's last lines."""
+    script = (f"set -euo pipefail; say() {{ echo \"t: $*\"; }}; source {ROOT}/scripts/lib/steps.sh; "
+              f"step_log_start {tmp_path}/t.log; step 'quiet one' sh -c 'echo chatter; echo more >&2'; "
+              "step 'loud failure' sh -c 'echo the cause; exit 3'; echo not reached")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3
+    assert r.stdout == "t: quiet one\nt: loud failure\n"
+    assert f"failed (exit 3): loud failure; its output is in {tmp_path}/t.log" in r.stderr
+    assert "    the cause" in r.stderr and "not reached" not in r.stdout
+    log = (tmp_path / "t.log").read_text()
+    assert "==> quiet one" in log and "chatter" in log and "more" in log and "the cause" in log
 
 
 def wheel_version(staged) -> str:
@@ -177,7 +197,7 @@ def test_specs_and_segments_elsewhere_get_a_drop_in(tmp_path, staged, wheel):
 def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], timeout: float = 900) -> dict:
     """Run bash ``steps`` (name, command) in a private mount namespace where the staged tree
     lies over the host's directories; returns name -> (exit code, output)."""
-    layers = ["etc", "opt", "srv", "var/lib", "usr/local"]
+    layers = ["etc", "opt", "srv", "var/lib", "var/log", "usr/local"]
     mounts = []
     for d in layers:
         for part in ("up", "work"):
@@ -312,6 +332,7 @@ def test_uninstall_keeps_the_data_and_purge_removes_it(staged):
         spec.write_text((ROOT / "examples" / "kafka-clicks.yaml").read_text())
     out = install("--root", str(root), "--uninstall", "--purge")
     assert not (root / "etc" / "stream-reconciler").exists() and not (root / "var" / "lib" / "stream-reconciler").exists()
+    assert not (root / "var" / "log" / "stream-reconciler-install.log").exists()
     assert passwd_entry(root) is None
     assert USER not in (root / "etc" / "group").read_text()
     assert spec.is_file() and "kept /srv/stream-reconciler/specs: it is not empty" in out  # the config repo's

@@ -205,7 +205,8 @@ class RuntimeManager:
     def _done(self, sid: str, outcome: StepOutcome) -> None:
         with self._lock:
             step = self.running.pop(sid, None)
-            self.due[sid] = time.monotonic() + outcome.delay
+            since = step.started if step is not None and outcome.cadence else time.monotonic()
+            self.due[sid] = since + outcome.delay
             if (outcome.done or self._stop.is_set()) and sid in self.runtimes:
                 self.runtimes.pop(sid).close()
                 self.due.pop(sid, None)

@@ -25,7 +25,7 @@ from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
-from reconciler.runtime.batching import batch_budget, caught_up, cut_ranges
+from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
 from reconciler.table.writeids import new_write_id
@@ -74,6 +74,10 @@ class StepOutcome:
     delay: float  # seconds until this runtime should step again
     records: int = 0
     done: bool = False  # bounded supervisor completed, or no longer runnable
+    # The delay counts from when the step started, not from when it ended: batches are cut
+    # every taskDuration (a fixed cadence), so a record waits for the next cut, not for
+    # the cut plus the time the last batch took to read and publish.
+    cadence: bool = False
 
 
 @dataclass
@@ -138,7 +142,7 @@ class SupervisorRuntime:
                 return StepOutcome(0.0, done=True)
             self._report(rec, State.IDLE, DetailedState.IDLE, None)
             self.failures = 0
-            return StepOutcome(spec.task_duration)
+            return StepOutcome(spec.task_duration, cadence=True)
         checkpoint, blocked = self._past_retention(rec, spec, adapter, checkpoint, target)
         if blocked:
             return blocked
@@ -149,7 +153,7 @@ class SupervisorRuntime:
         self.failures = 0
         more = not caught_up({r.partition: r.end for r in ranges} | {
             p: o for p, o in checkpoint.items() if p not in {r.partition for r in ranges}}, target)
-        return StepOutcome(0.0 if more else spec.task_duration, records=records)
+        return StepOutcome(0.0 if more else spec.task_duration, records=records, cadence=True)
 
     def _init_checkpoints(self, rec, spec, adapter, checkpoint, latest):
         missing = set(latest) - set(checkpoint)
@@ -218,8 +222,12 @@ class SupervisorRuntime:
         self.ctx.store.begin_write(batch_id, "batch", tables=[ds.datasource, dead_name], supervisor_id=rec.id)
         planned = time.monotonic()
         faults.point("write-begun", rec.id)
+        # Sub-ranges, not partitions, are the unit of parallelism: exactly once does not depend
+        # on how they are cut, since the publish commits the whole batch (every task's files
+        # and the checkpoints at the ranges' ends) or nothing.
+        tasks = batch_tasks(ranges, spec.task_count, bounded=rec.bounded)
         try:
-            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=spec.task_count)
+            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=tasks)
         except Exception:  # a failed job's partial output must not linger
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise

@@ -1,6 +1,12 @@
 # apt_install PACKAGE...: install Debian packages, once per script run and only when called
 # (callers check first what is missing). Sourced by scripts/setup.sh and scripts/install.sh;
 # needs `say` defined by the caller. Runs as root, or through sudo when there is one.
+# apt-get's output goes to the caller's step log (scripts/lib/steps.sh).
+
+if [ "$(type -t step)" != function ]; then
+    # shellcheck source=scripts/lib/steps.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+fi
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
@@ -26,16 +32,13 @@ apt_install() {
         added_policy=1
     fi
     local rc=0
-    {
-        if [ "$APT_UPDATED" -eq 0 ]; then
-            say "apt-get update"
-            "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-            APT_UPDATED=1
-        fi
-        say "apt-get install $*"
-        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends "$@" >/dev/null
-    } || rc=$?
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        # A failed update (one unreachable mirror) still leaves lists the install may use.
+        step "apt-get update" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq || true
+        APT_UPDATED=1
+    fi
+    step "apt-get install $*" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends "$@" || rc=$?
     if [ "$added_policy" -eq 1 ]; then
         "${SUDO[@]}" rm -f "$policy"
     fi

@@ -6,7 +6,8 @@ records that do not parse (dead letters), and retention deleting the oldest reco
 ``ModelAdapter`` answers the runtime's position questions from it, and ``ModelJob`` is
 the batch job (``reconciler.runtime.jobs.BatchJob``): it writes the records of a batch's
 ranges as Parquet files with pyarrow, exactly where and how the product's sink does
-(one file per time chunk under the batch directory, dead letters beside, fsynced), and
+(the ranges cut into ``task_count`` offset sub-ranges by the product's ``split_ranges``, one
+file per (task, time chunk) under the batch directory, dead letters beside, fsynced), and
 reports what it wrote. Everything else the explorer drives is the product's own code.
 """
 
@@ -158,24 +159,29 @@ class ModelJob:
         return ROW_SCHEMA, DEAD_SCHEMA
 
     def run(self, spec, ranges: Sequence, batch_id: str, *, data_dir: Path, dead_dir: Path, task_count: int):
-        good: list[Record] = []
+        from reconciler.pipeline.sources import split_ranges
+
         bad: list[Record] = []
         counts: dict[str, int] = {}
-        for rng in ranges:
-            recs = self.stream.read(rng.partition, rng.start, rng.end)
-            counts[rng.partition] = counts.get(rng.partition, 0) + len(recs)
-            for r in recs:
-                (bad if r.bad else good).append(r)
         files = []
-        by_chunk: dict[str, list[Record]] = {}
-        for r in good:
-            by_chunk.setdefault(r.time.strftime("%Y%m%dT%H00Z"), []).append(r)
-        for i, (chunk, recs) in enumerate(sorted(by_chunk.items())):
-            path = Path(data_dir) / f"time_chunk={chunk}" / f"part-{i:05d}.parquet"
-            files.append(_write(path, pa.table({
-                "__time": pa.array([r.time for r in recs], pa.timestamp("us", tz="UTC")),
-                "id": [r.key for r in recs], "__partition": [r.partition for r in recs],
-                "__offset": pa.array([r.offset for r in recs], pa.int64())}, schema=ROW_SCHEMA), chunk))
+        # As Spark's tasks do: each task reads its sub-ranges (a partition's range may be cut
+        # between tasks) and writes its own file per time chunk.
+        for task, group in enumerate(split_ranges(list(ranges), task_count)):
+            good: list[Record] = []
+            for rng in group:
+                recs = self.stream.read(rng.partition, rng.start, rng.end)
+                counts[rng.partition] = counts.get(rng.partition, 0) + len(recs)
+                for r in recs:
+                    (bad if r.bad else good).append(r)
+            by_chunk: dict[str, list[Record]] = {}
+            for r in good:
+                by_chunk.setdefault(r.time.strftime("%Y%m%dT%H00Z"), []).append(r)
+            for chunk, recs in sorted(by_chunk.items()):
+                path = Path(data_dir) / f"time_chunk={chunk}" / f"part-{task:05d}.parquet"
+                files.append(_write(path, pa.table({
+                    "__time": pa.array([r.time for r in recs], pa.timestamp("us", tz="UTC")),
+                    "id": [r.key for r in recs], "__partition": [r.partition for r in recs],
+                    "__offset": pa.array([r.offset for r in recs], pa.int64())}, schema=ROW_SCHEMA), chunk))
         dead = []
         if bad:
             path = Path(dead_dir) / "part-00000.parquet"

@@ -38,7 +38,8 @@ from tests.explorer.model import DEAD_SCHEMA, ROW_SCHEMA, ModelAdapter, ModelJob
 
 DATASOURCE = "clicks"
 MAIN = "clicks"
-FAR = datetime(2100, 1, 1, tzinfo=UTC)  # "now" for compaction: every partition is closed
+FAR = datetime(2100, 1, 1, tzinfo=UTC)
+BACKFILL_TASKS = 2  # "now" for compaction: every partition is closed
 
 
 def spec_document(*, rollup: bool = False, max_batch_records: int = 12, datasource: str = DATASOURCE,
@@ -48,7 +49,7 @@ def spec_document(*, rollup: bool = False, max_batch_records: int = 12, datasour
         "id": sid,
         "source": {"type": "kafka", "bootstrapServers": "model:9092", "topic": "clicks"},
         "startFrom": "earliest",
-        "taskCount": 1,
+        "taskCount": 3,  # more tasks than partitions: a batch's ranges are cut inside a partition
         "taskDuration": "1s",
         "maxBatchRecords": max_batch_records,
         "onRetentionLoss": "continue",
@@ -172,8 +173,9 @@ class World:
                 self.step(proc, rec.id, steps)
 
     def reset(self, proc: Process, backfill: bool = True) -> None:
+        # Two tasks: a backfill's ranges are cut into offset sub-ranges, one partition's too (issue 30).
         req = from_cli(MAIN, Position("latest"), operation_id=uuid.uuid4().hex[:12], backfill=backfill,
-                       reason="explorer")
+                       backfill_task_count=BACKFILL_TASKS, reason="explorer")
         applier = Applier(proc.store, actor="explorer", capture=lambda spec, pos, now: (
             self.stream.positions(), self.stream.earliest()), missing_retry_delays=())
         kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET

@@ -111,3 +111,33 @@ def test_the_limit_is_the_step_timeout_setting(monkeypatch, tmp_path):
     monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "none.yaml")
     assert settings_mod.load({}, None, env={}).step_timeout == manager_mod.STEP_TIMEOUT
     assert settings_mod.load({}, None, env={"RECONCILER_STEP_TIMEOUT": "90s"}).step_timeout == 90.0
+
+
+@pytest.mark.parametrize("cadence", [True, False])
+def test_batches_are_cut_on_a_fixed_cadence(store, tmp_path, monkeypatch, cadence):
+    """A step that took 0.3 s of a 0.5 s taskDuration is stepped again 0.5 s after it
+    started (a fixed cadence: records wait for the next cut, not for the cut plus the last
+    batch's work); a back-off (a failure's delay) still counts from when the step ended."""
+    starts: list[float] = []
+
+    def step(self: SupervisorRuntime) -> StepOutcome:
+        if self.supervisor_id != "good":
+            return StepOutcome(60.0)
+        starts.append(time.monotonic())
+        time.sleep(0.3)
+        return StepOutcome(0.5, records=1, cadence=cadence)
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = RuntimeManager(ctx, workers=2, refresh=0.01)
+    manager.start()
+    try:
+        _wait(lambda: len(starts) >= 6, 10, "six steps")
+    finally:
+        manager.stop(wait=True)
+    gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:], strict=False))  # the first step starts at once
+    median = gaps[len(gaps) // 2]
+    if cadence:
+        assert 0.45 <= median < 0.7, gaps
+    else:
+        assert median >= 0.78, gaps

@@ -309,6 +309,41 @@ def test_offset_gaps_from_transaction_markers_end_the_range(kafka_broker, topic,
     assert time.monotonic() - started < 4, "waited for the marker's offset"
 
 
+def test_sub_ranges_cut_at_transaction_markers_read_every_record_once(kafka_broker, topic):
+    """A batch's range split for several tasks (``split_ranges``) may start or end on a commit
+    marker's offset, or hold nothing but one: each sub-range still ends without waiting for
+    the marker, and together they deliver every record once."""
+    from confluent_kafka import Producer
+
+    from reconciler.pipeline.sources import split_ranges
+
+    name = topic(partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": f"tx-{name}",
+                         "batch.num.messages": 1, "linger.ms": 0})
+    producer.init_transactions(10)
+    for t in range(4):  # offsets 5t..5t+3 hold records, 5t+4 the commit marker
+        producer.begin_transaction()
+        for i in range(4):
+            producer.produce(name, key=b"k%d-%d" % (t, i), value=b"v", partition=0)
+        producer.commit_transaction(10)
+    source = _source(kafka_broker, name)
+    adapter = KafkaAdapter(source)
+    try:
+        end = adapter.latest()["0"]
+    finally:
+        adapter.close()
+    assert end == 20  # the range ends in a gap: its last offset is a marker
+    records = [o for o in range(end) if o % 5 != 4]
+    reader = KafkaRangeReader(source, timeout=5)
+    for tasks in (2, 3, 4, 5, 20):  # cuts at 10 (just past a marker), 4 and 9 (on markers), ...
+        groups = split_ranges([PartitionRange("0", 0, end)], tasks)
+        cuts = [sub.start for group in groups for sub in group]
+        started = time.monotonic()
+        got = [o for group in groups for sub in group for b in reader.read(sub) for o in b["offset"].to_pylist()]
+        assert sorted(got) == records, (tasks, cuts)
+        assert time.monotonic() - started < 4 + tasks * 0.2, f"waited for a marker's offset ({tasks} tasks)"
+
+
 class _FakeWatermarks:
     def __init__(self, low: int, high: int):
         self.marks = (low, high)

@@ -1,0 +1,293 @@
+"""Freshness: how long after the broker acknowledged a record it is visible in the table.
+
+Prints ONE JSON document on stdout (logs go to stderr). Starts a Tansu broker
+(``devservices``), a topic, and the daemon in this process (``Daemon.run`` in a thread)
+with one supervisor (``taskDuration`` as given, 1 s by default). After a warm-up batch, a
+producer sends records at a steady rate for ``--seconds`` and notes when the broker
+acknowledged each one (its delivery report, with its partition and offset). Meanwhile:
+
+* the daemon's side: the committed checkpoints are polled every 5 ms. A checkpoint moves
+  in the same database transaction as the table's snapshot pointer, so the first poll
+  that sees ``checkpoint[p] > offset`` is when the record became visible to every reader
+  of the table;
+* the baseline, in the same run: a raw consumer (confluent-kafka, assigned to every
+  partition from the start) notes when it received each record: the floor that no
+  pipeline reading from this broker can beat.
+
+Latency is visible (or received) minus acknowledged, per record; the JSON holds p50, p95,
+p99 and max of both, the commits seen and their median interval, and the exactly-once
+verification of the table (every key once).
+
+Usage: ``.venv/bin/python benchmarks/freshness.py [--rate 20000] [--seconds 30]
+[--task-duration 1s] [--partitions 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ingest import _verify  # noqa: E402  (through the catalog: the committed snapshot only)
+
+import devservices  # noqa: E402
+from reconciler import logs  # noqa: E402
+from reconciler import settings as settings_mod  # noqa: E402
+from reconciler.daemon import Daemon  # noqa: E402
+from reconciler.store.store import Store  # noqa: E402
+
+log = logging.getLogger("bench")
+ID = "fresh"
+POLL_EVERY = 0.005
+
+
+def _spec(bootstrap: str, topic: str, task_duration: str) -> str:
+    return f"""id: {ID}
+source: {{type: kafka, bootstrapServers: "{bootstrap}", topic: {topic}}}
+taskCount: 1
+taskDuration: {task_duration}
+maxBatchRecords: 1000000
+dataSchema:
+  datasource: {ID}
+  timestamp: {{column: ts, format: millis}}
+  dimensions: [id, user, page]
+  granularity: {{segment: hour, query: none, rollup: false}}
+"""
+
+
+def _pct(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+
+    def rank(q: float) -> float:  # nearest rank
+        return round(s[max(0, math.ceil(q * len(s)) - 1)], 4)
+
+    return {"p50": rank(0.50), "p95": rank(0.95), "p99": rank(0.99), "max": round(s[-1], 4),
+            "mean": round(statistics.fmean(s), 4), "n": len(s)}
+
+
+def _record(i: int) -> tuple[bytes, bytes]:
+    key = f"k{i:08d}"
+    value = json.dumps({"id": key, "ts": int(time.time() * 1000), "user": f"u{i % 97}",
+                        "page": f"/p{i % 13}"}, separators=(",", ":"))
+    return key.encode(), value.encode()
+
+
+class _Producer:
+    """Produces ``rate`` records a second in 10 ms slices; notes each acknowledgement."""
+
+    def __init__(self, bootstrap: str, topic: str, start: int):
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.next = start
+        self.acks: dict[tuple[int, int], float] = {}
+        self.errors: list[str] = []
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all",
+                                  "log_level": 2, "queue.buffering.max.messages": 1_000_000})
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.acks[(msg.partition(), msg.offset())] = time.monotonic()
+
+    def seal(self, partitions: int) -> int:
+        """One last record alone in its batch per partition: Tansu answers ``latest`` with
+        the last batch's base offset + 1, so a multi-record last batch would never look
+        complete (devservices.produce_kafka does the same)."""
+        for p in range(partitions):
+            key, value = _record(self.next)
+            self.producer.produce(self.topic, value, key, partition=p, on_delivery=self._delivered)
+            self.next += 1
+            self.producer.flush(60)
+        return partitions
+
+    def run(self, rate: int, seconds: float) -> int:
+        began = time.monotonic()
+        sent = 0
+        while (elapsed := time.monotonic() - began) < seconds:
+            due = int(rate * elapsed) - sent
+            for _ in range(due):
+                key, value = _record(self.next)
+                self.producer.produce(self.topic, value, key, on_delivery=self._delivered)
+                self.next += 1
+                sent += 1
+            self.producer.poll(0)
+            time.sleep(0.002)
+        self.producer.flush(60)
+        return sent
+
+
+class _RawConsumer:
+    """The baseline: a plain consumer assigned to every partition, noting when each record arrives."""
+
+    def __init__(self, bootstrap: str, topic: str, starts: dict[int, int]):
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.seen: dict[tuple[int, int], float] = {}
+        self.stop = threading.Event()
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "freshness-baseline",
+                                  "enable.auto.commit": False, "fetch.wait.max.ms": 10, "log_level": 2})
+        self.consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        self.thread = threading.Thread(target=self._run, name="raw-consumer", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for msg in self.consumer.consume(10_000, timeout=0.05):
+                if msg.error() is None:
+                    self.seen[(msg.partition(), msg.offset())] = time.monotonic()
+        self.consumer.close()
+
+
+class _CheckpointPoller:
+    """When each committed checkpoint value was first seen, per partition."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.seen: dict[int, list[tuple[int, float]]] = {}  # partition -> [(checkpoint, first seen)]
+        self.commits = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="checkpoint-poller", daemon=True)
+
+    def _run(self) -> None:
+        last: dict[str, int] = {}
+        while not self.stop.is_set():
+            now = time.monotonic()
+            current = self.store.checkpoints(ID)
+            if current != last:
+                self.commits += 1
+                for p, o in current.items():
+                    if o != last.get(p):
+                        self.seen.setdefault(int(p), []).append((o, now))
+                last = current
+            time.sleep(POLL_EVERY)
+
+    def visible_at(self, partition: int, offset: int) -> float | None:
+        points = self.seen.get(partition, [])
+        i = bisect_right([o for o, _ in points], offset)  # the first checkpoint > offset
+        return points[i][1] if i < len(points) else None
+
+
+def _wait(cond, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _store(s) -> Store | None:
+    if not Path(s.db_url.removeprefix("sqlite:///")).exists():
+        return None
+    store = Store(s.db_url)
+    try:
+        if store.get(ID) is None:
+            store.close()
+            return None
+    except Exception:  # noqa: BLE001 - the daemon is still creating the database
+        store.close()
+        return None
+    return store
+
+
+def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: int, work: Path) -> dict[str, Any]:
+    broker = devservices.TansuBroker().start()
+    try:
+        broker.create_topic(ID, partitions)
+        ends = devservices.produce_kafka(broker.bootstrap, ID, devservices.make_records(warmup))
+        specs = work / "specs"
+        specs.mkdir(parents=True)
+        (specs / f"{ID}.yaml").write_text(_spec(broker.bootstrap, ID, task_duration))
+        s = settings_mod.load({"specs": str(specs), "state_dir": str(work / "state"), "spark_master": "local[2]",
+                               "http": ""}, config="/dev/null", env={})
+        daemon = Daemon(s)
+        thread = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+        thread.start()
+        store = _wait(lambda: _store(s), 60, "the database")
+        _wait(lambda: sum(store.checkpoints(ID).values()) >= warmup, 300, "the warm-up batch", every=0.2)
+        starts = {p: ends.get(p, 0) for p in range(partitions)}
+        raw = _RawConsumer(broker.bootstrap, ID, starts)
+        poller = _CheckpointPoller(store)
+        raw.thread.start()
+        poller.thread.start()
+        producer = _Producer(broker.bootstrap, ID, start=warmup)
+        sent = producer.run(rate, seconds)
+        sent += producer.seal(partitions)
+        if producer.errors:
+            raise RuntimeError(f"{len(producer.errors)} deliveries failed, e.g. {producer.errors[0]}")
+        last = {}
+        for p, o in producer.acks:
+            last[p] = max(last.get(p, 0), o + 1)
+        _wait(lambda: all(store.checkpoints(ID).get(str(p), 0) >= o for p, o in last.items()), 300,
+              "every record committed", every=0.1)
+        time.sleep(0.1)
+        poller.stop.set()
+        raw.stop.set()
+        poller.thread.join(10)
+        raw.thread.join(10)
+        daemon.request_stop()
+        thread.join(120)
+        table, floor, missing = [], [], 0
+        for (p, o), acked in producer.acks.items():
+            visible = poller.visible_at(p, o)
+            if visible is None:
+                missing += 1
+                continue
+            table.append(max(0.0, visible - acked))
+            if (p, o) in raw.seen:
+                floor.append(max(0.0, raw.seen[(p, o)] - acked))
+        commit_times = sorted({t for points in poller.seen.values() for _, t in points})
+        intervals = [b - a for a, b in zip(commit_times, commit_times[1:], strict=False)]
+        store.close()
+        return {
+            "rate_per_s": rate, "seconds": seconds, "task_duration": task_duration, "partitions": partitions,
+            "records": {"warmup": warmup, "measured": sent, "acked": len(producer.acks), "not_seen_committed": missing},
+            "visible_after_ack_s": _pct(table),
+            "baseline_raw_consumer_after_ack_s": _pct(floor) if floor else None,
+            "commits": {"seen": poller.commits,
+                        "median_interval_s": round(statistics.median(intervals), 4) if intervals else None},
+            "verify": _verify(s.segments_dir, ID, warmup + sent),
+        }
+    finally:
+        broker.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=int, default=20_000, help="records a second (default 20000)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="how long to produce (default 30)")
+    ap.add_argument("--task-duration", default="1s", help="the supervisor's taskDuration (default 1s)")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--warmup-records", type=int, default=20_000)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    logs.setup("WARNING")
+    work = Path(tempfile.mkdtemp(prefix="freshness-"))
+    try:
+        doc = run(args.rate, args.seconds, args.task_duration, args.partitions, args.warmup_records, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(doc, indent=2))
+    if not doc["verify"]["exactly_once"] or doc["records"]["not_seen_committed"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
