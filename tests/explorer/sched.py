@@ -238,8 +238,7 @@ class Scheduler:
                     break
                 actor = self._next(parked)
                 actor.state = "running"
-                actor.wake.notify()  # that actor alone: waking every thread at each switch cost
-                # a context switch each, which on a loaded machine is most of a schedule's time
+                actor.wake.notify()  # that actor alone, not every parked thread
         for actor in self.actors.values():
             actor.thread.join(5)
         for t in self._limbo:
