@@ -99,6 +99,7 @@ class Actor:
     point: str | None = None
     outcome: str = ""
     thread: threading.Thread | None = None
+    wake: threading.Condition | None = None  # on the scheduler's lock: only this actor waits on it
 
 
 class Scheduler:
@@ -107,7 +108,8 @@ class Scheduler:
         self.rng = rng
         self.hang = hang
         self.plan = plan
-        self.cond = threading.Condition()
+        self._mutex = threading.Lock()
+        self.cond = threading.Condition(self._mutex)  # the scheduler waits on it; each actor on its own
         self.actors: dict[str, Actor] = {}
         self._by_thread: dict[int, Actor] = {}
         self.dead: set[str] = set()  # processes
@@ -124,7 +126,7 @@ class Scheduler:
     # -- set-up --------------------------------------------------------------------------
 
     def spawn(self, name: str, process: str, fn: Callable[[], None]) -> None:
-        self.actors[name] = Actor(name, process, fn)
+        self.actors[name] = Actor(name, process, fn, wake=threading.Condition(self._mutex))
 
     def kill_process(self, process: str) -> None:
         self.dead.add(process)
@@ -195,9 +197,9 @@ class Scheduler:
     def _park(self, actor: Actor, point: str) -> None:
         with self.cond:
             actor.state, actor.point = "parked", point
-            self.cond.notify_all()
+            self.cond.notify()  # the scheduler: the only one waiting on ``cond``
             while actor.state != "running":
-                self.cond.wait()
+                actor.wake.wait()
 
     # -- running ---------------------------------------------------------------------------
 
@@ -214,7 +216,7 @@ class Scheduler:
         finally:
             with self.cond:
                 actor.state = "done"
-                self.cond.notify_all()
+                self.cond.notify()
 
     def run(self) -> None:
         """Run every actor to its end (or death), one at a time."""
@@ -236,7 +238,7 @@ class Scheduler:
                     break
                 actor = self._next(parked)
                 actor.state = "running"
-                self.cond.notify_all()
+                actor.wake.notify()  # that actor alone, not every parked thread
         for actor in self.actors.values():
             actor.thread.join(5)
         for t in self._limbo:

@@ -2,11 +2,16 @@
 
 * every named schedule (each defect of issue 28, replayed) on SQLite and on the real
   PostgreSQL;
-* random schedules: ``RECONCILER_EXPLORER_SCHEDULES`` per database (default 1,000, so
-  2,000 a run), from a first seed that changes every run (``RECONCILER_EXPLORER_SEED`` to
-  fix it), on two worker processes; ``--soak``: 50,000 per database.
+* random schedules: ``RECONCILER_EXPLORER_SCHEDULES`` in all (default 2,000), 70 % on
+  SQLite and 30 % on PostgreSQL (1,400 + 600: a PostgreSQL schedule costs about twice a
+  SQLite one, its server sharing the cores), from a first seed that changes every run
+  (``RECONCILER_EXPLORER_SEED`` to fix it), on two worker processes; ``--soak``: 100,000
+  in all (70,000 + 30,000).
 
-A failing schedule is reported with the one-line command that replays it.
+Each part prints its count, elapsed seconds and the faults it injected (``-s``), records
+them as a property of the test (``--junitxml``) and in the terminal summary ("schedule
+explorer", ``conftest.py``). A failing schedule is reported with the one-line command that
+replays it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +29,15 @@ import pytest
 from tests.explorer.__main__ import explore, scratch
 from tests.explorer.schedules import NAMED, Runner, many_batch_directories
 
-SCHEDULES = int(os.environ.get("RECONCILER_EXPLORER_SCHEDULES", "1000"))
-SOAK_SCHEDULES = 50_000
+SCHEDULES = int(os.environ.get("RECONCILER_EXPLORER_SCHEDULES", "2000"))
+SOAK_SCHEDULES = 100_000
+SHARE = {"sqlite": 0.7, "postgres": 0.3}  # of the random schedules, per database
+
+
+def split(total: int) -> dict[str, int]:
+    """How many random schedules each database runs: ``total`` in all, SQLite the rest."""
+    postgres = round(total * SHARE["postgres"])
+    return {"sqlite": total - postgres, "postgres": postgres}
 
 
 def _replays(results: list[dict]) -> str:
@@ -34,6 +48,27 @@ def _replays(results: list[dict]) -> str:
             lines.append(f"{r['name']} seed {r['seed']}: {'; '.join(r['problems'])[:400]}\n"
                          f"  replay: .venv/bin/python -m tests.explorer --db {r['db']} {what} -v")
     return "\n".join(lines)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children (the explorer's workers once their pool
+    closed): what a part costs on cores of its own, whatever else the machine runs (the
+    PostgreSQL server's share aside)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _server_cpu(cluster) -> float:
+    """CPU seconds of the PostgreSQL server (the postmaster and its ended backends), 0 when
+    there is none or it cannot be read."""
+    if cluster is None:
+        return 0.0
+    try:
+        pid = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
 
 
 def _named(name: str, db: str):
@@ -69,20 +104,30 @@ def test_named_schedule_on_postgresql(name, pg_cluster):
 
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
                                                                           pytest.mark.integration])])
-def test_random_schedules(db, request, capsys):
-    count = SOAK_SCHEDULES if request.config.getoption("--soak") else SCHEDULES
+def test_random_schedules(db, request, capsys, record_property):
+    total = SOAK_SCHEDULES if request.config.getoption("--soak") else SCHEDULES
+    count = split(total)[db]
     first = int(os.environ.get("RECONCILER_EXPLORER_SEED", random.randrange(1 << 31)))
+    if db == "postgres":  # the SQLite part runs the seeds before
+        first += split(total)["sqlite"]
     cluster = request.getfixturevalue("pg_cluster") if db == "postgres" else None
+    started, cpu, server = time.monotonic(), _children_cpu(), _server_cpu(cluster)
     with tempfile.TemporaryDirectory(prefix="explorer-", dir=scratch()) as tmp:
         results = explore(db, [("seed", first + i) for i in range(count)], 2, Path(tmp),
                           pg_url_for=cluster.create_database if cluster else None)
+    seconds, cpu, server = time.monotonic() - started, _children_cpu() - cpu, _server_cpu(cluster) - server
     failed = [r for r in results if not r["ok"]]
     faults: dict[str, int] = {}
     for r in results:
         for f in r["faults"]:
             faults[f.split()[0]] = faults.get(f.split()[0], 0) + 1
+    summary = {"db": db, "firstSeed": first, "schedules": len(results), "failed": len(failed),
+               "seconds": round(seconds, 1), "workersCpuSeconds": round(cpu, 1),
+               **({"serverCpuSeconds": round(server, 1)} if cluster else {}),
+               "loadAverage": round(os.getloadavg()[0], 1), "faultSchedules": sum(1 for r in results if r["faults"]),
+               "faultsInjected": dict(sorted(faults.items()))}
+    record_property("explorer", summary)  # the terminal summary's (conftest.py) and --junitxml's
     with capsys.disabled():
-        print("\nexplorer: " + json.dumps({"db": db, "firstSeed": first, "schedules": len(results),
-                                           "failed": len(failed), "faultsInjected": dict(sorted(faults.items()))}))
+        print("\nexplorer: " + json.dumps(summary))
     assert len(results) == count
     assert not failed, _replays(failed)
