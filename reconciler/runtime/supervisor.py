@@ -42,7 +42,7 @@ RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR
 @dataclass
 class RuntimeContext:
     store: Store
-    segments_dir: Path
+    segments_dir: Path | str  # the warehouse: a directory, or s3://bucket/prefix
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
     metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
@@ -263,8 +263,7 @@ class SupervisorRuntime:
             segments.discard(*dirs)
             tables = self.ctx.tables()
             for name in table_names:
-                for path in tables.write_metadata_files(name, batch_id):
-                    Path(path).unlink(missing_ok=True)
+                tables.storage.delete(tables.write_metadata_files(name, batch_id))
         except Exception:  # noqa: BLE001 - still unreachable: recovery fences and deletes them
             log.warning("batch %s left for recovery", batch_id[:12], exc_info=True)
 

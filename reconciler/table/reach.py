@@ -8,7 +8,6 @@ import collections
 import logging
 import os
 import threading
-from pathlib import Path
 
 from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
 from pyiceberg.serializers import FromInputFile
@@ -136,8 +135,8 @@ def _norm(location: str) -> str:
         return location
 
 
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+def _unlink(location: str | os.PathLike[str]) -> None:
+    """Delete one file of a table (absent is fine), wherever the warehouse is (storage.py)."""
+    from reconciler.table import storage
+
+    storage.at(str(location)).delete([str(location)])

@@ -328,8 +328,10 @@ def missing_files(table) -> list[str]:
 def _exists(local_path, location: str) -> bool:
     try:
         return local_path(location).exists()
-    except ValueError:  # an object store: asked through the table's file IO
-        return True
+    except ValueError:  # an object store: one HEAD per object (storage.py)
+        from reconciler.table import storage
+
+        return bool(storage.at(location).exists([location]))
 
 
 def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot],

@@ -152,7 +152,7 @@ def settings_env(s: Settings) -> dict[str, str]:
     return {
         "RECONCILER_SPECS": s.specs,
         "RECONCILER_STATE_DIR": s.state_dir,
-        "RECONCILER_SEGMENTS": str(s.segments_dir),
+        "RECONCILER_SEGMENTS": s.warehouse,
         "RECONCILER_DB": s.db_url,
         "RECONCILER_SPARK_MASTER": s.spark_master,
         "RECONCILER_HTTP": s.http,
@@ -224,7 +224,7 @@ def open_tables(settings: Settings):
     from reconciler.store.engine import create_engine
     from reconciler.table.catalog import Tables
 
-    return Tables(create_engine(settings.db_url), settings.segments_dir)
+    return Tables(create_engine(settings.db_url), settings.warehouse)
 
 
 def table_rows(settings: Settings, name: str, columns: Sequence[str] | None = None):
