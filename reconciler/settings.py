@@ -248,7 +248,8 @@ def check_segments(value: str) -> None:
         raise PermanentError(f"{where}: {parts.scheme}:// is not supported; use a directory, file:///path "
                              "or s3://bucket/prefix")
     if not parts.netloc or parts.query or parts.fragment or "@" in parts.netloc:
-        raise PermanentError(f"{where}: {parts.scheme}://{parts.netloc}... is not s3://bucket/prefix "
+        shown = parts.netloc.rpartition("@")[2]  # never the credentials a URL may carry
+        raise PermanentError(f"{where}: {parts.scheme}://{shown}... is not s3://bucket/prefix "
                              "(credentials go in the AWS environment or objectStore, never in the URL)")
 
 

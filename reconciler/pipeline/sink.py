@@ -171,7 +171,7 @@ class _Writer(DataSourceArrowWriter):
         ctx = TaskContext.get()
         stem = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}" if ctx else \
             f"part-{uuid.uuid4().hex}"
-        files = _Files(_storage(self.path, self.store), self.path, stem, self.partition_column)
+        files = _Files(self.path, stem, self.partition_column, storage=_storage(self.path, self.store))
         try:
             for batch in iterator:
                 if batch.num_rows:
@@ -219,8 +219,10 @@ class _Writer(DataSourceArrowWriter):
 class _Files:
     """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
 
-    def __init__(self, storage: Any, root: str, stem: str, column: str | None, pending_bytes: int = PENDING_BYTES):
-        self.storage, self.root, self.stem, self.column = storage, root, stem, column
+    def __init__(self, root: str | os.PathLike[str], stem: str, column: str | None,
+                 pending_bytes: int = PENDING_BYTES, storage: Any = None):
+        self.root, self.stem, self.column = str(root), stem, column
+        self.storage = storage if storage is not None else _storage(self.root, None)
         self.writers: dict[Any, Any] = {}
         self.pending: dict[Any, list] = {}
         self.pending_rows: dict[Any, int] = {}

@@ -329,6 +329,10 @@ class SupervisorRuntime:
 
         worker = product_message(exc)  # status shows what the reader said; the log keeps Spark's wrapper
         message = worker.message if worker else f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        if isinstance(self.ctx.segments_dir, str) and "://" in self.ctx.segments_dir:
+            from reconciler.table.storage import unreachable_reason
+
+            message = unreachable_reason(exc) or message  # the store's words, not a traceback
         self.recent_errors.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "error": message[:500]})
         state = unhealthy if self.failures >= UNHEALTHY_AFTER else rec.state if rec.state != State.PENDING else State.PENDING
         self._report(rec, state, detailed, message[:2000])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -137,6 +138,24 @@ class ObjectStore:
             out["s3.force-virtual-addressing"] = str(not (self.path_style if self.path_style is not None
                                                        else True)).lower()
         return out
+
+
+_AWS_ERROR = re.compile(r"AWS Error (?P<code>[A-Z_]+)[^:]*?(?: during (?P<op>\w+) operation)?: (?P<why>[^\n]+)")
+
+
+def unreachable_reason(exc: BaseException) -> str | None:
+    """The object store's own words when ``exc`` (or the worker error Spark wraps around
+    one) is the AWS SDK failing to reach or use the store; None for any other error. What
+    ``status`` shows for an UNHEALTHY supervisor, instead of a page of traceback."""
+    text = f"{exc}\n{exc.__cause__ or ''}"
+    m = _AWS_ERROR.search(text)
+    if m is None:
+        return None
+    store = current()
+    where = store.endpoint or "AWS S3"
+    why = m["why"].strip().rstrip(".")
+    op = f" ({m['op']})" if m["op"] else ""
+    return f"the warehouse's object store {where} failed: {m['code']}{op}: {why}"
 
 
 def is_object_store(location: str | os.PathLike[str]) -> bool:

@@ -102,3 +102,60 @@ def test_ingest_reset_backfill_compact_maintain_on_a_bucket(spark, kafka_broker,
         assert tables.load("clicks").metadata_location.startswith(f"s3://{s3_bucket}/warehouse/default/clicks/")
     finally:
         tables.catalog.engine.dispose()
+
+
+def test_the_store_going_away_mid_batch_then_coming_back(spark, kafka_broker, topic, s3_server, s3_bucket,
+                                                         tmp_path):
+    """The store goes away after a batch wrote its files, before its publish: the supervisor
+    turns UNHEALTHY with the store's reason and publishes nothing; once the store is back it
+    catches up, every key once, and the lost batch's objects are cleaned up by its fence."""
+    from reconciler import faults
+
+    name = topic(partitions=2)
+    s = h.make_settings(tmp_path, segments=f"s3://{s3_bucket}/wh")
+    h.write_spec(Path(s.specs), h.spec_doc("clicks", h.kafka_source(kafka_broker.bootstrap, name,
+                                                                     **{"fetch.queue.backoff.ms": 10})))
+    produce(kafka_broker, name, 0, 1000)
+    daemon(s)
+    produce(kafka_broker, name, 1000, 1000)
+
+    gone: list[str] = []
+
+    def away(point: str, subject) -> None:
+        if point == "after-write" and not gone:
+            gone.append(str(subject))
+            s3_server.go_away()
+
+    faults.install(away)
+    try:
+        code, _ = h.run_daemon(s, until_caught_up=False, timeout=20.0)
+    finally:
+        faults.install(None)
+        if not gone:
+            s3_server.come_back()
+    assert gone == ["clicks"], "no batch reached its publish"
+    store = Store(s.db_url)
+    try:
+        rec = store.get("clicks")
+        assert str(rec.state).startswith("UNHEALTHY"), rec.state
+        status = h.cli_json(s, "status", "clicks")["supervisors"][0]
+        error = json.dumps(status)
+        assert f"the warehouse's object store {s3_server.endpoint} failed" in error, error
+        assert "NETWORK_CONNECTION" in error and "Traceback" not in error, error
+        assert sum(store.checkpoints("clicks").values()) == 1000  # nothing published meanwhile
+        s3_server.come_back()
+        daemon(s)
+        assert sum(store.checkpoints("clicks").values()) == 2000
+    finally:
+        store.close()
+    h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 2000))
+    report = h.cli_json(s, "verify", "clicks", "--deep")
+    assert report["ok"] and report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == 2000
+    # The batch the outage interrupted was fenced; orphan clean-up deletes what it left.
+    code, out = h.run_cli(s, "maintain", "clicks", "--no-expire", "--orphans-older-than", "0s", "-o", "json")
+    assert code == 0, out
+    referenced = {f.file_path for f in h.open_tables(s).load("clicks").scan().plan_files() for f in [f.file]}
+    parquet = {f"s3://{s3_bucket}/{k}" for k in s3_server.keys(s3_bucket, "wh/default/clicks/data/")
+               if k.endswith(".parquet")}
+    assert parquet == referenced
+    h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 2000))
