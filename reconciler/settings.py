@@ -50,7 +50,8 @@ class Settings:
         "env": "RECONCILER_OBJECT_STORE", "key": "objectStore",
         "help": "how to reach an s3:// warehouse, over the AWS environment (AWS_ENDPOINT_URL, AWS_REGION, "
                 "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE and its files): endpoint, region, "
-                "accessKeyId, secretAccessKey, sessionToken, pathStyle as key=value, repeatable (environment: "
+                "accessKeyId, secretAccessKey, sessionToken, pathStyle, executorEndpoint (the endpoint as the "
+                "Spark executors reach it, when not the daemon's) as key=value, repeatable (environment: "
                 "separated by ';'; config file: a map); values may be ${env:...} or ${file:...} references",
         "shown": "none (the AWS environment)", "metavar": "key=value"})
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
@@ -234,7 +235,8 @@ def _names(key: str, value: Any) -> str:
 
 # Object stores a warehouse may be on (pyarrow's filesystems and pyiceberg's file IO read them).
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "gcs")
-OBJECT_STORE_KEYS = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken", "pathStyle")
+OBJECT_STORE_KEYS = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken", "pathStyle",
+                     "executorEndpoint")
 
 
 def check_segments(value: str) -> None:

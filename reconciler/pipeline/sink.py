@@ -90,18 +90,14 @@ def committed_files(path: str | os.PathLike[str]) -> list[str] | None:
 @lru_cache(maxsize=8)
 def _storage(path: str, store_json: str | None):
     """The storage of a write's ``path`` in an executor's Python worker (reused by its tasks):
-    this host's AWS environment, and the daemon's endpoint and region where it names none."""
+    the daemon's endpoint (``objectStore.executorEndpoint`` if set), region and addressing over
+    this host's AWS environment, whose credentials it uses."""
     from reconciler.table import storage
 
     if not storage.is_object_store(path):
         return storage.at(path)
-    here = storage.ObjectStore.from_environment()  # this host's AWS environment first
     public = json.loads(store_json) if store_json else {}
-    return storage.Storage(path, storage.ObjectStore(
-        endpoint=here.endpoint or public.get("endpoint"), region=here.region or public.get("region"),
-        access_key_id=here.access_key_id, secret_access_key=here.secret_access_key,
-        session_token=here.session_token,
-        path_style=public.get("pathStyle") if here.path_style is None else here.path_style))
+    return storage.Storage(path, storage.ObjectStore.from_environment(public))
 
 
 class ParquetSink(DataSource):

@@ -79,7 +79,9 @@ def _check_bucket(session: SparkSession, warehouse: str, tasks: int | None) -> N
             f"the warehouse {warehouse} is not reachable from the Spark executors as from this process "
             f"(executor host(s) {', '.join(blind + lost)}{why}): give the executors' hosts the AWS "
             "environment (AWS_ENDPOINT_URL when the store is not AWS, AWS_REGION, and credentials: "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or an instance role) for the same store")
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or an instance role) for the same store, "
+            f"reached at {storage.current().public().executor_endpoint or storage.current().endpoint or 'AWS'} "
+            "(objectStore.executorEndpoint when they reach it by another address)")
 
 
 def _bucket_probe_task(root: str, token: str, store_json: str):

@@ -53,6 +53,7 @@ class ObjectStore:
     secret_access_key: str | None = None
     session_token: str | None = None
     path_style: bool | None = None
+    executor_endpoint: str | None = None  # the endpoint as the executors reach it, if not ``endpoint``
 
     @classmethod
     def from_environment(cls, overrides: Mapping[str, str] | None = None,
@@ -67,6 +68,7 @@ class ObjectStore:
             secret_access_key=o.get("secretAccessKey") or env.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=o.get("sessionToken") or env.get("AWS_SESSION_TOKEN") or None,
             path_style=None if path_style is None else str(path_style).lower() in ("1", "true", "yes"),
+            executor_endpoint=o.get("executorEndpoint") or None,
         )
 
     @classmethod
@@ -99,7 +101,8 @@ class ObjectStore:
 
     def to_json(self) -> str:
         """The public settings as ``objectStore`` keys (``from_environment``'s overrides)."""
-        public = {"endpoint": self.endpoint, "region": self.region, "pathStyle": self.path_style}
+        public = {"endpoint": self.executor_endpoint or self.endpoint, "region": self.region,
+                  "pathStyle": self.path_style}
         return json.dumps({k: v for k, v in public.items() if v is not None}, sort_keys=True)
 
     def s3(self, *, allow_bucket_creation: bool = False) -> pafs.S3FileSystem:
