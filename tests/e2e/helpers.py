@@ -326,12 +326,13 @@ def staging_leftovers(settings: Settings) -> list[str]:
     """Batch directories under the tables that no committed batch owns (should be none
     after a clean run or recovery)."""
     from reconciler.pipeline.segments import batch_dirs
+    from reconciler.table import storage
 
-    root = settings.segments_dir / "default"
+    files = storage.at(settings.warehouse)
     found = {}
-    if root.is_dir():
-        for table_dir in root.iterdir():
-            found.update({b: f"{table_dir.name}/{p.name}" for b, p in batch_dirs(table_dir).items()})
+    for table_dir in files.dirs(files.join(settings.warehouse, "default")):
+        name = str(table_dir).rstrip("/").rsplit("/", 1)[-1]
+        found.update({b: f"{name}/{str(p).rstrip('/').rsplit('/', 1)[-1]}" for b, p in batch_dirs(table_dir).items()})
     committed = {b["batch_id"] for b in batches(settings)}
     return sorted(path for b, path in found.items() if b not in committed)
 
