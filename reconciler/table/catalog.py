@@ -197,6 +197,7 @@ class Tables:
         self.storage = storage.at(warehouse)
         if self.storage.remote:  # an object store: no directories to make, none to fsync
             root = str(warehouse).rstrip("/")
+            self.storage.ensure_bucket()
             properties = storage.current().iceberg_properties()
         else:
             root = Path(local_path(str(warehouse))).absolute()

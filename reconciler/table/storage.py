@@ -19,11 +19,12 @@ paths (``file://`` accepted) for a local warehouse.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,6 +33,8 @@ import pyarrow.fs as pafs
 from reconciler.settings import OBJECT_SCHEMES, Settings
 from reconciler.table import durable
 from reconciler.table.locations import local_path
+
+log = logging.getLogger(__name__)
 
 # An S3-compatible store behind an endpoint answers in any region; without one pyiceberg
 # would ask AWS itself where the bucket is (a call to the internet on every new client).
@@ -50,8 +53,9 @@ class ObjectStore:
     endpoint: str | None = None
     region: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
+    # Never in a repr: an object that ends up in a message must not carry them.
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     path_style: bool | None = None
     executor_endpoint: str | None = None  # the endpoint as the executors reach it, if not ``endpoint``
 
@@ -257,6 +261,25 @@ class Storage:
         return str(Path(local_path(location), *parts))
 
     # -- operations ---------------------------------------------------------------------------
+
+    def ensure_bucket(self) -> None:
+        """The warehouse's bucket, created when it does not exist yet (a new S3-compatible
+        store); where creating buckets is not allowed (AWS with a narrow policy) the refusal
+        names the setting."""
+        if not self.remote:
+            return
+        bucket = urlsplit(self.warehouse).netloc
+        if self.fs.get_file_info(bucket).type != pafs.FileType.NotFound:
+            return
+        from reconciler.errors import PermanentError
+
+        try:
+            (self.store or current()).s3(allow_bucket_creation=True).create_dir(bucket)
+        except OSError as exc:
+            raise PermanentError(f"setting segments: the bucket {bucket} does not exist and cannot be created "
+                                 f"({unreachable_reason(exc) or exc})") from None
+        log.warning("created the bucket %s for the warehouse (it did not exist)", bucket)
+
 
     def list(self, location: str) -> dict[str, tuple[float, int]]:
         """Every file under ``location`` (recursively): location -> (mtime, size)."""

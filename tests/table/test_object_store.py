@@ -191,3 +191,16 @@ def test_orphans_on_a_bucket_keep_a_write_in_flight_and_delete_it_once_fenced(bu
     assert not storage.at(pending).exists([pending])
     assert storage.at(path).exists([path])  # referenced: never deleted
     assert tables.load("clicks").scan().to_arrow().column("id").to_pylist() == ["k"]
+
+
+def test_a_missing_bucket_is_created_once(s3_server, s3_bucket, tmp_path):
+    bucket = f"{s3_bucket}-new"
+    store = Store(f"sqlite:///{tmp_path / 'n.db'}")
+    store.migrate()
+    try:
+        tables = Tables(store.engine, f"s3://{bucket}/wh")
+        tables.ensure("clicks", SCHEMA, None)
+        assert any(k.endswith(".metadata.json") for k in s3_server.keys(bucket, "wh/default/clicks/"))
+        Tables(store.engine, f"s3://{bucket}/wh")  # exists now: nothing to do
+    finally:
+        store.close()
