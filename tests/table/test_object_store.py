@@ -191,6 +191,12 @@ def test_orphans_on_a_bucket_keep_a_write_in_flight_and_delete_it_once_fenced(bu
     assert not storage.at(pending).exists([pending])
     assert storage.at(path).exists([path])  # referenced: never deleted
     assert tables.load("clicks").scan().to_arrow().column("id").to_pylist() == ["k"]
+    # verify finds a referenced object that is gone (one listing of the table's prefix)
+    from reconciler.table.verify import missing_files
+
+    assert missing_files(tables.load("clicks")) == []
+    storage.at(path).delete([path])
+    assert missing_files(tables.load("clicks")) == [path]
 
 
 def test_a_missing_bucket_is_created_once(s3_server, s3_bucket, tmp_path):
