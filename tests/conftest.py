@@ -116,7 +116,50 @@ def pg_cluster() -> Iterator[devservices.PostgresCluster]:
         cluster.stop()
 
 
+# The S3-protocol server's address is fixed once per test session, before Spark starts: a
+# local session's Python workers inherit this process's environment when the JVM starts,
+# and take their AWS settings from it, as executors on other hosts take theirs.
+_S3_PORT: int | None = None
+
+
+def _s3_environment() -> dict[str, str]:
+    """The session's standard AWS environment (AWS_ENDPOINT_URL, keys, region), set here."""
+    global _S3_PORT
+    from devservices import s3
+
+    if _S3_PORT is None:
+        _S3_PORT = devservices.free_port()
+        env = s3.S3Server(port=_S3_PORT).env()
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+    return s3.S3Server(port=_S3_PORT).env()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[devservices.S3Server]:
+    """moto's S3 server on the session's loopback port (``_s3_environment``)."""
+    _s3_environment()
+    server = _service(lambda: devservices.S3Server(port=_S3_PORT))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh bucket; the test process's AWS environment points at the server."""
+    from reconciler.table import storage
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    storage.configure(None)  # the AWS environment, as the daemon without objectStore reads it
+    yield s3_server.create_bucket()
+    storage.configure(None)
+
+
 def _build_spark():
+    _s3_environment()
     try:
         from reconciler.pipeline.spark import get_session
     except ImportError:

@@ -207,6 +207,13 @@ def cli(ctx, config, **values):
     except ReconcilerError as exc:  # every refusal here is about a setting
         raise ConfigError(str(exc)) from None
     grants.grant(granted)  # before any client or Spark worker may resolve a reference
+    if s.remote_warehouse or s.object_store:  # an s3:// warehouse; its secret references need the grants
+        from reconciler.table import storage
+
+        try:
+            storage.configure_from(s)
+        except ReconcilerError as exc:
+            raise ConfigError(str(exc)) from None
     secrets.redact_uri(s.db_url)  # teaches the scrubber the database password, should anything quote it
     logs.setup(s.log_level, s.log_format)
 

@@ -41,6 +41,8 @@ def import_all(c, *, dry_run: bool = False, echo=click.echo) -> list:
     (``reconciler db upgrade`` calls this after the migrations). Idempotent."""
     from reconciler.table.upgrade import import_segments, old_layout_datasources
 
+    if c.settings.remote_warehouse:  # the old layout was only ever written to a directory
+        return []
     store = c.store
     segments_dir = c.settings.segments_dir
     names = old_layout_datasources(segments_dir)

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 # Not swapped by SIGHUP: what the process opened (the database, the directories, the Spark
 # session) and what a leadership term's runtimes are built with (snapshots_kept).
-RESTART_FIELDS = ("db", "segments", "state_dir", "spark_master", "spark_conf", "snapshots_kept")
+RESTART_FIELDS = ("db", "segments", "object_store", "state_dir", "spark_master", "spark_conf", "snapshots_kept")
 
 
 def _key(name: str) -> str:
@@ -132,6 +132,10 @@ class Daemon:
         s = self.settings
         _make_dirs(s)
         grants.grant(grants.Grants.from_settings(s))  # before Spark starts: its workers inherit them
+        if s.remote_warehouse or s.object_store:  # its secret references resolved with those grants
+            from reconciler.table import storage
+
+            storage.configure_from(s)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from reconciler.pipeline.spark import set_status_file
 
@@ -157,7 +161,7 @@ class Daemon:
         deadline = time.monotonic() + timeout if timeout else None
         next_tick, ready = 0.0, False
         log.info("daemon %s starting: specs=%s db=%s segments=%s", self.holder, s.specs,
-                 _redacted_url(s.db_url), s.segments_dir)
+                 _redacted_url(s.db_url), s.warehouse)
         try:
             while self.signals == 0:
                 if self.reload:
@@ -317,8 +321,10 @@ def _write_stderr(text: str) -> None:
 
 def _make_dirs(s: Settings) -> None:
     """The state and segments directories, or ``Misconfigured`` naming the setting."""
-    for key, path in (("stateDir (--state-dir, RECONCILER_STATE_DIR)", s.state_path),
-                      ("segments (--segments, RECONCILER_SEGMENTS)", s.segments_dir)):
+    dirs = [("stateDir (--state-dir, RECONCILER_STATE_DIR)", s.state_path)]
+    if not s.remote_warehouse:  # a bucket's prefix needs no directory
+        dirs.append(("segments (--segments, RECONCILER_SEGMENTS)", s.segments_dir))
+    for key, path in dirs:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -146,10 +146,10 @@ class Leadership:
     def _become_leader(self, token: int) -> None:
         previous = self.leader_seen
         settings = self._settings()
-        recover(self.store, settings.segments_dir)
+        recover(self.store, settings.warehouse)
         holder = self.holder
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
-        ctx = RuntimeContext(store=self.store, segments_dir=settings.segments_dir, spark=self._spark,
+        ctx = RuntimeContext(store=self.store, segments_dir=settings.warehouse, spark=self._spark,
                              lease=lambda: (holder, token), metrics=self._metrics,
                              snapshots_kept=settings.snapshots_kept)
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
@@ -218,4 +218,4 @@ class Leadership:
             conf = dict(settings.spark_conf)
             if not settings.spark_master.startswith("sc://"):  # a Connect server's workers are its own
                 conf = {**executor_env(Grants.from_settings(settings)), **conf}
-            return get_session(settings.spark_master, conf=conf, shared_dir=settings.segments_dir)
+            return get_session(settings.spark_master, conf=conf, shared_dir=settings.warehouse)

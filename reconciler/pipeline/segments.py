@@ -10,6 +10,11 @@ is removed by the next leader's recovery (``batch_dirs`` + the database's batch 
 One file per (Spark task, time chunk): each file lies within one partition of the
 table (``__time`` by the segment granularity), which is what Iceberg's ``add_files``
 needs to infer its partition.
+
+The warehouse may be an object store (``s3://``, through ``table.storage``): there a file
+is durable once its PUT returned (no fsync), a batch "directory" is a prefix (listed by
+it, deleted object by object: a crash half-way leaves a fenced write's remainder, which
+recovery deletes by the same prefix), and nothing is renamed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from reconciler.errors import SparkMisconfigured
 from reconciler.pipeline import sink
 from reconciler.pipeline.transform import SEGMENT, TIME
+from reconciler.table import storage
 from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
 
 SEGMENT_PREFIX = f"{SEGMENT}="
@@ -103,9 +109,33 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path]) -> None:
         list(pool.map(lambda d: _fsync_path(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)), dirs))
 
 
-def _collect(root: Path, chunked: bool) -> list[DataFile]:
+def _collect_remote(root: str, chunked: bool) -> list[DataFile]:
+    """``_collect`` on an object store: one listing by the batch's prefix."""
+    files = storage.at(root)
+    listed = sink.committed_files(root)
+    keep = {files.join(root, name) for name in listed} if listed is not None else set()
+    out: list[DataFile] = []
+    doomed = []
+    for location, (_mtime, size) in sorted(files.list(root).items()):
+        if location not in keep:
+            doomed.append(location)
+            continue
+        meta = pq.read_metadata(files.path(location), filesystem=files.fs)
+        if meta.num_rows == 0:
+            doomed.append(location)
+            continue
+        parent = location.rsplit("/", 2)[-2]
+        segment = parent[len(SEGMENT_PREFIX):] if chunked and parent.startswith(SEGMENT_PREFIX) else None
+        out.append(DataFile(location, segment, meta.num_rows, size))
+    files.delete(doomed)
+    return out
+
+
+def _collect(root: Path | str, chunked: bool) -> list[DataFile]:
     """The Parquet files the job committed under ``root``; anything else (a failed task
     attempt's files, the commit list, empty files) is deleted, so never left behind."""
+    if storage.is_object_store(root):
+        return _collect_remote(str(root), chunked)
     out: list[DataFile] = []
     if not root.is_dir():
         return out
@@ -155,7 +185,9 @@ def write_batch(
     (``transform.good_rows(..., sink_chunks=True)``).
     """
     check_batch_id(batch_id)
-    data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
+    remote = storage.is_object_store(data_dir)
+    if not remote:
+        data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
     if SEGMENT not in df.columns:
         raise ValueError(f"the frame has no {SEGMENT} column: {df.columns}")
     _activate(spark)
@@ -176,7 +208,7 @@ def write_batch(
             "stream-reconciler than this daemon; install the same version where the "
             "workers run (and rebuild spark.archives), then the batch is read again")
     dead_files = _collect(dead_dir, chunked=False)
-    if fsync:
+    if fsync and not remote:  # on an object store a PUT that returned is durable
         # After a power loss the files must still be there once the database says committed.
         paths = [Path(f.path) for f in (*files, *dead_files)]
         # Up to the table's own directory, whose entry for data/ a new table has not made durable.
@@ -203,6 +235,9 @@ def _activate(spark: SparkSession) -> None:
 def discard(*dirs: str | os.PathLike[str]) -> None:
     """Delete batch directories (an unpublished or fenced batch); absent ones are fine."""
     for d in dirs:
+        if storage.is_object_store(d):  # a prefix: every object under it, one by one
+            storage.at(d).delete_dir(str(d))
+            continue
         path = Path(d)
         if not path.exists():
             continue
@@ -213,9 +248,17 @@ def discard(*dirs: str | os.PathLike[str]) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def batch_dirs(table_dir: str | os.PathLike[str]) -> dict[str, Path]:
+def batch_dirs(table_dir: str | os.PathLike[str]) -> dict[str, Path | str]:
     """Batch id -> its directory under ``<table>/data`` (for recovery); also removes the
     leftovers of a deletion a crash interrupted."""
+    if storage.is_object_store(table_dir):
+        files = storage.at(table_dir)
+        found = {}
+        for d in files.dirs(files.join(str(table_dir), "data")):
+            name = d.rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith(BATCH_PREFIX) and _BATCH_ID.match(name[len(BATCH_PREFIX):]):
+                found[name[len(BATCH_PREFIX):]] = d
+        return found
     root = Path(table_dir) / "data"
     if not root.is_dir():
         return {}

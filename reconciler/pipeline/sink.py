@@ -12,6 +12,13 @@ Exactly once does not depend on Spark's commit protocol: each task names its fil
 with its partition and attempt and returns them in its commit message, and the job's
 ``commit`` writes the list (``COMMITTED``) beside them. ``segments.write_batch`` keeps
 only listed files; a failed or retried attempt's files are deleted there.
+
+Files go through one layer, ``table.storage`` (pyarrow's filesystems): a local or shared
+directory, or an object store (``s3://``). There a file is one PUT when its writer closes
+(atomic: no temporary name, no rename) and the commit list is one PUT too. The executors
+get the store's endpoint, region and addressing in the write's options (``objectStore``,
+no credential in it: Spark shows options in its UI); their credentials come from their
+own AWS environment, profile or instance role.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import lru_cache
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -54,7 +61,11 @@ def options(
     With ``chunk_granularity`` (and ``time_column``), a row whose partition value is null
     goes to the chunk of its time at that granularity (``transform.good_rows`` with
     ``sink_chunks``) instead of ``__HIVE_DEFAULT_PARTITION__``."""
+    from reconciler.table import storage
+
     out = {"path": str(path)}
+    if storage.is_object_store(path):
+        out["objectStore"] = storage.current().to_json()
     if partition_column:
         out["partitionColumn"] = partition_column
     if chunk_granularity:
@@ -67,10 +78,26 @@ def options(
 
 def committed_files(path: str | os.PathLike[str]) -> list[str] | None:
     """The files the job committed (relative paths), or None when no job committed here."""
+    from reconciler.table import storage
+
+    files = storage.at(path)
     try:
-        return json.loads((Path(path) / COMMITTED).read_text())["files"]
+        return json.loads(files.read_bytes(files.join(str(path), COMMITTED)))["files"]
     except FileNotFoundError:
         return None
+
+
+@lru_cache(maxsize=8)
+def _storage(path: str, store_json: str | None):
+    """The storage of a write's ``path`` in an executor's Python worker (reused by its tasks):
+    the daemon's endpoint (``objectStore.executorEndpoint`` if set), region and addressing over
+    this host's AWS environment, whose credentials it uses."""
+    from reconciler.table import storage
+
+    if not storage.is_object_store(path):
+        return storage.at(path)
+    public = json.loads(store_json) if store_json else {}
+    return storage.Storage(path, storage.ObjectStore.from_environment(public))
 
 
 class ParquetSink(DataSource):
@@ -82,7 +109,8 @@ class ParquetSink(DataSource):
         chunks = None
         if self.options.get("chunkGranularity"):
             chunks = _Chunks(self.options["timeColumn"], self.options["chunkGranularity"])
-        return _Writer(self.options["path"], self.options.get("partitionColumn"), chunks)
+        return _Writer(self.options["path"], self.options.get("partitionColumn"), chunks,
+                       self.options.get("objectStore"))
 
 
 class _Chunks:
@@ -126,10 +154,12 @@ def _chunk_name(start: Any) -> str:
 
 
 class _Writer(DataSourceArrowWriter):
-    def __init__(self, path: str, partition_column: str | None, chunks: _Chunks | None = None):
+    def __init__(self, path: str, partition_column: str | None, chunks: _Chunks | None = None,
+                 store: str | None = None):
         self.path = path
         self.partition_column = partition_column
         self.chunks = chunks
+        self.store = store  # ObjectStore.to_json(): no credentials
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         from pyspark import TaskContext
@@ -137,7 +167,7 @@ class _Writer(DataSourceArrowWriter):
         ctx = TaskContext.get()
         stem = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}" if ctx else \
             f"part-{uuid.uuid4().hex}"
-        files = _Files(Path(self.path), stem, self.partition_column)
+        files = _Files(self.path, stem, self.partition_column, storage=_storage(self.path, self.store))
         try:
             for batch in iterator:
                 if batch.num_rows:
@@ -173,23 +203,22 @@ class _Writer(DataSourceArrowWriter):
 
     def commit(self, messages: list[SinkCommit | None]) -> None:
         names = sorted(f for m in messages if m is not None for f in m.files)
-        path = Path(self.path)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / f".{COMMITTED}.tmp"
-        tmp.write_text(json.dumps({"files": names}))
-        os.replace(tmp, path / COMMITTED)
+        files = _storage(self.path, self.store)
+        # Whole or not at all: a PUT, or a rename on local disk (Storage.write_bytes).
+        files.write_bytes(files.join(self.path, COMMITTED), json.dumps({"files": names}).encode())
 
     def abort(self, messages: list[SinkCommit | None]) -> None:
-        for m in messages:
-            for name in (m.files if m is not None else ()):
-                Path(self.path, name).unlink(missing_ok=True)
+        files = _storage(self.path, self.store)
+        files.delete(files.join(self.path, name) for m in messages for name in (m.files if m is not None else ()))
 
 
 class _Files:
     """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
 
-    def __init__(self, root: Path, stem: str, column: str | None, pending_bytes: int = PENDING_BYTES):
-        self.root, self.stem, self.column = root, stem, column
+    def __init__(self, root: str | os.PathLike[str], stem: str, column: str | None,
+                 pending_bytes: int = PENDING_BYTES, storage: Any = None):
+        self.root, self.stem, self.column = str(root), stem, column
+        self.storage = storage if storage is not None else _storage(self.root, None)
         self.writers: dict[Any, Any] = {}
         self.pending: dict[Any, list] = {}
         self.pending_rows: dict[Any, int] = {}
@@ -228,14 +257,18 @@ class _Files:
         writer = self.writers.get(value)
         if writer is None:
             name = f"{self.stem}.parquet" if not self.column else f"{_dir_name(self.column, value)}/{self.stem}.parquet"
-            target = self.root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target = self.storage.join(self.root, name)
+            if not self.storage.remote:  # an object store has no directories to make
+                os.makedirs(os.path.dirname(target), exist_ok=True)
             use_dictionary = self.dictionary
             if use_dictionary is None:
                 use_dictionary = _dictionary_columns(table)
                 if use_dictionary is not True:
                     self.dictionary = use_dictionary
-            writer = pq.ParquetWriter(target, table.schema, compression="snappy", use_dictionary=use_dictionary)
+            # On an object store the file is uploaded while it is written and is visible
+            # only once the writer closes (a multipart upload's completion: atomic).
+            writer = pq.ParquetWriter(self.storage.path(target), table.schema, filesystem=self.storage.fs,
+                                      compression="snappy", use_dictionary=use_dictionary)
             self.writers[value], self.names[value] = writer, name
         writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
@@ -252,8 +285,7 @@ class _Files:
                 writer.close()
             except Exception:  # noqa: BLE001 - the task is failing anyway; the files go next
                 pass
-        for name in self.names.values():
-            (self.root / name).unlink(missing_ok=True)
+        self.storage.delete(self.storage.join(self.root, name) for name in self.names.values())
 
 
 def _dictionary_columns(table: Any) -> bool | list[str]:

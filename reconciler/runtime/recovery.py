@@ -12,12 +12,15 @@ Batch directories that no write row names (written by a version before the fence
 found by listing each table's ``data/`` and asked about in chunks; unknown ones are fenced
 the same way. Files of committed batches are never touched, and a clean-up that fails is
 logged and never stops a leader.
+
+On an object store (``s3://``) the same fences decide; a write's files are found by its
+prefixes (``data/batch=<id>/``, ``data/compacted/<id>/``) and its tag in ``metadata/``.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 
 from reconciler import faults
 from reconciler.errors import ReconcilerError
@@ -26,17 +29,19 @@ from reconciler.store.store import Store, WriteIntent
 log = logging.getLogger(__name__)
 
 
-def recover(store: Store, segments_dir: Path) -> dict[str, int]:
+def recover(store: Store, segments_dir: str | os.PathLike[str]) -> dict[str, int]:
+    from reconciler.table import storage
     from reconciler.table.catalog import NAMESPACE
 
-    root = Path(segments_dir) / NAMESPACE
+    files = storage.at(segments_dir)
+    root = files.join(str(segments_dir), NAMESPACE)
     deleted = 0
     try:
         faults.point("recover", None)
         for intent in store.writes_in_flight():
             if store.fence_write(intent.write_id):
-                deleted += _delete_write(root, intent)
-        deleted += _legacy(store, root)
+                deleted += _delete_write(files, root, intent)
+        deleted += _legacy(store, files, root)
     except (OSError, ReconcilerError) as exc:  # files nobody reads: a failed clean-up must not stop leading
         log.warning("recovery: clean-up of uncommitted writes under %s stopped (%s); left for the next start",
                     root, exc)
@@ -45,28 +50,25 @@ def recover(store: Store, segments_dir: Path) -> dict[str, int]:
     return {"orphansDeleted": deleted}
 
 
-def _delete_write(root: Path, intent: WriteIntent) -> int:
+def _delete_write(files, root: str, intent: WriteIntent) -> int:
     """Delete the files of a fenced write in each table it names; the directories deleted."""
     from reconciler.pipeline import segments
     from reconciler.table.writeids import BATCH_DIR_PREFIX, COMPACTED_DIR, write_id_of_name
 
     count = 0
     for name in intent.tables:
-        table_dir = root / name
-        for d in (table_dir / "data" / f"{BATCH_DIR_PREFIX}{intent.write_id}",
-                  table_dir / "data" / COMPACTED_DIR / intent.write_id):
-            if d.exists():
+        table_dir = files.join(root, name)
+        for d in (files.join(table_dir, "data", f"{BATCH_DIR_PREFIX}{intent.write_id}"),
+                  files.join(table_dir, "data", COMPACTED_DIR, intent.write_id)):
+            if files.has_any(d) if files.remote else os.path.exists(d):
                 segments.discard(d)
                 count += 1
-        meta = table_dir / "metadata"
-        if meta.is_dir():
-            for p in meta.iterdir():
-                if write_id_of_name(p.name) == intent.write_id:
-                    p.unlink(missing_ok=True)
+        meta = files.list(files.join(table_dir, "metadata"))
+        files.delete(p for p in meta if write_id_of_name(p.rsplit("/", 1)[-1]) == intent.write_id)
     return count
 
 
-def _legacy(store: Store, root: Path) -> int:
+def _legacy(store: Store, files, root: str) -> int:
     """Batch directories of a version before the fences (their ids are not write ids):
     committed ones stay, the others are fenced (recorded as discarded, so a late commit of
     them fails) and deleted. A write id's directory is never asked about: its write was
@@ -76,12 +78,11 @@ def _legacy(store: Store, root: Path) -> int:
     from reconciler.pipeline import segments
     from reconciler.table.writeids import is_write_id
 
-    found: dict[str, list[Path]] = {}
-    for table_dir in (root.iterdir() if root.is_dir() else ()):
-        if table_dir.is_dir():
-            for batch_id, path in segments.batch_dirs(table_dir).items():
-                if not is_write_id(batch_id):
-                    found.setdefault(batch_id, []).append(path)
+    found: dict[str, list] = {}
+    for table_dir in files.dirs(root):
+        for batch_id, path in segments.batch_dirs(table_dir).items():
+            if not is_write_id(batch_id):
+                found.setdefault(batch_id, []).append(path)
     if not found:
         return 0
     statuses = store.write_statuses(found)

@@ -42,7 +42,7 @@ RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR
 @dataclass
 class RuntimeContext:
     store: Store
-    segments_dir: Path
+    segments_dir: Path | str  # the warehouse: a directory, or s3://bucket/prefix
     spark: Callable[[], Any]  # lazily started SparkSession: the tick never waits on Spark
     lease: Callable[[], tuple[str, int] | None] = lambda: None
     metrics: Any = None  # reconciler.observe.metrics.Metrics, or None
@@ -271,8 +271,7 @@ class SupervisorRuntime:
             segments.discard(*dirs)
             tables = self.ctx.tables()
             for name in table_names:
-                for path in tables.write_metadata_files(name, batch_id):
-                    Path(path).unlink(missing_ok=True)
+                tables.storage.delete(tables.write_metadata_files(name, batch_id))
         except Exception:  # noqa: BLE001 - still unreachable: recovery fences and deletes them
             log.warning("batch %s left for recovery", batch_id[:12], exc_info=True)
 
@@ -338,6 +337,10 @@ class SupervisorRuntime:
 
         worker = product_message(exc)  # status shows what the reader said; the log keeps Spark's wrapper
         message = worker.message if worker else f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        if isinstance(self.ctx.segments_dir, str) and "://" in self.ctx.segments_dir:
+            from reconciler.table.storage import unreachable_reason
+
+            message = unreachable_reason(exc) or message  # the store's words, not a traceback
         self.recent_errors.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "error": message[:500]})
         state = unhealthy if self.failures >= UNHEALTHY_AFTER else rec.state if rec.state != State.PENDING else State.PENDING
         self._report(rec, state, detailed, message[:2000])

@@ -35,7 +35,7 @@ from pyiceberg.utils.properties import property_as_bool
 
 from reconciler import faults
 from reconciler.errors import PermanentError
-from reconciler.table import durable, retention
+from reconciler.table import durable, retention, storage
 from reconciler.table.datafiles import describe
 from reconciler.table.locations import local_path
 from reconciler.table.reach import _ManifestReader
@@ -103,9 +103,11 @@ def deadletter_table(datasource: str) -> str:
 class _StagingCatalog(SqlCatalog):
     """``SqlCatalog`` on our engine, whose commit can stop before the pointer move."""
 
-    def __init__(self, engine: sa.Engine, warehouse: str, ddl_engine: sa.Engine | None = None):
+    def __init__(self, engine: sa.Engine, warehouse: str, ddl_engine: sa.Engine | None = None,
+                 properties: Mapping[str, str] | None = None):
+        # ``properties``: how pyiceberg's file IO reaches an object store (storage.py).
         MetastoreCatalog.__init__(self, CATALOG, uri=engine.url.render_as_string(hide_password=True),
-                                  warehouse=warehouse)
+                                  warehouse=warehouse, **dict(properties or {}))
         # Creating the catalog's tables writes after reading. On SQLite a deferred (read)
         # transaction that then writes cannot wait for another writer: it fails at once
         # with "database is locked" (seen when a daemon's first batch met its lease
@@ -114,7 +116,7 @@ class _StagingCatalog(SqlCatalog):
         self._init_catalog()
         self.engine = engine
         self._staging = threading.local()
-        self._root = Path(warehouse)
+        self._root = Path(warehouse) if not storage.is_object_store(warehouse) else None
 
     def _write_metadata(self, metadata, io, metadata_path: str) -> None:
         """pyiceberg's own commits (a table's creation) move the catalog row right after
@@ -123,10 +125,9 @@ class _StagingCatalog(SqlCatalog):
         MetastoreCatalog._write_metadata(metadata, io, metadata_path)
         if getattr(self._staging, "out", None) is not None:
             return
-        try:
-            path = local_path(metadata_path)
-        except ValueError:  # object storage: a PUT that returned is durable
+        if self._root is None:  # object storage: a PUT that returned is durable
             return
+        path = local_path(metadata_path)
         durable.sync([path], durable.ancestors(path, self._root.parent))
 
     def commit_table(self, table, requirements, updates) -> CommitTableResponse:
@@ -161,10 +162,12 @@ class _StagingCatalog(SqlCatalog):
 def _staged_files(metadata_location: str, tag_: str) -> tuple[str, ...]:
     """The files one staging wrote (metadata JSON, manifest list, manifests: all carry its
     tag), made durable here, before anything can commit them."""
-    try:
-        folder = local_path(metadata_location).parent
-    except ValueError:  # object storage: a PUT that returned is durable
-        return (metadata_location,)
+    if storage.is_object_store(metadata_location):
+        # A PUT that returned is durable: only found (by the folder's prefix), for a discard.
+        folder_location = metadata_location.rsplit("/", 1)[0]
+        listed = storage.at(folder_location).list(folder_location)
+        return tuple(sorted(x for x in listed if tag_ in x.rsplit("/", 1)[-1]))
+    folder = local_path(metadata_location).parent
     files = sorted(str(p) for p in folder.iterdir() if tag_ in p.name)
     durable.sync(files, [folder])
     return tuple(files)
@@ -191,15 +194,23 @@ class Tables:
 
     def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str], *,
                  snapshots_kept: int = retention.DEFAULT_KEPT):
-        root = Path(warehouse).absolute()
-        root.mkdir(parents=True, exist_ok=True)
+        self.storage = storage.at(warehouse)
+        if self.storage.remote:  # an object store: no directories to make, none to fsync
+            root = str(warehouse).rstrip("/")
+            self.storage.ensure_bucket()
+            properties = storage.current().iceberg_properties()
+        else:
+            root = Path(local_path(str(warehouse))).absolute()
+            root.mkdir(parents=True, exist_ok=True)
+            properties = {}
         self.warehouse = root
         # Reads take no write lock on SQLite (see store.engine); pyiceberg's own writes
         # (create table, compaction commits) upgrade under busy_timeout.
         # The plain path, not ``root.as_uri()``: pyiceberg does not percent-decode a file URI,
         # so a path with a space would be written under "%20" while everything else looked
         # under " ".
-        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), str(root), ddl_engine=engine)
+        self.catalog = _StagingCatalog(engine.execution_options(readonly=True), str(root), ddl_engine=engine,
+                                       properties=properties)
         self._lock = threading.Lock()
         self._namespace_ready = False
         self._engine = engine
@@ -262,10 +273,9 @@ class Tables:
         """A new table's metadata files and every directory from them up to the warehouse:
         pyiceberg's own commits (creating the table, its partition spec) fsync nothing, and
         the catalog row that points at them is already committed."""
-        try:
-            folder = local_path(table.metadata_location).parent
-        except ValueError:  # object storage: a PUT that returned is durable
+        if self.storage.remote:  # object storage: a PUT that returned is durable
             return
+        folder = local_path(table.metadata_location).parent
         (folder.parent / "data").mkdir(exist_ok=True)  # its entry is made durable here, once
         durable.sync([p for p in folder.iterdir() if p.is_file()],
                      [folder.parent / "data", *durable.ancestors(folder / "x", self.warehouse.parent)])
@@ -295,11 +305,13 @@ class Tables:
                 self._known[tc.table] = (tc.new, tc.staged.metadata, tc.staged.io)
         faults.point("superseded-delete", None)
         for tc in commits:
-            for path in tc.superseded:
-                _unlink(path)
+            _delete_quietly(self.storage, tc.superseded)
 
-    def data_dir(self, table: Table, batch_id: str) -> Path:
-        """Where one batch's data files are written (unreferenced until the publish)."""
+    def data_dir(self, table: Table, batch_id: str) -> Path | str:
+        """Where one batch's data files are written (unreferenced until the publish): a
+        local path, or an object store's location (``s3://bucket/.../data/batch=<id>``)."""
+        if self.storage.remote:
+            return self.storage.join(table.location(), "data", f"{BATCH_DIR_PREFIX}{batch_id}")
         return local_path(table.location()) / "data" / f"{BATCH_DIR_PREFIX}{batch_id}"
 
     # -- the staged append (the publish) ----------------------------------------------
@@ -368,21 +380,15 @@ class Tables:
         """Delete the metadata files of stagings that did not commit (a lost compare-and-swap
         rolled the whole transaction back, so nothing references them)."""
         for tc in commits:
-            for f in tc.files:
-                _unlink(f)
+            _delete_quietly(self.storage, tc.files)
 
     def write_metadata_files(self, name: str, write_id: str) -> list[str]:
         """The metadata files a write staged on table ``name`` (any attempt), found by its tag."""
         table = self.load(name)
         if table is None:
             return []
-        try:
-            folder = local_path(table.location()) / "metadata"
-        except ValueError:
-            return []
-        if not folder.is_dir():
-            return []
-        return sorted(str(p) for p in folder.iterdir() if write_id_of_name(p.name) == write_id)
+        folder = self.storage.join(table.location(), "metadata")
+        return sorted(x for x in self.storage.list(folder) if write_id_of_name(x.rsplit("/", 1)[-1]) == write_id)
 
 
 def append_files(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]) -> None:
@@ -433,13 +439,13 @@ def _evolve_partitioning(tx, granularity: str) -> None:
         spec.add_field(TIME, wanted, f"{TIME}_{granularity_name(granularity)}_{metadata.last_partition_id or 0}")
 
 
-def _unlink(location: str) -> None:
-    """Delete a file no commit needs (superseded after a commit, or staged by one that lost):
+
+def _delete_quietly(files: storage.Storage, locations: Sequence[str]) -> None:
+    """Delete files no commit needs (superseded after a commit, or staged by one that lost):
     best effort. It runs after the commit, so an error here must not make a committed batch
-    look failed; a file the file system refuses to delete is orphan clean-up's later."""
-    try:
-        local_path(location).unlink()
-    except (FileNotFoundError, ValueError):
-        pass
-    except OSError as exc:
-        log.warning("cannot delete %s (%s); left for orphan clean-up", location, exc)
+    look failed; a file the store refuses to delete is orphan clean-up's later."""
+    for location in locations:
+        try:
+            files.delete([location])
+        except (OSError, ValueError) as exc:
+            log.warning("cannot delete %s (%s); left for orphan clean-up", location, exc)

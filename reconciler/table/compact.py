@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -207,7 +206,8 @@ def compact(
                 part.bytes_after = sum(f.file_size_in_bytes for f in out)
                 new_files += out
             faults.point("compact-written", datasource)
-            durable.sync([local_path(f.file_path) for f in new_files], _dirs_up_to_data(table, new_files))
+            if not tables.storage.remote:  # on an object store a PUT that returned is durable
+                durable.sync([local_path(f.file_path) for f in new_files], _dirs_up_to_data(table, new_files))
             summary = {OPERATION: "compact", DATASOURCE: datasource, "reconciler.partitions": str(len(groups)),
                        "reconciler.rollup": str(effective is not None).lower()}
 
@@ -273,7 +273,7 @@ def _finish(tables: Tables, store: Any, datasource: str, write_id: str,
         for files in written.values():
             for f in files:
                 if f.file_path not in done:
-                    _unlink(local_path(f.file_path))
+                    _unlink(f.file_path)
         return
     try:
         if not store.fence_write(write_id):
@@ -283,9 +283,9 @@ def _finish(tables: Tables, store: Any, datasource: str, write_id: str,
         return
     table = tables.load(datasource)
     if table is not None:
-        shutil.rmtree(local_path(table.location()) / "data" / COMPACTED_DIR / write_id, ignore_errors=True)
+        tables.storage.delete_dir(tables.storage.join(table.location(), "data", COMPACTED_DIR, write_id))
         for f in tables.write_metadata_files(datasource, write_id):
-            _unlink(Path(f))
+            _unlink(f)
 
 
 def _dirs_up_to_data(table: Table, files: list[DataFile]) -> set[Path]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def describe(metadata: TableMetadata, paths: Sequence[str]) -> list[DataFile]:
-    """One ``DataFile`` per local Parquet file of ``paths``, against ``metadata``'s current
+    """One ``DataFile`` per Parquet file of ``paths`` (local or on an object store), against ``metadata``'s current
     schema and partition spec. Raises ``ValueError`` when a file's columns do not fit
     the table's schema (as ``add_files`` does)."""
     if len(paths) != len(set(paths)):
@@ -45,8 +45,7 @@ def describe(metadata: TableMetadata, paths: Sequence[str]) -> list[DataFile]:
     checked: list = []  # Arrow schemas already found compatible (a batch has one or two)
     out = []
     for path in paths:
-        local = path.removeprefix("file://")
-        footer = pq.read_metadata(local)
+        footer, size = _footer(path)
         arrow_schema = footer.schema.to_arrow_schema()
         if not any(arrow_schema.equals(s) for s in checked):
             _check_pyarrow_schema_compatible(schema, arrow_schema, format_version=metadata.format_version)
@@ -58,7 +57,7 @@ def describe(metadata: TableMetadata, paths: Sequence[str]) -> list[DataFile]:
             file_path=path,
             file_format=FileFormat.PARQUET,
             partition=statistics.partition(spec, schema),
-            file_size_in_bytes=os.path.getsize(local),
+            file_size_in_bytes=size,
             sort_order_id=None,
             spec_id=metadata.default_spec_id,
             equality_ids=None,
@@ -66,3 +65,16 @@ def describe(metadata: TableMetadata, paths: Sequence[str]) -> list[DataFile]:
             **statistics.to_serialized_dict(),
         ))
     return out
+
+
+def _footer(path: str):
+    """A file's Parquet footer and size: from local disk, or from an object store (one
+    ranged read of the object's tail, through ``storage``)."""
+    from reconciler.table import storage
+
+    if not storage.is_object_store(path):
+        local = path.removeprefix("file://")
+        return pq.read_metadata(local), os.path.getsize(local)
+    files = storage.at(path)
+    with files.fs.open_input_file(files.path(path)) as f:
+        return pq.read_metadata(f), f.size()

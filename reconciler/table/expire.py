@@ -10,7 +10,6 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pyiceberg.table import Table
@@ -24,7 +23,6 @@ from reconciler.table import summary
 from reconciler.table.catalog import TableConflict as StagedOnAnother
 from reconciler.table.catalog import (
     Tables,
-    local_path,
 )
 from reconciler.table.reach import _ManifestReader, _unlink
 from reconciler.table.reports import _camel
@@ -144,7 +142,7 @@ def expire_snapshots(
         result.committed = True
         faults.point("expire-delete", name)
         for path in gone:
-            _unlink(local_path(path))
+            _unlink(path)
         result.message = f"expired {len(expired)} snapshot(s), deleted {len(gone)} file(s)"
         log.info("maintenance of %s: %s", name, result.message)
         return result
@@ -158,7 +156,7 @@ def _abandon(tables: Tables, store: Any, name: str, write_id: str) -> None:
     try:
         if store.fence_write(write_id):
             for f in tables.write_metadata_files(name, write_id):
-                _unlink(Path(f))
+                _unlink(f)
     except ReconcilerError as exc:
         log.warning("expiry of %s: write %s left for recovery (%s)", name, write_id, exc)
 

@@ -22,6 +22,10 @@ pyiceberg's own commits write when a table is created) fall back to their age
 between is seen as referenced, and the metadata is read again AFTER the writes were
 judged: a write that committed after the first read is "committed" in the database and
 referenced in the second.
+
+On an object store the same rules hold: the table's files are listed by its prefix (one
+listing, whatever the depth), judged the same way, and deleted one object at a time; there
+are no directories to remove.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import faults
+from reconciler.table import storage
 from reconciler.table.catalog import Tables, local_path
-from reconciler.table.reach import _norm, _referenced, _unlink
+from reconciler.table.reach import _norm, _referenced
 from reconciler.table.reports import MaintenanceError, _camel
 from reconciler.table.writeids import BATCH_DIR_PREFIX, write_id_of_data_path, write_id_of_name
 
@@ -83,8 +88,9 @@ def remove_orphans(
     if table is None:
         result.message = f"no table {name}"
         return result
-    root = local_path(table.location())
-    listed = _list_files(root)
+    files = storage.at(table.location())
+    root = _root(table.location())
+    listed = files.list(root) if files.remote else _list_files(Path(root))
     result.scanned_files = len(listed)
     faults.point("orphans-listed", name)
     referenced = _referenced_now(tables, name)  # after the listing: whatever committed meanwhile is referenced
@@ -113,9 +119,9 @@ def remove_orphans(
         result.deleted_bytes += size
     if not dry_run:
         faults.point("orphans-delete", name)
-        for path in result.deleted_files:
-            _unlink(Path(path))
-        _remove_empty_dirs(root, cutoff, doomed)
+        files.delete(result.deleted_files)
+        if not files.remote:  # an object store has prefixes, not directories
+            _remove_empty_dirs(Path(root), cutoff, doomed)
     verb = "would delete" if dry_run else "deleted"
     result.message = (f"{verb} {len(result.deleted_files)} orphan file(s) ({result.deleted_bytes} bytes); "
                       f"kept {result.kept_in_flight} of writes in flight and {result.kept_young} younger than "
@@ -144,7 +150,20 @@ def _referenced_now(tables: Tables, name: str, attempts: int = READ_ATTEMPTS) ->
     raise MaintenanceError(f"table {name} kept moving during the orphan scan; nothing deleted")
 
 
-def _finished_writes(store: Any, by_write: dict[str, list[str]], root: Path) -> set[str]:
+def _root(location: str) -> str:
+    """The table's location as its listing names files: an absolute path, or the URI."""
+    if storage.is_object_store(location):
+        return location.rstrip("/")
+    return os.path.abspath(local_path(location))
+
+
+def _relative(root: str, path: str) -> list[str] | None:
+    """The parts of ``path`` below ``root``, or None when it is not below it."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):].split("/") if path.startswith(prefix) else None
+
+
+def _finished_writes(store: Any, by_write: dict[str, list[str]], root: str) -> set[str]:
     """Of the writes whose unreferenced files were found, those whose files may go: done
     (committed) or discarded, unknown batch directories once fenced, and other unknown
     writes (committed: the module's docstring)."""
@@ -157,22 +176,20 @@ def _finished_writes(store: Any, by_write: dict[str, list[str]], root: Path) -> 
     return done | (set(unknown) - set(legacy)) | store.fence_unknown_writes(legacy)
 
 
-def _is_batch_dir(root: Path, path: str) -> bool:
-    rel = Path(path).relative_to(root).parts
+def _is_batch_dir(root: str, path: str) -> bool:
+    rel = _relative(root, path) or []
     return len(rel) > 1 and rel[0] == "data" and rel[1].startswith(BATCH_DIR_PREFIX)
 
 
-def _write_of(root: Path, path: str) -> str | None:
+def _write_of(root: str | Path, path: str) -> str | None:
     """The write a file under the table belongs to, from its path, else None."""
-    p = Path(path)
-    try:
-        rel = p.relative_to(root)
-    except ValueError:
+    rel = _relative(str(root), str(path))
+    if not rel:
         return None
-    if rel.parts and rel.parts[0] == "data":
-        return write_id_of_data_path("/".join(rel.parts[1:]))
-    if rel.parts and rel.parts[0] == "metadata":
-        return write_id_of_name(p.name)
+    if rel[0] == "data":
+        return write_id_of_data_path("/".join(rel[1:]))
+    if rel[0] == "metadata":
+        return write_id_of_name(rel[-1])
     return None
 
 

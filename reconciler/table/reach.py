@@ -8,7 +8,6 @@ import collections
 import logging
 import os
 import threading
-from pathlib import Path
 
 from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
 from pyiceberg.serializers import FromInputFile
@@ -136,12 +135,13 @@ def _norm(location: str) -> str:
         return location
 
 
-def _unlink(path: Path) -> None:
-    """Delete a file nothing needs (after an expiry committed, or an orphan): best effort, a
-    file the file system refuses to delete is left for the next clean-up."""
+def _unlink(location: str | os.PathLike[str]) -> None:
+    """Delete one file of a table that nothing needs (after an expiry committed, or an
+    orphan), wherever the warehouse is (storage.py): best effort, absent is fine, and a file
+    the store refuses to delete is left for the next clean-up."""
+    from reconciler.table import storage
+
     try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+        storage.at(str(location)).delete([str(location)])
     except OSError as exc:
-        log.warning("cannot delete %s (%s); left for the next clean-up", path, exc)
+        log.warning("cannot delete %s (%s); left for the next clean-up", location, exc)

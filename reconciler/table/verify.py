@@ -315,21 +315,36 @@ def missing_files(table) -> list[str]:
         try:
             manifests = reader.manifests(snap)
         except FileNotFoundError:
-            return sorted(p for p in paths if not _exists(local_path, p))
+            return _absent(local_path, paths, table.location())
         for m in manifests:
             paths.append(m.manifest_path)
             try:
                 paths += sorted(reader.data_files(m, live_only=True))
             except FileNotFoundError:
                 continue
+    return _absent(local_path, paths, table.location())
+
+
+def _absent(local_path, paths: list[str], root: str) -> list[str]:
+    """``paths`` that do not exist: on an object store one listing of the table's prefix
+    instead of a HEAD per object."""
+    from reconciler.table import storage
+
+    if storage.is_object_store(root):
+        listed = storage.at(root).list(root)
+        inside = root.rstrip("/") + "/"
+        return sorted(p for p in paths
+                      if (p not in listed if p.startswith(inside) else not _exists(local_path, p)))
     return sorted(p for p in paths if not _exists(local_path, p))
 
 
 def _exists(local_path, location: str) -> bool:
     try:
         return local_path(location).exists()
-    except ValueError:  # an object store: asked through the table's file IO
-        return True
+    except ValueError:  # an object store: one HEAD per object (storage.py)
+        from reconciler.table import storage
+
+        return bool(storage.at(location).exists([location]))
 
 
 def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot],

@@ -59,6 +59,21 @@ def test_ingest_exactly_once_with_relative_shared_segments(spark, kafka_broker, 
     assert code == 0 and f"spark: {cluster.url} application" in text
 
 
+def test_the_warehouse_on_a_bucket_needs_no_shared_directory(spark, s3_server, s3_bucket, kafka_broker, topic,
+                                                            tmp_path, cluster):
+    """Issue 31: executors on the cluster write the batch's files to the bucket; the daemon
+    (only the standard AWS environment) checks they reach it, then commits; every key once,
+    the table's files are objects, none is on local disk."""
+    s = sc.settings(tmp_path, cluster.url, segments=f"s3://{s3_bucket}/wh")
+    seen = sc.ingest(spark, kafka_broker, topic, s)
+    assert seen["master"] == cluster.url
+    keys = [k for k in s3_server.keys(s3_bucket, "wh/default/clicks/") if not k.endswith("/")]
+    assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".parquet", ".avro")]
+    report = h.cli_json(s, "verify", "clicks", "--deep")
+    assert report["ok"] and report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == sc.N
+
+
 def test_reset_and_backfill(spark, kafka_broker, topic, tmp_path, cluster):
     sc.reset_backfill(spark, kafka_broker, topic, sc.settings(tmp_path, cluster.url))
 

@@ -152,7 +152,7 @@ def settings_env(s: Settings) -> dict[str, str]:
     return {
         "RECONCILER_SPECS": s.specs,
         "RECONCILER_STATE_DIR": s.state_dir,
-        "RECONCILER_SEGMENTS": str(s.segments_dir),
+        "RECONCILER_SEGMENTS": s.warehouse,
         "RECONCILER_DB": s.db_url,
         "RECONCILER_SPARK_MASTER": s.spark_master,
         "RECONCILER_HTTP": s.http,
@@ -224,7 +224,7 @@ def open_tables(settings: Settings):
     from reconciler.store.engine import create_engine
     from reconciler.table.catalog import Tables
 
-    return Tables(create_engine(settings.db_url), settings.segments_dir)
+    return Tables(create_engine(settings.db_url), settings.warehouse)
 
 
 def table_rows(settings: Settings, name: str, columns: Sequence[str] | None = None):
@@ -326,12 +326,13 @@ def staging_leftovers(settings: Settings) -> list[str]:
     """Batch directories under the tables that no committed batch owns (should be none
     after a clean run or recovery)."""
     from reconciler.pipeline.segments import batch_dirs
+    from reconciler.table import storage
 
-    root = settings.segments_dir / "default"
+    files = storage.at(settings.warehouse)
     found = {}
-    if root.is_dir():
-        for table_dir in root.iterdir():
-            found.update({b: f"{table_dir.name}/{p.name}" for b, p in batch_dirs(table_dir).items()})
+    for table_dir in files.dirs(files.join(settings.warehouse, "default")):
+        name = str(table_dir).rstrip("/").rsplit("/", 1)[-1]
+        found.update({b: f"{name}/{str(p).rstrip('/').rsplit('/', 1)[-1]}" for b, p in batch_dirs(table_dir).items()})
     committed = {b["batch_id"] for b in batches(settings)}
     return sorted(path for b, path in found.items() if b not in committed)
 
