@@ -298,16 +298,21 @@ def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batc
         for _ in range(KEPT + 5):  # no expiry yet
             rt.step()
         assert len(phases.publish) == KEPT + 5 and rt.failures == 0
-        unlink = pathlib.Path.unlink
+        from reconciler.table import storage
+        from reconciler.table.locations import local_path
+
+        delete = storage.Storage.delete
         refused = []
 
-        def eacces(self, missing_ok=False):
-            if "/metadata/snap-" in str(self):
-                refused.append(str(self))
-                raise PermissionError(13, "Permission denied", str(self))
-            return unlink(self, missing_ok=missing_ok)
+        def eacces(self, locations):  # the warehouse's one file layer: local disk or a bucket
+            locations = list(locations)
+            for x in locations:
+                if "/metadata/snap-" in str(x):
+                    refused.append(str(local_path(str(x))))
+                    raise PermissionError(13, "Permission denied", str(x))
+            return delete(self, locations)
 
-        monkeypatch.setattr(pathlib.Path, "unlink", eacces)
+        monkeypatch.setattr(storage.Storage, "delete", eacces)
         rt.step()  # publishes and expires: deleting the expired snapshots' manifest lists is refused
         monkeypatch.undo()
         assert refused, "nothing was deleted after the commit: the schedule did not happen"
