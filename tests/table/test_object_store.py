@@ -210,3 +210,50 @@ def test_a_missing_bucket_is_created_once(s3_server, s3_bucket, tmp_path):
         Tables(store.engine, f"s3://{bucket}/wh")  # exists now: nothing to do
     finally:
         store.close()
+
+
+def test_duckdb_reads_a_table_from_the_bucket(bucket_env, s3_server, s3_bucket):
+    """The README's DuckDB example on a bucket, run: DuckDB's own Iceberg reader (and its
+    S3 access, httpfs) reads the table from its current metadata object alone, every key
+    once. The extensions are loaded by path from their PyPI wheels (no download)."""
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_httpfs
+    import duckdb_extension_iceberg
+
+    store, tables, warehouse = bucket_env
+    table = tables.ensure("clicks", SCHEMA, None)
+    paths = []
+    for write in range(2):
+        write_id = new_write_id()
+        store.begin_write(write_id, "batch", tables=["clicks"], supervisor_id="clicks")
+        path = f"{tables.data_dir(table, write_id)}/p.parquet"
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"__time": pa.array([0, 1, 2], pa.timestamp("us", tz="UTC")),
+                                 "id": [f"k{write}-{i}" for i in range(3)]}), buf)
+        storage.at(path).write_bytes(path, buf.getvalue())
+        commit = tables.stage_append("clicks", [path], {"reconciler.batch-id": write_id}, write_id=write_id)
+        store.commit_tables(write_id, "batch", [commit])
+        tables.committed([commit])
+        paths.append(path)
+    current = tables.load("clicks").metadata_location
+    assert current.startswith(f"s3://{s3_bucket}/wh/default/clicks/metadata/")
+
+    def extension(module, name: str) -> str:
+        [found] = Path(module.__file__).parent.glob(f"extensions/v{duckdb.__version__}/{name}.duckdb_extension")
+        return str(found)
+
+    env = s3_server.env()
+    endpoint = env["AWS_ENDPOINT_URL"].removeprefix("http://")
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        for module, name in ((duckdb_extension_httpfs, "httpfs"), (duckdb_extension_avro, "avro"),
+                             (duckdb_extension_iceberg, "iceberg")):
+            con.execute(f"LOAD '{extension(module, name)}'")
+        con.execute(f"CREATE SECRET s3 (TYPE s3, KEY_ID '{env['AWS_ACCESS_KEY_ID']}', "
+                    f"SECRET '{env['AWS_SECRET_ACCESS_KEY']}', REGION '{env['AWS_REGION']}', "
+                    f"ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL false)")
+        rows = con.execute("SELECT id, count(*) FROM iceberg_scan(?) GROUP BY id ORDER BY id", [current]).fetchall()
+    finally:
+        con.close()
+    assert rows == [(f"k{w}-{i}", 1) for w in range(2) for i in range(3)]
