@@ -114,7 +114,7 @@ def test_ingest_reset_backfill_compact_maintain_on_a_bucket(spark, kafka_broker,
 
 
 def test_the_store_going_away_mid_batch_then_coming_back(spark, kafka_broker, topic, s3_server, s3_bucket,
-                                                         tmp_path):
+                                                         tmp_path, caplog):
     """The store goes away after a batch wrote its files, before its publish: the supervisor
     turns UNHEALTHY with the store's reason and publishes nothing; once the store is back it
     catches up, every key once, and the lost batch's objects are cleaned up by its fence."""
@@ -158,6 +158,8 @@ def test_the_store_going_away_mid_batch_then_coming_back(spark, kafka_broker, to
     finally:
         store.close()
     h.assert_exactly_once(h.key_counts(spark, s, "clicks"), key_range(0, 2000))
+    secret = s3_server.env()["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in caplog.text and secret not in json.dumps(spark.sparkContext.getConf().getAll())
     report = h.cli_json(s, "verify", "clicks", "--deep")
     assert report["ok"] and report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == 2000
     # The batch the outage interrupted was fenced; orphan clean-up deletes what it left.
