@@ -262,15 +262,23 @@ def _object_store(cli: dict[str, Any], env: dict[str, str], file_values: dict[st
     if not isinstance(value, dict):
         raise PermanentError("config file: objectStore must be a map, e.g. objectStore: "
                              "{endpoint: https://s3.example.com, secretAccessKey: '${env:S3_SECRET}'}")
-    out = {str(k): _spark_value(v) for k, v in value.items()}
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, (dict, list)) or v is None:  # never echoed: it may be a secret
+            raise PermanentError(f"config file: objectStore.{k} must be a single value (a string, or a "
+                                 "${env:...}/${file:...} reference)")
+        out[str(k)] = _spark_value(v)
     if env.get("RECONCILER_OBJECT_STORE"):
         items = [x for x in re.split(r"[;\n]", env["RECONCILER_OBJECT_STORE"]) if x.strip()]
-        out.update(_pairs("RECONCILER_OBJECT_STORE", items))
+        out.update(_store_pairs("RECONCILER_OBJECT_STORE", items))
     raw = cli.get("object_store") or ()
-    out.update(_pairs("--object-store", [raw] if isinstance(raw, str) else raw))
+    out.update(_store_pairs("--object-store", [raw] if isinstance(raw, str) else raw))
     unknown = sorted(set(out) - set(OBJECT_STORE_KEYS))
     if unknown:
-        raise PermanentError(f"setting objectStore: unknown key(s) {', '.join(unknown)}; "
+        # A key that does not look like one may be a credential typed without its '='.
+        shown = [k if re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,39}", k) else "(a key not shown: it may hold a "
+                 "credential)" for k in unknown]
+        raise PermanentError(f"setting objectStore: unknown key(s) {', '.join(shown)}; "
                              f"known: {', '.join(OBJECT_STORE_KEYS)}")
     return out
 
@@ -413,6 +421,21 @@ def _pairs(where: str, items: Any) -> dict[str, str]:
         key, sep, value = str(item).strip().partition("=")
         if not sep or not key.strip():
             raise PermanentError(f"{where}: {item!r} is not key=value, e.g. spark.executor.memory=2g")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _store_pairs(where: str, items: Any) -> dict[str, str]:
+    """``_pairs`` for ``objectStore`` entries, whose values may be credentials: a malformed
+    entry is refused naming its position and the keys it may start with, never its text
+    (printed, and journaled, before any scrubber has learnt the secret)."""
+    out = {}
+    for n, item in enumerate(items, 1):
+        key, sep, value = str(item).strip().partition("=")
+        if not sep or not key.strip():
+            raise PermanentError(f"{where}: entry {n} is not key=value (its text is not shown: it may hold a "
+                                 f"credential), e.g. endpoint=https://s3.example.com; keys: "
+                                 f"{', '.join(OBJECT_STORE_KEYS)}")
         out[key.strip()] = value.strip()
     return out
 

@@ -109,14 +109,38 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path]) -> None:
         list(pool.map(lambda d: _fsync_path(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)), dirs))
 
 
+def _check_visible(root: str, listed: list[str] | None, found, keep) -> None:
+    """Called after the Spark write succeeded, so its job committed: the commit list and
+    every file it names must be visible here. When they are not (yet): the executors wrote
+    through another endpoint of a store that replicates between sites, a gateway's cache, a
+    shared directory's attribute cache), the batch fails and is read again. Never "no list,
+    so no task committed": that deleted every file and published the batch without them,
+    and the checkpoint moved past records no table holds. Nothing is deleted here; the
+    failed batch is fenced, then deleted (``supervisor._abandon``)."""
+    from reconciler.errors import RetryableError
+
+    if listed is None:
+        if found:  # files, but no commit list: it is on its way
+            raise RetryableError(f"the Spark job wrote {len(found)} file(s) under {root} but its commit list "
+                                 f"({sink.COMMITTED}) is not visible here yet; the batch is read again")
+        return  # the job wrote nothing here (a dead-letter write skipped)
+    present = set(found)
+    missing = sorted(str(k) for k in keep if k not in present)
+    if missing:
+        raise RetryableError(f"{len(missing)} file(s) the Spark job committed under {root} are not visible "
+                             f"here yet (first: {missing[0]}); the batch is read again")
+
+
 def _collect_remote(root: str, chunked: bool) -> list[DataFile]:
     """``_collect`` on an object store: one listing by the batch's prefix."""
     files = storage.at(root)
     listed = sink.committed_files(root)
+    found = files.list(root)
     keep = {files.join(root, name) for name in listed} if listed is not None else set()
+    _check_visible(root, listed, found, keep)
     out: list[DataFile] = []
     doomed = []
-    for location, (_mtime, size) in sorted(files.list(root).items()):
+    for location, (_mtime, size) in sorted(found.items()):
         if location not in keep:
             doomed.append(location)
             continue
@@ -141,9 +165,9 @@ def _collect(root: Path | str, chunked: bool) -> list[DataFile]:
         return out
     listed = sink.committed_files(root)
     keep = {root / name for name in listed} if listed is not None else set()
-    for path in sorted(root.rglob("*")):
-        if path.is_dir():
-            continue
+    found = [p for p in sorted(root.rglob("*")) if not p.is_dir()]
+    _check_visible(str(root), listed, found, keep)
+    for path in found:
         if path not in keep:
             path.unlink()
             continue
