@@ -201,14 +201,25 @@ class _Writer(DataSourceArrowWriter):
         for value in values:
             files.add(value.as_py(), rows.filter(pc.equal(column, value)))
 
+    def _driver_storage(self):
+        """The storage as the driver reaches it. The commit and the abort run beside the Spark
+        driver: in a classic session that is the daemon's own process, which reaches the store
+        at the daemon's endpoint (``executorEndpoint`` may resolve only on the executors); a
+        Spark Connect server, not configured with the daemon's store, reaches it as executors do."""
+        from reconciler.table import storage
+
+        if storage.is_object_store(self.path) and storage.configured():
+            return storage.at(self.path)
+        return _storage(self.path, self.store)
+
     def commit(self, messages: list[SinkCommit | None]) -> None:
         names = sorted(f for m in messages if m is not None for f in m.files)
-        files = _storage(self.path, self.store)
+        files = self._driver_storage()
         # Whole or not at all: a PUT, or a rename on local disk (Storage.write_bytes).
         files.write_bytes(files.join(self.path, COMMITTED), json.dumps({"files": names}).encode())
 
     def abort(self, messages: list[SinkCommit | None]) -> None:
-        files = _storage(self.path, self.store)
+        files = self._driver_storage()
         files.delete(files.join(self.path, name) for m in messages for name in (m.files if m is not None else ()))
 
 

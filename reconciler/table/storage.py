@@ -206,6 +206,12 @@ _FIELDS = {"endpoint": "endpoint", "region": "region", "accessKeyId": "access_ke
            "secretAccessKey": "secret_access_key", "sessionToken": "session_token", "pathStyle": "path_style"}
 
 
+def configured() -> bool:
+    """Whether this process was configured with the daemon's object store (the daemon and the
+    CLI are; a Spark worker or a Spark Connect server is not)."""
+    return _configured is not None
+
+
 def current() -> ObjectStore:
     return _configured if _configured is not None else ObjectStore.from_environment()
 
