@@ -49,7 +49,10 @@ def retire(path: str, status: str, result: dict) -> str | None:
         with open(fd, "rb") as fh:
             body = fh.read(MAX_BYTES + 1)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        comment = yaml.safe_dump(result, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        # one line per field, however long: a reason folded across comment lines could not be
+        # found with grep (and where YAML folds depends on the path's length)
+        comment = yaml.safe_dump(result, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                                 width=1_000_000)
         lines = [f"# {status} at {stamp} by stream-reconciler"] + [f"# {line}" for line in comment.splitlines()]
         data = body + (b"" if body.endswith(b"\n") or not body else b"\n") + ("\n".join(lines) + "\n").encode()
         _write_new(dst, data, stat.S_IMODE(st.st_mode) & 0o666)

@@ -4,6 +4,7 @@ the old fixed temporary name, or at the result's own name, is never followed."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,15 @@ def test_the_retired_file_keeps_the_markers_mode(tmp_path):
     marker.chmod(0o640)
     new = retire(str(marker), "applied", {"ok": True})
     assert oct(os.stat(new).st_mode & 0o777) == "0o640"
+
+
+def test_a_long_reason_stays_on_one_comment_line(tmp_path):
+    """An operator greps retired markers for a reason: YAML must not fold it (where it would
+    fold depends on the length of the path the reason names)."""
+    marker = tmp_path / "x.reset.yaml"
+    marker.write_text("resetTo: latest\n")
+    reason = f"{tmp_path / ('deep' * 30) / 'x.reset.yaml'}: unknown supervisor 'x' (known: " + ", ".join(
+        f"s{i}" for i in range(60)) + ")"
+    retired = retire(str(marker), "rejected", {"reason": reason})
+    comments = [line for line in Path(retired).read_text().splitlines() if line.startswith("# ")]
+    assert len(comments) == 2 and "unknown supervisor" in comments[1] and comments[1].endswith("s59)'"), comments
