@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest import _verify  # noqa: E402  (through the catalog: the committed snapshot only)
+from marker_latency import _wait  # noqa: E402
 
 import devservices  # noqa: E402
 from reconciler import logs  # noqa: E402
@@ -180,16 +181,6 @@ class _CheckpointPoller:
         points = self.seen.get(partition, [])
         i = bisect_right([o for o, _ in points], offset)  # the first checkpoint > offset
         return points[i][1] if i < len(points) else None
-
-
-def _wait(cond, timeout: float, what: str, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _store(s) -> Store | None:
