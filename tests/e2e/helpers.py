@@ -337,6 +337,16 @@ def staging_leftovers(settings: Settings) -> list[str]:
     return sorted(path for b, path in found.items() if b not in committed)
 
 
+def undiscarded_leftovers(settings: Settings, store) -> dict[str, str]:
+    """``staging_leftovers`` but those of a discarded write: a kill that catches a batch
+    between its fence and the deletion of its files leaves them invisible and orphan
+    clean-up's (recovery deletes only writes still in flight). Maps batch id -> status
+    (``writing``, ``committed``, or ``unknown``): each one is recovery's miss."""
+    left = {p.split("batch=", 1)[1]: p for p in staging_leftovers(settings)}
+    statuses = store.write_statuses(left)
+    return {b: statuses.get(b, "unknown") for b in left if statuses.get(b) != "discarded"}
+
+
 def deadletters(spark, settings: Settings, datasource: str) -> list[tuple[str, int, str]]:
     """Committed dead letters as sorted (partition, offset, reason), from ``<D>_deadletter``."""
     rows = table_rows(settings, datasource + "_deadletter", ["partition", "offset", "reason"])
