@@ -15,6 +15,10 @@ c. ``product_cold``: ``reconciler run --until-caught-up`` as a subprocess, wall 
    database commit are all included; ``batch_seconds`` is the daemon's own account of
    its batches (read, parse, write, publish, promote) from its log; the first batch
    includes starting the SparkSession, which the daemon does lazily;
+   ``first_100k_visible_seconds``: from exec until the table holds 100,000 committed
+   records (the daemon's database polled every 20 ms); ``product_cold_marginal``: the
+   slope between c and a fresh process reading N/4 records (``product_cold_part``), what
+   one more record costs a fresh process with its start taken out;
 d. ``product_warm_first``: the daemon in this process after a small warm-up run, so the
    SparkSession and its Python workers already exist, but the JVM has not yet compiled
    the hot code of a big batch (C2 keeps compiling through the first two, PROFILE.md);
@@ -57,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -78,6 +83,7 @@ WARMUP_RECORDS = 20_000
 SMALL_RECORDS, SMALL_BATCH = 100_000, 10_000
 WARM_RUNS = 2  # e is the last: C2 keeps compiling through a process's first two big batches
 PART = 4  # g's second run reads 1/PART of N records
+FIRST_VISIBLE = 100_000  # c: seconds from exec until this many records are visible in the table
 SPARK_CONF: list[str] = []  # --spark-conf KEY=VALUE: the product's extra Spark settings (both runs)
 
 
@@ -236,7 +242,8 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     proc = subprocess.Popen([str(Path(sys.executable).with_name("reconciler")), "run", "--until-caught-up",
                              "--timeout", "900"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
-    with PeakRss(proc.pid) as peak:  # the daemon, its Spark JVM and the JVM's Python workers
+    visible = _Visible(state / "reconciler.db", started)
+    with PeakRss(proc.pid) as peak, visible:  # the daemon, its Spark JVM and the JVM's Python workers
         _, stderr = proc.communicate()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
@@ -250,8 +257,51 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     out["outside_batches_seconds"] = round(wall - sum(batch_s), 3)
     out["peak_rss_mib"] = peak.mib
     out["peak_pss_mib"] = peak.pss_mib
+    out["first_visible_seconds"] = visible.first  # exec -> the first committed batch
+    out[f"first_{FIRST_VISIBLE // 1000}k_visible_seconds"] = visible.reached(FIRST_VISIBLE)
     out["verify"] = _verify(state / "segments", sid, n)
     return out
+
+
+class _Visible:
+    """When committed records reach each count, seconds after exec: the daemon's database polled
+    every 20 ms (``batches.records``, committed in the publish's transaction, so what a reader
+    of the table sees at the same moment)."""
+
+    def __init__(self, db: Path, started: float):
+        self.db, self.started = db, started
+        self.seen: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> _Visible:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        import sqlite3
+
+        last = 0
+        while not self._stop.wait(0.02):
+            try:
+                with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.1) as db:
+                    total = db.execute("SELECT COALESCE(SUM(records), 0) FROM batches").fetchone()[0]
+            except sqlite3.Error:  # not created yet, or locked by a commit: the next poll
+                continue
+            if total > last:
+                self.seen.append((round(time.perf_counter() - self.started, 3), int(total)))
+                last = total
+
+    @property
+    def first(self) -> float | None:
+        return self.seen[0][0] if self.seen else None
+
+    def reached(self, records: int) -> float | None:
+        return next((t for t, total in self.seen if total >= records), None)
 
 
 class _Phases(logging.Handler):
@@ -345,6 +395,14 @@ def product_warm(work: Path, sid: str, source: dict[str, Any], n: int, warmup_so
     return out
 
 
+def _marginal(whole: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """What one more record costs a fresh process: the slope between two fresh runs of N and
+    N/PART records, with what both pay alike (imports, the JVM, the first job) taken out."""
+    records, seconds = whole["records"] - part["records"], whole["seconds"] - part["seconds"]
+    return {"records": records, "seconds": round(seconds, 3),
+            "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
+
+
 def _ratios(res: dict[str, Any]) -> dict[str, Any]:
     def r(a: str, b: str) -> float | None:
         x, y = res.get(a, {}).get("records_per_s"), res.get(b, {}).get("records_per_s")
@@ -355,7 +413,9 @@ def _ratios(res: dict[str, Any]) -> dict[str, Any]:
             "warm_first_over_raw": r("product_warm_first", "raw_consume"),
             "warm_first_over_naive": r("product_warm_first", "naive_pipeline"),
             "marginal_over_raw": r("product_warm_marginal", "raw_consume"),
-            "marginal_over_naive": r("product_warm_marginal", "naive_pipeline")}
+            "marginal_over_naive": r("product_warm_marginal", "naive_pipeline"),
+            "cold_marginal_over_raw": r("product_cold_marginal", "raw_consume"),
+            "cold_marginal_over_naive": r("product_cold_marginal", "naive_pipeline")}
 
 
 # --------------------------------------------------------------------------- per system
@@ -383,6 +443,8 @@ def bench_kafka(n: int, work: Path) -> dict[str, Any]:
         source = {"type": "kafka", "bootstrapServers": broker.bootstrap, "topic": "bench"}
         log.info("kafka: product, cold subprocess")
         res["product_cold"] = product_cold(work, "kbench", source, n)
+        res["product_cold_part"] = product_cold(work, "kpart", {**source, "topic": "part"}, n // PART)
+        res["product_cold_marginal"] = _marginal(res["product_cold"], res["product_cold_part"])
         log.info("kafka: product, warm in-process")
         res.update(product_warm(work, "kbench", source, n, {**source, "topic": "warmup"},
                                 {**source, "topic": "small"}, {**source, "topic": "part"}, n // PART,
@@ -428,6 +490,8 @@ def bench_rabbit(n: int, work: Path) -> dict[str, Any]:
         source = {"type": "rabbitmq", "uri": node.stream_uri, "streams": streams}
         log.info("rabbitmq: product, cold subprocess")
         res["product_cold"] = product_cold(work, "rbench", source, n)
+        res["product_cold_part"] = product_cold(work, "rpart", {**source, "streams": part}, n // PART)
+        res["product_cold_marginal"] = _marginal(res["product_cold"], res["product_cold_part"])
         log.info("rabbitmq: product, warm in-process")
         res.update(product_warm(work, "rbench", source, n, {**source, "streams": warm},
                                 {**source, "streams": small}, {**source, "streams": part}, n // PART,

@@ -6,10 +6,9 @@ runs ``run_batch`` on the whole range ``--repeat`` times (the first in a fresh
 session, the later ones warm) and prints one JSON document: the session start, each
 batch's wall time, and from the event log each Spark job and stage (wall time, task
 count, executor run time, the tasks' summed CPU and deserialisation time, records
-read). ``--conf key=value`` adds Spark settings (for experiments);
-``--parse-in spark`` leaves the JSON parse to Spark's ``from_json`` (the product's readers
-parse it, ``reconciler.pipeline.jsonfields``), ``--parse-in alternate`` alternates the two
-(A readers, B ``from_json``); ``--pyspy DIR`` records a py-spy flame graph of the driver and its Python workers
+read). ``--conf key=value`` adds Spark settings (for experiments); ``--alternate KEY=VALUE``
+applies a Spark SQL setting to every other batch (an A/B comparison within one session);
+``--pyspy DIR`` records a py-spy flame graph of the driver and its Python workers
 during one batch (``--pyspy-batch``, the first by default) (needs ``pip install py-spy``).
 
 Usage: ``.venv/bin/python benchmarks/profile_batch.py --records 200000 [--repeat 3]``
@@ -196,17 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pyspy-busy", action="store_true",
                     help="leave out the samples of threads waiting in a system call (py-spy's default)")
     ap.add_argument("--max-batch-rows", type=int, default=None)
-    ap.add_argument("--parse-in", choices=("reader", "spark", "alternate"), default="reader",
-                    help="where the JSON fields are parsed: the readers (as run_batch does), "
-                         "Spark's from_json only, or alternately (A = reader, B = spark)")
-    ap.add_argument("--chunks-in", choices=["sink", "spark", "alternate"], default="sink",
-                    help="who names each row's time chunk: the sink from __time (as run_batch does), "
-                         "Spark's date_format per row, or alternately (A = sink, B = spark)")
     ap.add_argument("--step-ms", type=int, default=1000,
                     help="event time between records (1000: 1M records span 278 hourly chunks; 1: one)")
     ap.add_argument("--alternate", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Hadoop setting applied at run time to every other batch (odd ones), for "
-                         "an A/B comparison within one session")
+                    help="a Spark SQL setting applied to every other batch (odd ones), for an A/B "
+                         "comparison within one session")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -228,13 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         doc["produce_seconds"] = round(time.perf_counter() - t, 3)
 
         t = time.perf_counter()
-        from pyspark.sql import Observation
-
         from reconciler.model import PartitionRange, SupervisorSpec
-        from reconciler.pipeline.batch import read_ranges
-        from reconciler.pipeline.segments import write_batch
+        from reconciler.pipeline.batch import run_batch
         from reconciler.pipeline.spark import get_session, stop_session
-        from reconciler.pipeline.transform import good_rows, parse
         doc["import_seconds"] = round(time.perf_counter() - t, 3)
 
         spec = SupervisorSpec.from_document(_spec("prof", broker.bootstrap, "prof", args.task_count))
@@ -250,35 +239,22 @@ def main(argv: list[str] | None = None) -> int:
                 spy = _pyspy(os.getpid(), Path(args.pyspy) / f"batch{i}.txt", args.pyspy_seconds,
                              idle=not args.pyspy_busy)
                 time.sleep(1.0)
-            alternating = args.alternate or args.parse_in == "alternate" or args.chunks_in == "alternate"
-            variant = "B" if alternating and i % 2 else "A"
-            if args.alternate:
-                hc = spark.sparkContext._jsc.hadoopConfiguration()
-                hc.set("fs.file.impl.disable.cache", "true")
-                for kv in args.alternate:
-                    k, _, v = kv.partition("=")
-                    if variant == "B":
-                        hc.set(k, v)
-                    else:
-                        hc.unset(k)
+            variant = "B" if args.alternate and i % 2 else "A"
+            for kv in args.alternate:
+                k, _, v = kv.partition("=")
+                if variant == "B":
+                    spark.conf.set(k, v)
+                else:
+                    spark.conf.unset(k)
             since = int(time.time() * 1000)
             by0: dict[str, float] = {}
             cpu0 = _tree_cpu(os.getpid(), by0)
             t = time.perf_counter()
-            # The product's one job (``run_batch``'s row write): read, parse with the
-            # observation, (roll up), write one file per (task, time chunk) through the sink.
-            in_reader = args.parse_in == "reader" or (args.parse_in == "alternate" and variant == "A")
-            records = read_ranges(spark, spec.source, ranges, args.task_count, args.max_batch_rows,
-                                  data_schema=spec.data_schema if in_reader else None)
-            t_load = time.perf_counter() - t
-            obs = Observation(f"b{i}")
-            in_sink = args.chunks_in == "sink" or (args.chunks_in == "alternate" and variant == "A")
-            good = good_rows(parse(records, spec.data_schema, observation=obs), spec.data_schema,
-                             sink_chunks=in_sink)
+            # The product's batch: one Arrow task per group of sub-ranges reads, transforms and
+            # writes its files; the driver gathers their descriptions.
             out = work / "data" / f"b{i}"
-            write_batch(spark, good, None, out, work / "dead" / f"b{i}", f"b{i}", fsync=False,
-                        segment_granularity=spec.data_schema.segment_granularity if in_sink else None)
-            observed = obs.get
+            written = run_batch(spark, spec, ranges, f"b{i}", data_dir=out, dead_dir=work / "dead" / f"b{i}",
+                                task_count=args.task_count, max_batch_rows=args.max_batch_rows)
             secs = time.perf_counter() - t
             by1: dict[str, float] = {}
             cpu = _tree_cpu(os.getpid(), by1) - cpu0
@@ -287,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             if spy is not None:
                 spy.wait()
             batches.append({"variant": variant, "seconds": round(secs, 3), "cpu_seconds": round(cpu, 2), "cpu_by_process": cpu_by,
-                            "load_seconds": round(t_load, 3),
-                            "records": observed.get("records"), "dead": observed.get("dead"),
+                            "records": written.input_rows, "dead": written.dead_rows,
                             "files": len(files), "records_per_s": round(args.records / secs, 1),
                             "since_ms": since})
             log.info("batch %d: %.2fs", i, secs)

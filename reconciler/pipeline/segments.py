@@ -7,7 +7,7 @@ the publish (``reconciler.table``) commits them in one transaction with the
 checkpoints. A batch that lost its publish is ``discard``ed; one a crash interrupted
 is removed by the next leader's recovery (``batch_dirs`` + the database's batch ids).
 
-One file per (Spark task, time chunk): each file lies within one partition of the
+One file per (task, time chunk): each file lies within one partition of the
 table (``__time`` by the segment granularity), which is what Iceberg's ``add_files``
 needs to infer its partition.
 
@@ -22,17 +22,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-
-from reconciler.errors import SparkMisconfigured
-from reconciler.pipeline import sink
-from reconciler.pipeline.transform import SEGMENT, TIME
+from reconciler.pipeline import tasks
+from reconciler.pipeline.transform import SEGMENT
 from reconciler.table import storage
 from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
 
@@ -109,129 +105,49 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path]) -> None:
         list(pool.map(lambda d: _fsync_path(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)), dirs))
 
 
-def _check_visible(root: str, listed: list[str] | None, found, keep) -> None:
-    """Called after the Spark write succeeded, so its job committed: the commit list and
-    every file it names must be visible here. When they are not (yet): the executors wrote
-    through another endpoint of a store that replicates between sites, a gateway's cache, a
-    shared directory's attribute cache), the batch fails and is read again. Never "no list,
-    so no task committed": that deleted every file and published the batch without them,
-    and the checkpoint moved past records no table holds. Nothing is deleted here; the
-    failed batch is fenced, then deleted (``supervisor._abandon``)."""
+def _check_visible(root: str, described: set[str], found: Iterable[str]) -> None:
+    """Called after the Spark job succeeded: every file its tasks described must be visible
+    here. When one is not (yet): the executors wrote through another endpoint of a store
+    that replicates between sites, a gateway's cache, a shared directory's attribute cache;
+    the batch fails and is read again. Nothing is deleted here; the failed batch is fenced,
+    then deleted (``supervisor._abandon``)."""
     from reconciler.errors import RetryableError
 
-    if listed is None:
-        if found:  # files, but no commit list: it is on its way
-            raise RetryableError(f"the Spark job wrote {len(found)} file(s) under {root} but its commit list "
-                                 f"({sink.COMMITTED}) is not visible here yet; the batch is read again")
-        return  # the job wrote nothing here (a dead-letter write skipped)
-    present = set(found)
-    missing = sorted(str(k) for k in keep if k not in present)
+    missing = sorted(described - set(found))
     if missing:
-        raise RetryableError(f"{len(missing)} file(s) the Spark job committed under {root} are not visible "
+        raise RetryableError(f"{len(missing)} file(s) the Spark tasks wrote under {root} are not visible "
                              f"here yet (first: {missing[0]}); the batch is read again")
 
 
-def _collect_remote(root: str, chunked: bool) -> list[DataFile]:
-    """``_collect`` on an object store: one listing by the batch's prefix."""
+def _keep(root: str, described: dict[str, tasks.FileDescription], chunked: bool) -> list[DataFile]:
+    """The described files under ``root`` as ``DataFile``s; anything else there (a killed task
+    attempt's files) is deleted, so never left behind."""
     files = storage.at(root)
-    listed = sink.committed_files(root)
     found = files.list(root)
-    keep = {files.join(root, name) for name in listed} if listed is not None else set()
-    _check_visible(root, listed, found, keep)
-    out: list[DataFile] = []
-    doomed = []
-    for location, (_mtime, size) in sorted(found.items()):
-        if location not in keep:
-            doomed.append(location)
-            continue
-        meta = pq.read_metadata(files.path(location), filesystem=files.fs)
-        if meta.num_rows == 0:
-            doomed.append(location)
-            continue
-        parent = location.rsplit("/", 2)[-2]
-        segment = parent[len(SEGMENT_PREFIX):] if chunked and parent.startswith(SEGMENT_PREFIX) else None
-        out.append(DataFile(location, segment, meta.num_rows, size))
-    files.delete(doomed)
-    return out
+    wanted = {files.join(root, name): d for name, d in described.items()}
+    _check_visible(root, set(wanted), found)
+    files.delete(location for location in found if location not in wanted)
+    return [DataFile(location, d.chunk if chunked else None, d.rows, d.bytes)
+            for location, d in sorted(wanted.items()) if d.rows > 0]
 
 
-def _collect(root: Path | str, chunked: bool) -> list[DataFile]:
-    """The Parquet files the job committed under ``root``; anything else (a failed task
-    attempt's files, the commit list, empty files) is deleted, so never left behind."""
-    if storage.is_object_store(root):
-        return _collect_remote(str(root), chunked)
-    out: list[DataFile] = []
-    if not root.is_dir():
-        return out
-    listed = sink.committed_files(root)
-    keep = {root / name for name in listed} if listed is not None else set()
-    found = [p for p in sorted(root.rglob("*")) if not p.is_dir()]
-    _check_visible(str(root), listed, found, keep)
-    for path in found:
-        if path not in keep:
-            path.unlink()
-            continue
-        meta = pq.read_metadata(path)
-        if meta.num_rows == 0:
-            path.unlink()
-            continue
-        segment = None
-        if chunked:
-            part = path.parent.name
-            segment = part[len(SEGMENT_PREFIX):] if part.startswith(SEGMENT_PREFIX) else None
-        out.append(DataFile(str(path), segment, meta.num_rows, path.stat().st_size))
-    return out
-
-
-def write_batch(
-    spark: SparkSession,
-    df: DataFrame,
-    dead_df: DataFrame | Callable[[], DataFrame] | None,
+def finish(
+    results: tasks.TaskResults,
     data_dir: str | os.PathLike[str],
     dead_dir: str | os.PathLike[str],
     batch_id: str,
     *,
-    dead_count: Callable[[], int | None] | None = None,
-    input_rows: Callable[[], int | None] | None = None,
-    input_bytes: Callable[[], int | None] | None = None,
-    segment_granularity: str | None = None,
     fsync: bool = True,
 ) -> WrittenBatch:
-    """Write a batch's rows under ``data_dir`` and its dead letters under ``dead_dir``.
-
-    ``df`` must have a ``time_chunk`` column (see ``transform``): one file per (task,
-    chunk). ``dead_count``, when given, is asked after the row write (an ``Observation``
-    filled during it): if it answers 0 the dead-letter write, a second Spark job over
-    the same input, is skipped. ``dead_df`` may be a function that builds the frame:
-    Spark analyses a frame as it is built (about 0.1 s of py4j calls for a parse), so a
-    batch without dead letters then never builds it. With ``segment_granularity`` the
-    writers name the chunk of a row whose ``time_chunk`` is null from its ``__time``
-    (``transform.good_rows(..., sink_chunks=True)``).
-    """
-    check_batch_id(batch_id)
+    """The batch its tasks wrote (``tasks.run``), durable and uncommitted."""
     remote = storage.is_object_store(data_dir)
     if not remote:
         data_dir, dead_dir = Path(data_dir).absolute(), Path(dead_dir).absolute()
-    if SEGMENT not in df.columns:
-        raise ValueError(f"the frame has no {SEGMENT} column: {df.columns}")
-    _activate(spark)
-    row_options = sink.options(data_dir, SEGMENT, chunk_granularity=segment_granularity,
-                               time_column=TIME if segment_granularity else None)
-    df.write.format(sink.NAME).mode("append").options(**row_options).save()
-    known_dead = dead_count() if dead_count is not None else None
-    if dead_df is not None and known_dead != 0:
-        if callable(dead_df):
-            dead_df = dead_df()
-        dead_df.write.format(sink.NAME).mode("append").options(**sink.options(dead_dir)).save()
-    files = _collect(data_dir, chunked=True)
-    if segment_granularity and any(f.segment == sink.NO_VALUE for f in files):
-        # Only a sink that ignores the chunk options leaves good rows (which all have a
-        # time) unnamed: workers running an older release than this daemon.
-        raise SparkMisconfigured(
-            "the Spark workers wrote rows without a time chunk: they run an older "
-            "stream-reconciler than this daemon; install the same version where the "
-            "workers run (and rebuild spark.archives), then the batch is read again")
-    dead_files = _collect(dead_dir, chunked=False)
+    by_kind: dict[str, dict[str, tasks.FileDescription]] = {tasks.DATA: {}, tasks.DEAD: {}}
+    for d in results.files:
+        by_kind[d.kind][d.path] = d
+    files = _keep(str(data_dir), by_kind[tasks.DATA], chunked=True)
+    dead_files = _keep(str(dead_dir), by_kind[tasks.DEAD], chunked=False)
     if fsync and not remote:  # on an object store a PUT that returned is durable
         # After a power loss the files must still be there once the database says committed.
         paths = [Path(f.path) for f in (*files, *dead_files)]
@@ -239,21 +155,7 @@ def write_batch(
         dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent,
                                             data_dir.parent.parent, dead_dir.parent.parent}
         fsync_all(paths, dirs)
-    return WrittenBatch(batch_id, tuple(files), tuple(dead_files),
-                        input_rows() if input_rows is not None else None,
-                        input_bytes() if input_bytes is not None else None)
-
-
-def _activate(spark: SparkSession) -> None:
-    """Make ``spark`` the active session of this thread's JVM twin.
-
-    A write looks Python data sources up in the JVM thread's active session, and each
-    Python thread talks to its own JVM thread, where none is set (reads look them up in
-    the frame's session): without this a runtime thread's first write fails with
-    DATA_SOURCE_NOT_FOUND. Spark Connect sets it per request on the server."""
-    jsession = getattr(spark, "_jsparkSession", None)
-    if jsession is not None:
-        spark._jvm.SparkSession.setActiveSession(jsession)
+    return WrittenBatch(batch_id, tuple(files), tuple(dead_files), results.records, results.input_bytes)
 
 
 def discard(*dirs: str | os.PathLike[str]) -> None:

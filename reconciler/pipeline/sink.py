@@ -1,40 +1,28 @@
-"""``df.write.format("reconciler_parquet")``: a batch's Parquet files, written by pyarrow.
+"""A task's Parquet files, written by pyarrow where the task runs.
 
-Spark's own Parquet writer, on a local filesystem without Hadoop's native library,
-forks ``chmod`` from the JVM for every file it creates (and sorts each task's rows by
-partition first); a batch that spans many time chunks spent most of its time there
-(benchmarks/PROFILE.md). This sink keeps Spark for reading and transforming and hands
-each task's Arrow batches to pyarrow, which writes one file per (task, time chunk).
-The sink also names most rows' chunks itself (``_Chunks``, from ``__time``), once per
-distinct chunk instead of Spark formatting a string per row.
-
-Exactly once does not depend on Spark's commit protocol: each task names its files
-with its partition and attempt and returns them in its commit message, and the job's
-``commit`` writes the list (``COMMITTED``) beside them. ``segments.write_batch`` keeps
-only listed files; a failed or retried attempt's files are deleted there.
+Each Arrow task (``tasks``) writes its rows here: one file per (task attempt, time chunk)
+under ``<batch>/time_chunk=<chunk>/``, and its dead letters in one file, with row groups
+of up to ``ROW_GROUP_ROWS`` and at most ``PENDING_BYTES`` buffered across its files. A
+file's name carries the task's partition and attempt and a random tag, so attempts never
+overwrite each other; the task reports each file it closed (``WrittenFile``), and the
+driver keeps only reported files (``segments.finish``).
 
 Files go through one layer, ``table.storage`` (pyarrow's filesystems): a local or shared
 directory, or an object store (``s3://``). There a file is one PUT when its writer closes
-(atomic: no temporary name, no rename) and the commit list is one PUT too. The executors
-get the store's endpoint, region and addressing in the write's options (``objectStore``,
-no credential in it: Spark shows options in its UI); their credentials come from their
-own AWS environment, profile or instance role.
+(atomic: no temporary name, no rename). The tasks get the store's endpoint, region and
+addressing in their plan (``ObjectStore.to_json()``, no credential in it: Spark shows a
+job's closures to whoever reads its UI); their credentials come from the executors' own
+AWS environment, profile or instance role.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-
-NAME = "reconciler_parquet"
-COMMITTED = "_committed.json"
 ROW_GROUP_ROWS = 131_072  # rows buffered per file before a row group is written
 # Rows a task holds before writing, across all its files: a batch spread over hundreds of
 # time chunks would otherwise keep each chunk's rows (under ROW_GROUP_ROWS) until the end.
@@ -44,53 +32,18 @@ DICTIONARY_SAMPLE_ROWS = 4096
 DICTIONARY_MIN_ROWS = 64  # fewer rows than this cannot tell repeats from distinct values
 
 
-@dataclass
-class SinkCommit(WriterCommitMessage):
-    files: list[str] = field(default_factory=list)  # relative to the sink's path
-
-
-def options(
-    path: str | os.PathLike[str],
-    partition_column: str | None = None,
-    *,
-    chunk_granularity: str | None = None,
-    time_column: str | None = None,
-) -> dict[str, str]:
-    """Options for ``df.write.format(NAME).mode("append").options(**options(...)).save()``.
-
-    With ``chunk_granularity`` (and ``time_column``), a row whose partition value is null
-    goes to the chunk of its time at that granularity (``transform.good_rows`` with
-    ``sink_chunks``) instead of ``__HIVE_DEFAULT_PARTITION__``."""
-    from reconciler.table import storage
-
-    out = {"path": str(path)}
-    if storage.is_object_store(path):
-        out["objectStore"] = storage.current().to_json()
-    if partition_column:
-        out["partitionColumn"] = partition_column
-    if chunk_granularity:
-        if not (partition_column and time_column):
-            raise ValueError("chunk_granularity needs a partition column and a time column")
-        out["chunkGranularity"] = chunk_granularity
-        out["timeColumn"] = time_column
-    return out
-
-
-def committed_files(path: str | os.PathLike[str]) -> list[str] | None:
-    """The files the job committed (relative paths), or None when no job committed here."""
-    from reconciler.table import storage
-
-    files = storage.at(path)
-    try:
-        return json.loads(files.read_bytes(files.join(str(path), COMMITTED)))["files"]
-    except FileNotFoundError:
-        return None
+@dataclass(frozen=True)
+class WrittenFile:
+    name: str  # relative to the task's root
+    value: Any  # the partition column's value (the time chunk), None without one
+    rows: int
+    bytes: int
 
 
 @lru_cache(maxsize=8)
-def _storage(path: str, store_json: str | None):
-    """The storage of a write's ``path`` in an executor's Python worker (reused by its tasks):
-    the daemon's endpoint (``objectStore.executorEndpoint`` if set), region and addressing over
+def task_storage(path: str, store_json: str | None):
+    """The storage of a write's ``path`` where a task runs (reused by a worker's tasks): the
+    daemon's endpoint (``objectStore.executorEndpoint`` if set), region and addressing over
     this host's AWS environment, whose credentials it uses."""
     from reconciler.table import storage
 
@@ -100,130 +53,10 @@ def _storage(path: str, store_json: str | None):
     return storage.Storage(path, storage.ObjectStore.from_environment(public))
 
 
-class ParquetSink(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def writer(self, schema: Any, overwrite: bool) -> _Writer:
-        chunks = None
-        if self.options.get("chunkGranularity"):
-            chunks = _Chunks(self.options["timeColumn"], self.options["chunkGranularity"])
-        return _Writer(self.options["path"], self.options.get("partitionColumn"), chunks,
-                       self.options.get("objectStore"))
+_storage = task_storage  # the shared-directory probe's name for it
 
 
-class _Chunks:
-    """Names the time chunk of rows by their time: ``transform.chunk_column``'s twin for
-    the years 1000 to 9999 (the rows ``good_rows(sink_chunks=True)`` leaves unnamed)."""
-
-    def __init__(self, time_column: str, granularity: str):
-        from reconciler.pipeline.transform import ARROW_FLOOR
-
-        if granularity not in ARROW_FLOOR:
-            raise ValueError(f"unknown segment granularity: {granularity!r}")
-        self.time_column = time_column
-        self.unit, self.multiple = ARROW_FLOOR[granularity]
-
-    def route(self, rows: Any, files: _Files) -> None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        times = rows.column(rows.schema.get_field_index(self.time_column))
-        # The UTC wall clock: floor_temporal on a zoned type converts every value (7x slower).
-        floored = pc.floor_temporal(times.cast(pa.timestamp("us")), multiple=self.multiple, unit=self.unit)
-        if floored.null_count:
-            files.add(None, rows.filter(pc.is_null(floored)))
-        bounds = pc.min_max(floored)
-        low, high = bounds["min"].value, bounds["max"].value
-        if low is None:
-            return
-        if low == high:  # the usual case: a stream's records are close in time
-            files.add(_chunk_name(bounds["min"].as_py()), rows.filter(pc.is_valid(floored)) if floored.null_count else rows)
-            return
-        for value in pc.unique(floored.drop_null()):
-            files.add(_chunk_name(value.as_py()), rows.filter(pc.equal(floored, value)))
-
-
-def _chunk_name(start: Any) -> str:
-    from reconciler.pipeline.transform import CHUNK_FORMAT
-
-    if not 1000 <= start.year <= 9999:  # Spark names these (good_rows); never routed here
-        raise ValueError(f"time chunk {start} is outside the years the sink names")
-    return start.strftime(CHUNK_FORMAT)
-
-
-class _Writer(DataSourceArrowWriter):
-    def __init__(self, path: str, partition_column: str | None, chunks: _Chunks | None = None,
-                 store: str | None = None):
-        self.path = path
-        self.partition_column = partition_column
-        self.chunks = chunks
-        self.store = store  # ObjectStore.to_json(): no credentials
-
-    def write(self, iterator: Iterator[Any]) -> SinkCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        stem = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}" if ctx else \
-            f"part-{uuid.uuid4().hex}"
-        files = _Files(self.path, stem, self.partition_column, storage=_storage(self.path, self.store))
-        try:
-            for batch in iterator:
-                if batch.num_rows:
-                    self._route(batch, files)
-            return SinkCommit(files.close())
-        except BaseException:
-            files.abort()
-            raise
-
-    def _route(self, batch: Any, files: _Files) -> None:
-        if not self.partition_column:
-            files.add(None, batch)
-            return
-        import pyarrow.compute as pc
-
-        index = batch.schema.get_field_index(self.partition_column)
-        column = batch.column(index)
-        rows = batch.remove_column(index)
-        if self.chunks is not None and column.null_count:
-            if column.null_count == len(column):
-                self.chunks.route(rows, files)
-                return
-            unnamed = pc.is_null(column)
-            self.chunks.route(rows.filter(unnamed), files)
-            named = pc.invert(unnamed)
-            rows, column = rows.filter(named), column.filter(named)
-        values = pc.unique(column)
-        if len(values) == 1:  # the usual case: a stream's records are close in time
-            files.add(values[0].as_py(), rows)
-            return
-        for value in values:
-            files.add(value.as_py(), rows.filter(pc.equal(column, value)))
-
-    def _driver_storage(self):
-        """The storage as the driver reaches it. The commit and the abort run beside the Spark
-        driver: in a classic session that is the daemon's own process, which reaches the store
-        at the daemon's endpoint (``executorEndpoint`` may resolve only on the executors); a
-        Spark Connect server, not configured with the daemon's store, reaches it as executors do."""
-        from reconciler.table import storage
-
-        if storage.is_object_store(self.path) and storage.configured():
-            return storage.at(self.path)
-        return _storage(self.path, self.store)
-
-    def commit(self, messages: list[SinkCommit | None]) -> None:
-        names = sorted(f for m in messages if m is not None for f in m.files)
-        files = self._driver_storage()
-        # Whole or not at all: a PUT, or a rename on local disk (Storage.write_bytes).
-        files.write_bytes(files.join(self.path, COMMITTED), json.dumps({"files": names}).encode())
-
-    def abort(self, messages: list[SinkCommit | None]) -> None:
-        files = self._driver_storage()
-        files.delete(files.join(self.path, name) for m in messages for name in (m.files if m is not None else ()))
-
-
-class _Files:
+class Files:
     """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
 
     def __init__(self, root: str | os.PathLike[str], stem: str, column: str | None,
@@ -235,6 +68,7 @@ class _Files:
         self.pending_rows: dict[Any, int] = {}
         self.pending_size: dict[Any, int] = {}
         self.names: dict[Any, str] = {}
+        self.rows: dict[Any, int] = {}
         self.limit = pending_bytes
         self.held = 0  # bytes buffered across all values
         # Decided once per task, from its first flush large enough to tell: counting each
@@ -242,9 +76,35 @@ class _Files:
         # hundreds of chunks (a few hundred rows per file; benchmarks/PROFILE.md).
         self.dictionary: list[str] | None = None
 
+    def add_table(self, table: Any) -> None:
+        """Route a table's rows to their files by the partition column (dropped from the rows)."""
+        if not table.num_rows:
+            return
+        if not self.column:
+            for batch in table.to_batches():
+                self.add(None, batch)
+            return
+        import pyarrow.compute as pc
+
+        index = table.schema.get_field_index(self.column)
+        column = table.column(index)
+        rows = table.remove_column(index)
+        values = pc.unique(column)
+        if len(values) == 1:  # the usual case: a stream's records are close in time
+            self._add_batches(values[0].as_py(), rows)
+            return
+        for value in values:
+            self._add_batches(value.as_py(), rows.filter(pc.equal(column, value) if value.is_valid
+                                                          else pc.is_null(column)))
+
+    def _add_batches(self, value: Any, table: Any) -> None:
+        for batch in table.to_batches():
+            self.add(value, batch)
+
     def add(self, value: Any, batch: Any) -> None:
         if not batch.num_rows:
             return
+        self.rows[value] = self.rows.get(value, 0) + batch.num_rows
         self.pending.setdefault(value, []).append(batch)
         self.pending_rows[value] = self.pending_rows.get(value, 0) + batch.num_rows
         size = batch.nbytes
@@ -283,12 +143,18 @@ class _Files:
             self.writers[value], self.names[value] = writer, name
         writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
-    def close(self) -> list[str]:
+    def close(self) -> list[WrittenFile]:
+        """Write what is buffered and close every file: what was written, with sizes."""
         for value in list(self.pending):
             self._flush(value)
         for writer in self.writers.values():
             writer.close()
-        return sorted(self.names.values())
+        out = []
+        for value, name in self.names.items():
+            location = self.storage.join(self.root, name)
+            size = self.storage.fs.get_file_info(self.storage.path(location)).size
+            out.append(WrittenFile(name, value, self.rows.get(value, 0), int(size or 0)))
+        return sorted(out, key=lambda f: f.name)
 
     def abort(self) -> None:
         for writer in self.writers.values():

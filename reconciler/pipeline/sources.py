@@ -1,61 +1,31 @@
-"""PySpark Python data sources that read bounded offset ranges as Arrow batches.
+"""The stream side of a task: its share of a batch's offset ranges, and a reader for them.
 
-``spark.read.format("kafka_range")`` (or ``"rabbitmq_range"``) with options
-
-* ``source``: JSON of the spec's ``source`` document, secret *references* only. The
-  worker resolves them when it builds its client (``reconciler.spec.secrets``);
-  resolved secrets never enter Spark options, plans or logs.
-* ``ranges``: JSON list of ``{"partition": str, "start": int, "end": int}``, half-open.
-* ``taskCount``: how many Spark tasks (readers) share the ranges; each gets roughly
-  the same number of offsets, so a big partition range may be cut into sub-ranges.
-* ``maxBatchRows`` (optional): rows per Arrow batch handed to Spark.
-* ``jsonFields`` (optional): JSON list of top-level JSON fields to parse in the reader
-  (``reconciler.pipeline.jsonfields``); the records then carry ``FAST`` and one string
-  column per field after ``RECORD_SCHEMA``'s, then ``VALUE_BYTES``, and
-  ``jsonCorruptColumn`` names the key that makes a record go to Spark's ``from_json``.
-* ``jsonTimestampField`` and ``jsonTimestampFormat`` (optional, with ``jsonFields``): the
-  data schema's timestamp column and its format. When the column is one of the fields,
-  the readers shed the values Spark will not need (``jsonfields.shed_values``); a virtual
-  timestamp (``__key``...) is not a field, so nothing is shed.
-
-``read()`` yields ``pyarrow.RecordBatch`` objects straight from the stream readers
-(``reconciler.streams.base.RECORD_SCHEMA``), so there is no per-record Python work here.
+A batch's ranges are cut into groups of sub-ranges, one group per task (``split_ranges``);
+a task opens the spec's stream client where it runs (``open_reader``: the Kafka or RabbitMQ
+range reader, secrets resolved there from their references, never carried in the job)
+and reads each sub-range as ``pyarrow.RecordBatch`` objects of ``RECORD_SCHEMA``
+(``conform``: microsecond timestamps, whatever the client gives).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
 
 from reconciler.model import (
     KafkaSource,
     PartitionRange,
     RabbitSource,
-    Source,
     source_from_document,
-    source_to_document,
 )
-from reconciler.pipeline.jsonfields import FieldParser, arrow_fields, shed_values
 from reconciler.streams.base import record_schema
 
-# What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
-# same as RECORD_SCHEMA except that Spark timestamps are microseconds, and it compares
-# with ``Schema.equals`` (types and nullability), so batches are cast to exactly this.
-ARROW_SCHEMA = record_schema("us")
-
-# The data sources' Spark schema, derived from the same definition.
-SPARK_RECORD_SCHEMA = from_arrow_schema(ARROW_SCHEMA)
+ARROW_SCHEMA = record_schema("us")  # what the transform gets: microsecond stream times
 
 DEFAULT_MAX_BATCH_ROWS = 65536
-
-
-# --------------------------------------------------------------------------- options
 
 
 def ranges_to_json(ranges: Iterable[PartitionRange]) -> str:
@@ -69,38 +39,6 @@ def ranges_from_json(text: str) -> list[PartitionRange]:
         PartitionRange(str(d["partition"]), int(d["start"]), int(d["end"]))
         for d in json.loads(text)
     ]
-
-
-def read_options(
-    source: Source,
-    ranges: Iterable[PartitionRange],
-    task_count: int,
-    json_fields: Sequence[str] | None = None,
-    json_corrupt_column: str = "",
-    json_timestamp: tuple[str, str] | None = None,
-    **extra: Any,
-) -> dict[str, str]:
-    """Spark options for ``spark.read.format(...).options(**read_options(...))``."""
-    opts = {
-        "source": json.dumps(source_to_document(source), sort_keys=True),
-        "ranges": ranges_to_json(ranges),
-        "taskCount": str(int(task_count)),
-    }
-    if json_fields is not None:
-        opts["jsonFields"] = json.dumps(list(json_fields))
-        opts["jsonCorruptColumn"] = json_corrupt_column
-        if json_timestamp is not None:
-            opts["jsonTimestampField"], opts["jsonTimestampFormat"] = json_timestamp
-    opts.update({k: str(v) for k, v in extra.items()})
-    return opts
-
-
-def format_name(source: Source) -> str:
-    if isinstance(source, KafkaSource):
-        return KafkaRangeDataSource.name()
-    if isinstance(source, RabbitSource):
-        return RabbitRangeDataSource.name()
-    raise TypeError(f"unknown source type: {source!r}")
 
 
 # --------------------------------------------------------------------------- splitting
@@ -137,172 +75,23 @@ def split_ranges(ranges: Sequence[PartitionRange], task_count: int) -> list[list
     return [grp for grp in groups if grp]
 
 
-# --------------------------------------------------------------------------- data sources
+def open_reader(source_document: Mapping[str, Any]) -> Any:
+    """The range reader of a source document (``model.source_to_document``), built where the
+    task runs; its client is imported only there (a Kafka task never loads RabbitMQ's)."""
+    source = source_from_document(dict(source_document))
+    if isinstance(source, KafkaSource):
+        from reconciler.streams.kafka import KafkaRangeReader
 
+        return KafkaRangeReader(source)
+    if isinstance(source, RabbitSource):
+        from reconciler.streams.rabbitmq import RabbitRangeReader
 
-class RangesPartition(InputPartition):
-    """One Spark task's share: a list of ``[start, end)`` sub-ranges."""
-
-    def __init__(self, index: int, ranges: list[PartitionRange]):
-        super().__init__([(r.partition, r.start, r.end) for r in ranges])
-        self.index = index
-
-    @property
-    def ranges(self) -> list[PartitionRange]:
-        return [PartitionRange(p, s, e) for p, s, e in (self.value or [])]
+        return RabbitRangeReader(source)
+    raise TypeError(f"unknown source type: {source!r}")
 
 
 def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Cast a reader's batch (RECORD_SCHEMA, ms timestamps) to what Spark expects."""
+    """A reader's batch (``RECORD_SCHEMA``, its client's time unit) as the transform reads it."""
     if batch.schema.equals(ARROW_SCHEMA):
         return batch
     return batch.cast(ARROW_SCHEMA)
-
-
-def _json_fields(options: Mapping[str, str]) -> list[str] | None:
-    text = options.get("jsonFields")
-    if text is None:
-        return None
-    fields = json.loads(text)
-    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-        raise ValueError("option jsonFields must be a JSON list of strings")
-    return fields
-
-
-def with_fields(
-    batch: pa.RecordBatch,
-    parser: FieldParser,
-    schema: pa.Schema,
-    timestamp: tuple[str, str] | None = None,
-) -> pa.RecordBatch:
-    """A conformed record batch plus its parsed fields (``schema``: ``arrow_schema``), its
-    values shed where Spark will not need them (``timestamp``: the data schema's timestamp
-    column and format; nothing is shed unless that column is one of the parsed fields)."""
-    index = batch.schema.get_field_index("value")
-    values = batch.column(index)
-    parsed = parser.columns(values)
-    field, timestamp_format = timestamp or ("", "")
-    text = parsed[1 + parser.fields.index(field)] if field in parser.fields else None
-    kept, shed_bytes = shed_values(values, parsed[0], text, timestamp_format)
-    columns = list(batch.columns)
-    columns[index] = kept
-    return pa.RecordBatch.from_arrays([*columns, *parsed, shed_bytes], schema=schema)
-
-
-def arrow_schema(json_fields: Sequence[str] | None) -> pa.Schema:
-    """The Arrow schema of the batches a reader yields (what Spark checks them against)."""
-    if json_fields is None:
-        return ARROW_SCHEMA
-    return pa.schema([*ARROW_SCHEMA, *arrow_fields(len(json_fields))])
-
-
-class _RangeReader(DataSourceReader):
-    reader_class: str = ""  # "module:Class", imported on the worker
-
-    def __init__(self, options: Mapping[str, str]):
-        try:
-            self.source_doc = json.loads(options["source"])
-            self.ranges = ranges_from_json(options.get("ranges", "[]"))
-            self.json_fields = _json_fields(options)
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f"range data source: bad or missing option: {exc}") from None
-        self.json_corrupt_column = options.get("jsonCorruptColumn", "")
-        self.json_timestamp = (
-            (options["jsonTimestampField"], options.get("jsonTimestampFormat", ""))
-            if options.get("jsonTimestampField") else None
-        )
-        self.schema = arrow_schema(self.json_fields)
-        self.task_count = max(1, int(options.get("taskCount", "1")))
-        self.max_batch_rows = max(1, int(options.get("maxBatchRows", DEFAULT_MAX_BATCH_ROWS)))
-
-    def partitions(self) -> list[InputPartition]:
-        return [
-            RangesPartition(i, grp)
-            for i, grp in enumerate(split_ranges(self.ranges, self.task_count))
-        ]
-
-    def _make_reader(self) -> Any:
-        module, _, cls = self.reader_class.partition(":")
-        mod = __import__(module, fromlist=[cls])
-        return getattr(mod, cls)(source_from_document(self.source_doc))
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # With no partitions at all Spark still runs one task with InputPartition(None).
-        ranges = partition.ranges if isinstance(partition, RangesPartition) else []
-        if not ranges:
-            return iter(())
-        return self._read(ranges)
-
-    def _read(self, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
-        reader = self._make_reader()
-        fields = None
-        if self.json_fields is not None:
-            fields = FieldParser(self.json_fields, self.json_corrupt_column)
-        try:
-            for rng in ranges:
-                for batch in reader.read(rng, self.max_batch_rows):
-                    if not batch.num_rows:
-                        continue
-                    batch = conform(batch)
-                    if fields is not None:
-                        batch = with_fields(batch, fields, self.schema, self.json_timestamp)
-                    yield batch
-        finally:
-            close = getattr(reader, "close", None)
-            if close is not None:
-                close()
-
-
-class KafkaRangeReader(_RangeReader):
-    reader_class = "reconciler.streams.kafka:KafkaRangeReader"
-
-
-class RabbitRangeReader(_RangeReader):
-    reader_class = "reconciler.streams.rabbitmq:RabbitRangeReader"
-
-
-class _RangeDataSource(DataSource):
-    reader_type: type[_RangeReader] = _RangeReader
-
-    def schema(self) -> StructType:
-        try:
-            fields = _json_fields(self.options)
-        except ValueError as exc:
-            raise ValueError(f"range data source: bad option: {exc}") from None
-        if fields is None:
-            return SPARK_RECORD_SCHEMA
-        return from_arrow_schema(arrow_schema(fields))
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return self.reader_type(self.options)
-
-
-class KafkaRangeDataSource(_RangeDataSource):
-    """``spark.read.format("kafka_range")``: offset ranges of one Kafka topic."""
-
-    reader_type = KafkaRangeReader
-
-    @classmethod
-    def name(cls) -> str:
-        return "kafka_range"
-
-
-class RabbitRangeDataSource(_RangeDataSource):
-    """``spark.read.format("rabbitmq_range")``: offset ranges of a set of RabbitMQ streams."""
-
-    reader_type = RabbitRangeReader
-
-    @classmethod
-    def name(cls) -> str:
-        return "rabbitmq_range"
-
-
-DATA_SOURCES: tuple[type[DataSource], ...] = (KafkaRangeDataSource, RabbitRangeDataSource)
-
-
-def register(spark: Any) -> None:
-    """Register both data sources and the Parquet sink with a session (idempotent)."""
-    from reconciler.pipeline.sink import ParquetSink
-
-    for ds in (*DATA_SOURCES, ParquetSink):
-        spark.dataSource.register(ds)

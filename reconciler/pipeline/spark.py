@@ -15,8 +15,8 @@ fix (a malformed master URL, a missing package for ``sc://``, a segments directo
 executors cannot see) is ``SparkMisconfigured``, raised again at once without retrying
 Spark, its message naming the fix.
 
-On a cluster the executors' Python must have this package installed (the data
-sources' readers run there): on the same host ``PYSPARK_PYTHON`` (set to this
+On a cluster the executors' Python must have this package installed (a batch's
+tasks run there): on the same host ``PYSPARK_PYTHON`` (set to this
 interpreter unless the operator set it) is enough; on other hosts ship a packed
 virtualenv with ``spark.archives`` (README, "Running on a Spark cluster"). The
 segments directory must be the same path for this process, the driver and every
@@ -148,7 +148,7 @@ def get_session(
     *,
     shared_dir: str | os.PathLike[str] | None = None,
 ) -> SparkSession:
-    """The process's SparkSession (built on first call, with the data sources registered).
+    """The process's SparkSession (built on first call).
 
     ``master`` is ``local[N]``/``local[*]``, ``spark://host:port`` (standalone, YARN-style
     URLs work the same way) or a Spark Connect URL ``sc://host:port``. ``conf`` (the
@@ -212,9 +212,6 @@ def _build(master: str, app_name: str, conf: dict[str, Any], shared_dir) -> Spar
             raise SparkUnavailable(gone) from exc
         raise
     try:
-        from reconciler.pipeline.sources import register
-
-        register(session)
         if shared_dir is not None and not master.startswith("local"):
             check_shared_dir(session, shared_dir)
     except BaseException:

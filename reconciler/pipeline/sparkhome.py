@@ -2,11 +2,11 @@
 
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on every Python worker's path,
 and Python never caches the bytecode of modules imported from a zip: each worker that
-Spark starts compiles pyspark's sources again. The data source readers and the sink
-avoid it through ``spark.python.daemon.module`` (``reconciler.pipeline.sparkworker``), but
-Spark 4.3 starts the planner's workers (data source creation, read planning, the write's
-set-up and commit) with ``pyspark.daemon`` whatever that setting says: 0.7 s of CPU each,
-one after another, measured 2.6 s of a fresh process's first batch of 100,000 records.
+Spark starts compiles pyspark's sources again. A batch's Arrow tasks avoid it through
+``spark.python.daemon.module`` (``reconciler.pipeline.sparkworker``), but workers Spark
+starts otherwise (Python data sources' planners, which ran one after another and cost
+2.6 s of a fresh process's first batch before batches became Arrow tasks; anything else
+a session runs) use ``pyspark.daemon`` whatever that setting says.
 
 A pip-installed pyspark is a complete Spark home. This one mirrors it with symbolic
 links, except that ``python/lib`` holds only py4j's zip: the zip entry on the workers'

@@ -86,6 +86,7 @@ class RuntimeManager:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="runtime-manager", daemon=True)
         self._lock = threading.Lock()
+        self._spark_started = False
 
     def start(self) -> None:
         self._thread.start()
@@ -144,6 +145,9 @@ class RuntimeManager:
             for sid in wanted - set(self.runtimes):
                 self.runtimes[sid] = SupervisorRuntime(sid, self.ctx)
                 self.due[sid] = 0.0
+            if self.runtimes and not self._spark_started and self.ctx.job is None:  # a test's own job needs none
+                self._spark_started = True
+                threading.Thread(target=self._start_spark, name="spark-start", daemon=True).start()
             for sid in wanted:
                 rec = actual.supervisors[sid]
                 version = (rec.spec_hash, rec.epoch)
@@ -160,6 +164,16 @@ class RuntimeManager:
                     self.runtimes.pop(sid).close()
                     self.due.pop(sid, None)
                     self._versions.pop(sid, None)
+
+    def _start_spark(self) -> None:
+        """Build the Spark session while the first supervisors capture offsets and create their
+        tables: a fresh daemon's first batch then waits for what is left of its start (about
+        4 s of JVM, on a local master), not all of it. The batch asks for the session as
+        always and gets this one, or the failure again, reported there."""
+        try:
+            self.ctx.spark()
+        except Exception:  # noqa: BLE001 - the first batch meets it and reports it
+            log.debug("starting the Spark session ahead of the first batch failed", exc_info=True)
 
     def _submit_due(self, now: float) -> None:
         with self._lock:

@@ -3,8 +3,8 @@
 Partitions are named by strings everywhere (a Kafka partition number as text, or a
 RabbitMQ stream name), offsets are ints, and a range is half-open ``[start, end)``.
 
-Readers yield ``pyarrow.RecordBatch`` objects with ``RECORD_SCHEMA``: the Spark
-data sources and the benchmarks share them, so per-record Python work stays in one
+Readers yield ``pyarrow.RecordBatch`` objects with ``RECORD_SCHEMA``: a batch's Arrow
+tasks (``pipeline.tasks``) and the benchmarks share them, so per-record Python work stays in one
 tight loop per system.
 """
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # pyarrow costs a quarter of a second to import: status, plan
 
 
 # The records every reader yields: the one definition of the record schema (issue 16).
-# ``RECORD_SCHEMA`` (the readers', ms timestamps), the Spark data sources' Arrow and Spark
-# schemas (``pipeline.sources``, us timestamps) and the transform's raw columns derive from it.
+# ``RECORD_SCHEMA`` (the readers', ms timestamps), the tasks' Arrow schema
+# (``pipeline.sources``, us timestamps) and the transform's raw columns derive from it.
 _RECORD_FIELDS = (
     ("partition", "string"),
     ("offset", "int64"),
@@ -35,7 +35,7 @@ RECORD_COLUMNS = tuple(name for name, _ in _RECORD_FIELDS)
 
 def record_schema(time_unit: str = "ms") -> pa.Schema:
     """The record schema in Arrow, its ``stream_time`` in ``time_unit`` (ms: the readers;
-    us: what Spark's Python data sources hand over)."""
+    us: what the transform reads)."""
     import pyarrow as pa
 
     types = {

@@ -1,6 +1,6 @@
 """The daemon as a Spark Connect client (``sc://``) of a real Connect server started from the
-installed pyspark (its jar ships in the wheel). The Python data sources are registered over
-Connect and run in the server's Python workers (this virtualenv's interpreter).
+installed pyspark (its jar ships in the wheel). A batch's Arrow tasks (``mapInArrow``) run in
+the server's Python workers (this virtualenv's interpreter): they read, transform and write there.
 
 One server for the module; each scenario is small and checks exactly once by key.
 """
@@ -30,8 +30,8 @@ def server():
 
 
 def test_ingest_kafka_and_rabbitmq(spark, kafka_broker, topic, rabbit_node, stream, tmp_path, server):
-    """Both Python data sources (kafka_range, rabbitmq_range) over Connect; status shows the
-    Connect URL and the server's application id."""
+    """Kafka and RabbitMQ tasks over Connect; status shows the Connect URL and the server's
+    application id."""
     s = sc.settings(tmp_path, server.url)
     seen = sc.ingest(spark, kafka_broker, topic, s)
     assert seen["master"] == server.url and seen["appId"].startswith("local-")

@@ -1,9 +1,9 @@
-"""Pipeline test helpers: a stand-in stream for data-source tests without a broker.
+"""Pipeline test helpers: a stand-in stream for task tests without a broker.
 
-``FakeRangeDataSource`` ("fake_range") serves records generated from the offset
-alone, through the same ``_RangeReader`` machinery as the Kafka and RabbitMQ data
-sources (range splitting, Arrow batches, schema conformance). The module is pickled
-by value so that Spark's Python workers need not import it from the tests directory.
+``FakeStreamReader`` serves records generated from the offset alone, through the same
+task machinery as the Kafka and RabbitMQ readers (``tasks.TaskPlan.reader``: range
+splitting, Arrow batches, schema conformance). The module is pickled by value so that
+Spark's Python workers need not import it from the tests directory.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 from pyspark import cloudpickle
 
 from reconciler.model import PartitionRange
-from reconciler.pipeline import sources
 from reconciler.streams.base import RECORD_SCHEMA
 
 BASE_MS = 1_763_640_000_000  # 2025-11-20T12:00:00Z
@@ -62,27 +61,30 @@ class FakeStreamReader:
             pos = stop
 
 
-class FakeRangeReader(sources._RangeReader):
-    def _make_reader(self):
-        return FakeStreamReader(self.source_doc)
+class OddStreamReader(FakeStreamReader):
+    """The stand-in stream with every 100th record not JSON."""
+
+    def read(self, rng: PartitionRange, max_batch_rows: int = 65536):
+        for b in super().read(rng, max_batch_rows):
+            offsets, values = b.column("offset").to_pylist(), b.column("value").to_pylist()
+            odd = [b"{broken" if o % 100 == 0 else v for o, v in zip(offsets, values, strict=True)]
+            yield b.set_column(3, "value", pa.array(odd, pa.binary()))
 
 
-class FakeRangeDataSource(sources._RangeDataSource):
-    reader_type = FakeRangeReader
+class FailingStreamReader(FakeStreamReader):
+    """Fails after its third batch, as a broker that went away mid-read."""
 
-    @classmethod
-    def name(cls) -> str:
-        return "fake_range"
+    def read(self, rng: PartitionRange, max_batch_rows: int = 65536):
+        for i, b in enumerate(super().read(rng, max_batch_rows)):
+            if i == 3:
+                raise RuntimeError("the broker went away")
+            yield b
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def register(spark) -> None:
-    spark.dataSource.register(FakeRangeDataSource)
-
-
 @pytest.fixture
 def fakes():
-    """This module: ``make_batch``, ``FakeStreamReader``, ``FakeRangeDataSource``, ``register``."""
+    """This module: ``make_batch``, ``record_value``, ``FakeStreamReader``."""
     return sys.modules[__name__]

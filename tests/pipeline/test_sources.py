@@ -1,25 +1,22 @@
-"""The range data sources: splitting, options, Arrow batches through Spark."""
+"""A task's share of a batch: splitting ranges, the reader of a source, conformed batches."""
 
 from __future__ import annotations
 
 import json
 
 import pyarrow as pa
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import KafkaSource, PartitionRange, RabbitSource
-from reconciler.pipeline import sources
-from reconciler.pipeline.sources import (
-    ARROW_SCHEMA,
-    RangesPartition,
-    conform,
-    read_options,
+from reconciler.model import (
+    KafkaSource,
+    PartitionRange,
+    RabbitSource,
     source_from_document,
     source_to_document,
-    split_ranges,
 )
+from reconciler.pipeline import sources
+from reconciler.pipeline.sources import ARROW_SCHEMA, conform, split_ranges
 from reconciler.streams.base import RECORD_COLUMNS, RECORD_SCHEMA
 
 R = PartitionRange
@@ -73,7 +70,7 @@ def test_split_covers_every_offset_once_and_balances(sizes, n):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
-# --------------------------------------------------------------------------- options
+# --------------------------------------------------------------------------- readers
 
 
 def test_source_documents_keep_secret_references():
@@ -82,25 +79,21 @@ def test_source_documents_keep_secret_references():
     for src in (k, r):
         doc = source_to_document(src)
         assert source_from_document(json.loads(json.dumps(doc))) == src
-    opts = read_options(k, [R("0", 0, 10)], 2, maxBatchRows=100)
-    assert "${env:KAFKA_PW}" in opts["source"]
-    assert json.loads(opts["ranges"]) == [{"partition": "0", "start": 0, "end": 10}]
-    assert opts["taskCount"] == "2" and opts["maxBatchRows"] == "100"
-    assert sources.format_name(k) == "kafka_range"
-    assert sources.format_name(r) == "rabbitmq_range"
+    assert "${env:KAFKA_PW}" in json.dumps(source_to_document(k))
+    assert sources.ranges_from_json(sources.ranges_to_json([R("0", 0, 10)])) == [R("0", 0, 10)]
 
 
-def test_reader_partitions_and_read_without_spark():
-    opts = read_options(KafkaSource("b", "t"), [R("0", 0, 10), R("1", 0, 5)], 2)
-    reader = sources.KafkaRangeReader(opts)
-    parts = reader.partitions()
-    assert [p.ranges for p in parts] == [[R("0", 0, 7)], [R("0", 7, 10), R("1", 0, 5)]]
-    assert all(isinstance(p, RangesPartition) for p in parts)
-    import pickle
+def test_a_task_opens_the_reader_of_its_source_type():
+    from reconciler.streams.kafka import KafkaRangeReader
+    from reconciler.streams.rabbitmq import RabbitRangeReader
 
-    assert pickle.loads(pickle.dumps(parts[1])).ranges == parts[1].ranges
-    # InputPartition(None): what Spark hands read() when partitions() was empty.
-    assert list(reader.read(sources.InputPartition(None))) == []
+    kafka = sources.open_reader(source_to_document(KafkaSource("127.0.0.1:1", "t")))
+    rabbit = sources.open_reader(source_to_document(RabbitSource("rabbitmq-stream://h:1/%2f", ("s",))))
+    try:
+        assert isinstance(kafka, KafkaRangeReader) and isinstance(rabbit, RabbitRangeReader)
+    finally:
+        for reader in (kafka, rabbit):
+            getattr(reader, "close", lambda: None)()
 
 
 def test_conform_casts_to_spark_arrow_schema(fakes):
@@ -115,58 +108,10 @@ def test_conform_casts_to_spark_arrow_schema(fakes):
 
 
 def test_one_record_schema_the_others_derived():
-    """RECORD_SCHEMA, ARROW_SCHEMA and the Spark schema are one definition (issue 16)."""
+    """RECORD_SCHEMA and ARROW_SCHEMA are one definition (issue 16)."""
     assert tuple(RECORD_SCHEMA.names) == tuple(ARROW_SCHEMA.names) == RECORD_COLUMNS
-    assert tuple(sources.SPARK_RECORD_SCHEMA.fieldNames()) == RECORD_COLUMNS
     assert ARROW_SCHEMA.field("stream_time").type == pa.timestamp("us", tz="UTC")
     assert RECORD_SCHEMA.field("stream_time").type == pa.timestamp("ms", tz="UTC")
-    assert sources.SPARK_RECORD_SCHEMA.simpleString() == (
-        "struct<partition:string,offset:bigint,key:binary,value:binary,stream_time:timestamp>"
-    )
-
-
-# --------------------------------------------------------------------------- through Spark
-
-
-def _load(spark, fakes, ranges, tasks, **extra):
-    fakes.register(spark)
-    opts = read_options(KafkaSource("unused:1", "t"), ranges, tasks, **extra)
-    return spark.read.format("fake_range").options(**opts).load()
-
-
-@pytest.mark.spark
-@pytest.mark.parametrize("tasks", [1, 3, 8])
-def test_fake_source_reads_every_offset_once(spark, fakes, tasks):
-    ranges = [R("0", 0, 1000), R("1", 500, 1700), R("2", 7, 7)]
-    df = _load(spark, fakes, ranges, tasks, maxBatchRows=128)
-    assert df.rdd.getNumPartitions() == tasks
-    assert df.schema.simpleString() == (
-        "struct<partition:string,offset:bigint,key:binary,value:binary,stream_time:timestamp>"
-    )
-    t = df.toArrow()
-    got = sorted(
-        zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True)
-    )
-    assert got == [("0", o) for o in range(1000)] + [("1", o) for o in range(500, 1700)]
-    rows = t.to_pylist()
-    assert all(r["key"] == f"{r['partition']}-{r['offset']}".encode() for r in rows)
-
-
-@pytest.mark.spark
-def test_no_ranges_reads_nothing(spark, fakes):
-    assert _load(spark, fakes, [], 3).count() == 0
-    assert _load(spark, fakes, [R("0", 5, 5)], 2).count() == 0
-
-
-@pytest.mark.spark
-def test_registered_sources_load(spark):
-    # Registered by get_session(); an empty range list never contacts a broker.
-    for fmt, src in (
-        ("kafka_range", KafkaSource("127.0.0.1:1", "t")),
-        ("rabbitmq_range", RabbitSource("rabbitmq-stream://h:1/%2f", ("s",))),
-    ):
-        df = spark.read.format(fmt).options(**read_options(src, [], 2)).load()
-        assert df.count() == 0
 
 
 def test_fake_reader_contract(fakes):

@@ -87,29 +87,36 @@ def test_the_object_store_map_resolves_references_and_hides_its_secrets(tmp_path
 
 
 def test_executors_get_the_daemons_endpoint_never_its_credentials(monkeypatch):
-    """A write's options (shown in Spark's UI) carry the endpoint and region; an executor
-    takes credentials from its own environment."""
-    from reconciler.pipeline import sink
+    """A batch's task plan (pickled into the Spark job, shown in its UI) carries the endpoint
+    and region; an executor takes credentials from its own environment."""
+    import pickle
 
+    from reconciler.model import PartitionRange, SupervisorSpec
+    from reconciler.pipeline import sink
+    from reconciler.pipeline.batch import task_plan
+
+    spec = SupervisorSpec.from_document({"id": "x", "source": {"type": "kafka", "bootstrapServers": "b:1",
+                                                               "topic": "t"}, "dataSchema": {"datasource": "x"}})
     storage.configure(storage.ObjectStore(endpoint="http://127.0.0.1:9", region="r1", access_key_id="daemon-id",
                                           secret_access_key="daemon-secret-value"))
     try:
-        opts = sink.options("s3://b/wh/x", "time_chunk")
+        plan = task_plan(spec, [PartitionRange("0", 0, 10)], "s3://b/wh/x/data/batch=1", "s3://b/wh/x_dl/data/batch=1")
     finally:
         storage.configure(None)
-    assert json.loads(opts["objectStore"]) == {"endpoint": "http://127.0.0.1:9", "region": "r1"}
-    assert "daemon-secret-value" not in json.dumps(opts) and "daemon-id" not in json.dumps(opts)
+    assert json.loads(plan.store) == {"endpoint": "http://127.0.0.1:9", "region": "r1"}
+    shipped = pickle.dumps(plan)
+    assert b"daemon-secret-value" not in shipped and b"daemon-id" not in shipped
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "executor-id")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "executor-secret")
-    sink._storage.cache_clear()
+    sink.task_storage.cache_clear()
     try:
-        files = sink._storage("s3://b/wh/x", opts["objectStore"])
+        files = sink.task_storage("s3://b/wh/x", plan.store)
         assert files.remote and files.store.endpoint == "http://127.0.0.1:9"
         assert files.store.access_key_id == "executor-id"
     finally:
-        sink._storage.cache_clear()
+        sink.task_storage.cache_clear()
 
 
 # --------------------------------------------------------------------------- on a bucket

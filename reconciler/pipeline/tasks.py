@@ -1,0 +1,144 @@
+"""A batch as Arrow tasks: Spark schedules them, the records never enter its JVM.
+
+A batch is a tiny DataFrame with one row per task (``spark.range(n, numPartitions=n)``),
+mapped with ``mapInArrow``. Each task runs in an executor's Python worker: it reads its
+offset sub-ranges with the stream client (``sources.open_reader``), parses and transforms
+them in pyarrow (``transform.Transformer``), writes Parquet files under the batch's
+directories (``sink.Files``), and yields one small row per file it wrote (kind, path, time
+chunk, rows, bytes) and one with what it read. Only those rows cross the JVM, so a batch
+costs the JVM the same whatever its size, on a local, standalone or Spark Connect master
+alike. The driver (``describe``) publishes the descriptions as before: exactly once does
+not depend on the tasks, only on the publish's compare-and-swap.
+
+A task attempt that fails deletes what it wrote (``Files.abort``); one killed outright
+leaves files no description names, which ``segments.finish`` deletes. Spark retries a
+failed task where its master allows (``spark.task.maxFailures``); the batch's files are
+named by task and attempt, so attempts never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.model import DataSchema, PartitionRange
+
+# What a task yields: one row per file, and one row (kind "read") with the records it read.
+RESULT_SCHEMA = "kind string, path string, chunk string, rows long, bytes long"
+DATA, DEAD, READ = "data", "dead", "read"
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What every task of one batch gets (pickled into the job: no secrets, only references)."""
+
+    source: dict[str, Any]  # the spec's source document (``model.source_to_document``)
+    data_schema: DataSchema
+    groups: tuple[tuple[PartitionRange, ...], ...]  # one group of sub-ranges per task
+    data_dir: str
+    dead_dir: str
+    store: str | None  # ``ObjectStore.to_json()`` of an object-store warehouse (no credentials)
+    max_batch_rows: int
+    # Builds the reader from ``source`` instead of the stream client: the tests' stand-in
+    # stream (``tests/pipeline/conftest.py``), pickled with the plan. The product never sets it.
+    reader: Callable[[dict[str, Any]], Any] | None = None
+
+
+@dataclass(frozen=True)
+class FileDescription:
+    kind: str  # DATA or DEAD
+    path: str  # relative to the batch's data or dead-letter directory
+    chunk: str | None
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TaskResults:
+    files: tuple[FileDescription, ...]
+    records: int  # records the tasks read
+    input_bytes: int  # their keys' and values' bytes
+
+
+def run(spark: Any, plan: TaskPlan) -> TaskResults:
+    """Run one task per group of ``plan`` and gather what they wrote (driver side)."""
+    n = len(plan.groups)
+    if n == 0:
+        return TaskResults((), 0, 0)
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        return run_task(plan, batches)
+
+    rows = spark.range(0, n, 1, n).mapInArrow(task, RESULT_SCHEMA).collect()
+    files = tuple(FileDescription(r.kind, r.path, r.chunk, int(r.rows), int(r.bytes))
+                  for r in rows if r.kind in (DATA, DEAD))
+    records = sum(int(r.rows) for r in rows if r.kind == READ)
+    read_bytes = sum(int(r.bytes) for r in rows if r.kind == READ)
+    return TaskResults(files, records, read_bytes)
+
+
+def run_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """Executor side: the task ids of this partition (one, by construction), each run."""
+    import pyarrow as pa
+
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            out = _one(plan, plan.groups[int(index)])
+            yield pa.RecordBatch.from_pylist(out, schema=_result_schema())
+
+
+def _result_schema():
+    import pyarrow as pa
+
+    return pa.schema([("kind", pa.string()), ("path", pa.string()), ("chunk", pa.string()),
+                      ("rows", pa.int64()), ("bytes", pa.int64())])
+
+
+def _stem() -> str:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # run outside Spark (tests, tools)
+        return f"part-{uuid.uuid4().hex}"
+    return f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}"
+
+
+def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
+    from reconciler.pipeline import sink
+    from reconciler.pipeline.sources import conform, open_reader
+    from reconciler.pipeline.transform import SEGMENT, Transformer
+
+    stem = _stem()
+    rows = sink.Files(plan.data_dir, stem, SEGMENT, storage=sink.task_storage(plan.data_dir, plan.store))
+    dead = sink.Files(plan.dead_dir, stem, None, storage=sink.task_storage(plan.dead_dir, plan.store))
+    transformer = Transformer(plan.data_schema)
+    records = read_bytes = 0
+    reader = plan.reader(plan.source) if plan.reader is not None else open_reader(plan.source)
+    try:
+        for rng in ranges:
+            for batch in reader.read(rng, plan.max_batch_rows):
+                if not batch.num_rows:
+                    continue
+                out = transformer(conform(batch))
+                records += out.records
+                read_bytes += out.bytes
+                rows.add_table(out.rows)
+                dead.add_table(out.dead)
+        last = transformer.finish()
+        rows.add_table(last.rows)
+        dead.add_table(last.dead)
+        written = [(DATA, f) for f in rows.close()] + [(DEAD, f) for f in dead.close()]
+    except BaseException:
+        rows.abort()
+        dead.abort()
+        raise
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+    out_rows = [{"kind": kind, "path": f.name, "chunk": f.value, "rows": f.rows, "bytes": f.bytes}
+                for kind, f in written]
+    out_rows.append({"kind": READ, "path": None, "chunk": None, "rows": records, "bytes": read_bytes})
+    return out_rows
