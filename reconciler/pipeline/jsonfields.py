@@ -115,8 +115,7 @@ class FieldParser:
             except _Refused as refused:
                 if refused.row is None or reads >= _READS:
                     break
-                keep = pa.array([i != refused.row for i in range(len(index))])
-                index = index.filter(keep)
+                index = index.filter(pa.array(np.arange(len(index)) != refused.row))
                 continue
             self._misses = 0
             return _scatter(n, index, texts, good)
@@ -229,11 +228,16 @@ def _candidates(values: pa.Array) -> tuple[pa.Array, pa.Array]:
         text = values.cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # find the invalid ones (rare): Python
         text = pa.array([_utf8_or_empty(v) for v in values.to_pylist()], pa.string())
-    ok = pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}"))
-    for odd in ("\n", "\r"):
-        ok = pc.and_(ok, pc.invert(pc.match_substring(text, odd)))
-    odd = pc.match_substring_regex(text, _ODD_NON_NUMERIC)
-    ok = pc.and_(ok, pc.invert(odd)).fill_null(False)
+    ok = pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}")).fill_null(False)
+    # One search over all the bytes first (memchr-fast): the per-record searches are
+    # ten times slower and needed only where the bytes hold something suspicious.
+    raw = _data(text)
+    for odd in (b"\n", b"\r"):
+        if odd in raw:
+            ok = pc.and_(ok, pc.invert(pc.match_substring(text, odd.decode())))
+    if b"Inf" in raw or b"-NaN" in raw:
+        ok = pc.and_(ok, pc.invert(pc.match_substring_regex(text, _ODD_NON_NUMERIC)))
+    ok = ok.fill_null(False)
     long = pc.greater_equal(pc.binary_length(values), LIMITS_FROM).fill_null(False)
     if long.true_count:
         within = [
@@ -242,6 +246,13 @@ def _candidates(values: pa.Array) -> tuple[pa.Array, pa.Array]:
         ]
         ok = pc.and_(ok, pa.array(within, pa.bool_()))
     return text, ok
+
+
+def _data(text: pa.Array) -> bytes:
+    """The bytes of a string array's values (of a slice: of its whole buffer, which can
+    only add suspicion)."""
+    data = text.buffers()[2]
+    return data.to_pybytes() if data is not None else b""
 
 
 def _utf8_or_empty(v: bytes | None) -> str | None:
@@ -272,6 +283,11 @@ def _float_text(col: pa.Array) -> pa.Array:
 
 def _scatter(n: int, index: pa.Array, texts: list[pa.Array], good: pa.Array) -> BulkFields:
     """The candidates' results (rows ``index`` of ``n``) spread back over the records."""
+    if len(index) == n:  # every record a candidate (the clean batch): nothing to spread
+        if good.false_count == 0:
+            return BulkFields(tuple(texts), good)
+        none = pa.scalar(None, pa.string())
+        return BulkFields(tuple(pc.if_else(good, t, none) for t in texts), good)
     idx = index.to_numpy()
     pos = np.zeros(n, dtype=np.int64)
     pos[idx] = np.arange(len(idx))

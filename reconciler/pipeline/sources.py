@@ -9,14 +9,6 @@
 * ``taskCount``: how many Spark tasks (readers) share the ranges; each gets roughly
   the same number of offsets, so a big partition range may be cut into sub-ranges.
 * ``maxBatchRows`` (optional): rows per Arrow batch handed to Spark.
-* ``jsonFields`` (optional): JSON list of top-level JSON fields to parse in the reader
-  (``reconciler.pipeline.jsonfields``); the records then carry ``FAST`` and one string
-  column per field after ``RECORD_SCHEMA``'s, then ``VALUE_BYTES``, and
-  ``jsonCorruptColumn`` names the key that makes a record go to Spark's ``from_json``.
-* ``jsonTimestampField`` and ``jsonTimestampFormat`` (optional, with ``jsonFields``): the
-  data schema's timestamp column and its format. When the column is one of the fields,
-  the readers shed the values Spark will not need (``jsonfields.shed_values``); a virtual
-  timestamp (``__key``...) is not a field, so nothing is shed.
 
 ``read()`` yields ``pyarrow.RecordBatch`` objects straight from the stream readers
 (``reconciler.streams.base.RECORD_SCHEMA``), so there is no per-record Python work here.
@@ -41,7 +33,6 @@ from reconciler.model import (
     source_from_document,
     source_to_document,
 )
-from reconciler.pipeline.jsonfields import FieldParser, arrow_fields, shed_values
 from reconciler.streams.base import record_schema
 
 # What Spark's worker checks batches against (``to_arrow_schema(schema, "UTC")``): the
@@ -75,9 +66,6 @@ def read_options(
     source: Source,
     ranges: Iterable[PartitionRange],
     task_count: int,
-    json_fields: Sequence[str] | None = None,
-    json_corrupt_column: str = "",
-    json_timestamp: tuple[str, str] | None = None,
     **extra: Any,
 ) -> dict[str, str]:
     """Spark options for ``spark.read.format(...).options(**read_options(...))``."""
@@ -86,11 +74,6 @@ def read_options(
         "ranges": ranges_to_json(ranges),
         "taskCount": str(int(task_count)),
     }
-    if json_fields is not None:
-        opts["jsonFields"] = json.dumps(list(json_fields))
-        opts["jsonCorruptColumn"] = json_corrupt_column
-        if json_timestamp is not None:
-            opts["jsonTimestampField"], opts["jsonTimestampFormat"] = json_timestamp
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
 
@@ -159,43 +142,6 @@ def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.cast(ARROW_SCHEMA)
 
 
-def _json_fields(options: Mapping[str, str]) -> list[str] | None:
-    text = options.get("jsonFields")
-    if text is None:
-        return None
-    fields = json.loads(text)
-    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-        raise ValueError("option jsonFields must be a JSON list of strings")
-    return fields
-
-
-def with_fields(
-    batch: pa.RecordBatch,
-    parser: FieldParser,
-    schema: pa.Schema,
-    timestamp: tuple[str, str] | None = None,
-) -> pa.RecordBatch:
-    """A conformed record batch plus its parsed fields (``schema``: ``arrow_schema``), its
-    values shed where Spark will not need them (``timestamp``: the data schema's timestamp
-    column and format; nothing is shed unless that column is one of the parsed fields)."""
-    index = batch.schema.get_field_index("value")
-    values = batch.column(index)
-    parsed = parser.columns(values)
-    field, timestamp_format = timestamp or ("", "")
-    text = parsed[1 + parser.fields.index(field)] if field in parser.fields else None
-    kept, shed_bytes = shed_values(values, parsed[0], text, timestamp_format)
-    columns = list(batch.columns)
-    columns[index] = kept
-    return pa.RecordBatch.from_arrays([*columns, *parsed, shed_bytes], schema=schema)
-
-
-def arrow_schema(json_fields: Sequence[str] | None) -> pa.Schema:
-    """The Arrow schema of the batches a reader yields (what Spark checks them against)."""
-    if json_fields is None:
-        return ARROW_SCHEMA
-    return pa.schema([*ARROW_SCHEMA, *arrow_fields(len(json_fields))])
-
-
 class _RangeReader(DataSourceReader):
     reader_class: str = ""  # "module:Class", imported on the worker
 
@@ -203,15 +149,8 @@ class _RangeReader(DataSourceReader):
         try:
             self.source_doc = json.loads(options["source"])
             self.ranges = ranges_from_json(options.get("ranges", "[]"))
-            self.json_fields = _json_fields(options)
         except (KeyError, ValueError) as exc:
             raise ValueError(f"range data source: bad or missing option: {exc}") from None
-        self.json_corrupt_column = options.get("jsonCorruptColumn", "")
-        self.json_timestamp = (
-            (options["jsonTimestampField"], options.get("jsonTimestampFormat", ""))
-            if options.get("jsonTimestampField") else None
-        )
-        self.schema = arrow_schema(self.json_fields)
         self.task_count = max(1, int(options.get("taskCount", "1")))
         self.max_batch_rows = max(1, int(options.get("maxBatchRows", DEFAULT_MAX_BATCH_ROWS)))
 
@@ -235,18 +174,12 @@ class _RangeReader(DataSourceReader):
 
     def _read(self, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
         reader = self._make_reader()
-        fields = None
-        if self.json_fields is not None:
-            fields = FieldParser(self.json_fields, self.json_corrupt_column)
         try:
             for rng in ranges:
                 for batch in reader.read(rng, self.max_batch_rows):
                     if not batch.num_rows:
                         continue
-                    batch = conform(batch)
-                    if fields is not None:
-                        batch = with_fields(batch, fields, self.schema, self.json_timestamp)
-                    yield batch
+                    yield conform(batch)
         finally:
             close = getattr(reader, "close", None)
             if close is not None:
@@ -265,13 +198,7 @@ class _RangeDataSource(DataSource):
     reader_type: type[_RangeReader] = _RangeReader
 
     def schema(self) -> StructType:
-        try:
-            fields = _json_fields(self.options)
-        except ValueError as exc:
-            raise ValueError(f"range data source: bad option: {exc}") from None
-        if fields is None:
-            return SPARK_RECORD_SCHEMA
-        return from_arrow_schema(arrow_schema(fields))
+        return SPARK_RECORD_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return self.reader_type(self.options)

@@ -40,6 +40,10 @@ def _trim(text: pa.Array) -> pa.Array:
 
 def to_long(text: pa.Array) -> pa.Array:
     """Text -> int64 (null where it is not an integer within 64 bits)."""
+    try:  # the usual case, and a tenth of the time: Arrow's cast reads exactly "-?[0-9]+"
+        return text.cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
     t = _trim(text)
     ok = pc.match_substring_regex(t, _INTEGER)
     if not pc.any(ok).as_py():
@@ -65,6 +69,10 @@ def to_long(text: pa.Array) -> pa.Array:
 
 def to_double(text: pa.Array) -> pa.Array:
     """Text -> float64 (null where it is not a number)."""
+    try:  # the usual case: Arrow's cast reads a subset of the rule (it takes no spaces)
+        return text.cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
     t = _trim(text)
     ok = pc.or_(pc.match_substring_regex(t, _DOUBLE), pc.match_substring_regex(t, _SPECIAL))
     ok = ok.fill_null(False)
@@ -94,7 +102,8 @@ def parse_times(text: pa.Array, fmt: str) -> pa.Array:
     if fmt not in ("millis", "seconds", "auto"):
         raise ValueError(f"unknown timestamp format: {fmt!r}")
     whole = to_long(text)
-    num = to_double(text)
+    rest = pc.and_(whole.is_null(), text.is_valid())
+    num = to_double(text) if pc.any(rest).as_py() else pa.nulls(len(text), pa.float64())
     millis_whole, seconds_whole = _scaled_long(whole, 1000), _scaled_long(whole, 1_000_000)
     millis_num, seconds_num = _scaled_double(num, 1000.0), _scaled_double(num, 1_000_000.0)
     if fmt == "millis":
