@@ -509,3 +509,125 @@ def test_day_boundaries_across_segments():
 def test_column_clashes_are_errors(kw):
     with pytest.raises(ValueError, match="appears twice"):
         transform(records([{"ts": T0_MS}]), schema(**kw))
+
+
+# --------------------------------------------------------------------------- the interface
+
+
+def test_stream_time_in_milliseconds_or_microseconds(parse_mode):
+    ds = schema(timestamp_column="__stream_time", dimensions=("__stream_time", "__offset"))
+    got = [rows(transform(records(["{}", "{}"], unit=unit), ds)[0], ["__offset"]) for unit in ("ms", "us")]
+    assert got[0] == got[1]
+    assert [r["__time"] for r in got[0]] == [T0, T0 + timedelta(milliseconds=1)]
+
+
+@pytest.mark.parametrize(
+    "when, gran, chunk",
+    [
+        (datetime(1, 1, 1, 0, 7, tzinfo=UTC), "fifteen_minute", "00010101T0000Z"),
+        (datetime(1, 3, 5, 6, 7, tzinfo=UTC), "month", "00010301T0000Z"),
+        (datetime(999, 12, 31, 23, 59, tzinfo=UTC), "day", "09991231T0000Z"),
+        (datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC), "hour", "19691231T2300Z"),
+        (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), "fifteen_minute", "99991231T2345Z"),
+        (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), "month", "99991201T0000Z"),
+    ],
+)
+def test_chunks_in_every_year(when, gran, chunk):
+    ms = (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    good, dead = transform(records([{"ts": ms}]), schema(timestamp_format="millis", segment_granularity=gran))
+    assert rows(dead) == []
+    (r,) = rows(good)
+    assert r["__time"] == when and r["time_chunk"] == chunk == chunk_of(when, gran)
+    assert chunk_interval(chunk, gran)[0] <= when < chunk_interval(chunk, gran)[1]
+
+
+ROLLUP = schema(dimensions=("user",), metrics=METRICS, rollup=True, query_granularity="minute")
+
+
+def _rollup_values(n, seed=3):
+    rnd = random.Random(seed)
+    return [
+        {"ts": T0_MS + rnd.randrange(0, 600_000), "user": f"u{rnd.randrange(40)}",
+         "bytes": rnd.choice([rnd.randrange(1000), "x", None]), "lat": rnd.choice([rnd.random(), "2.5"])}
+        for _ in range(n)
+    ]
+
+
+def _by_key(table):
+    out = {}
+    for r in table.to_pylist():
+        key = (r["__time"], r["user"])
+        assert key not in out
+        r["lat_sum"] = round(r["lat_sum"], 9)
+        out[key] = r
+    return out
+
+
+def test_rollup_across_calls_equals_one_aggregation(parse_mode):
+    batch = records(_rollup_values(2000), first_offset=0)
+    whole = Transformer(ROLLUP, bulk=parse_mode != "python")
+    one = whole(batch)
+    assert one.rows.num_rows == 0  # held until finish()
+    expected = _by_key(whole.finish().rows)
+    t = Transformer(ROLLUP, bulk=parse_mode != "python")
+    for start in range(0, 2000, 300):
+        assert t(batch.slice(start, 300)).rows.num_rows == 0
+    assert _by_key(t.finish().rows) == expected
+    assert t.finish().rows.num_rows == 0  # handed out once
+
+
+def test_held_rollup_rows_are_handed_out_past_the_threshold(monkeypatch, parse_mode):
+    monkeypatch.setattr(rollup, "HELD_BYTES", 4096)
+    batch = records(_rollup_values(2000), first_offset=0)
+    t = Transformer(ROLLUP, bulk=parse_mode != "python")
+    parts = [t(batch.slice(start, 100)).rows for start in range(0, 2000, 100)]
+    assert sum(p.num_rows for p in parts) > 0  # some calls flushed
+    parts.append(t.finish().rows)
+    # The flushed parts together hold every record once: their rollup is the whole one.
+    total = pa.concat_tables(parts)
+    assert sum(total.column("count").to_pylist()) == 2000
+    assert total.column_names == output_columns(ROLLUP)
+    monkeypatch.setattr(rollup, "HELD_BYTES", 64 << 20)
+    merged = Transformer(ROLLUP)
+    assert merged(batch).rows.num_rows == 0
+    expected = _by_key(merged.finish().rows)
+    got: dict = {}  # the parts merged here: counts and sums add, min and max combine
+    for r in total.to_pylist():
+        key = (r["__time"], r["user"])
+        if key in got:
+            prev = got[key]
+            for name in ("count", "bytes_sum", "lat_sum", "offset_sum"):
+                if r[name] is not None:
+                    prev[name] = (prev[name] or 0) + r[name]
+            for name, fn in (("bytes_min", min), ("lat_min", min), ("bytes_max", max), ("lat_max", max)):
+                vals = [v for v in (prev[name], r[name]) if v is not None]
+                prev[name] = fn(vals) if vals else None
+        else:
+            got[key] = dict(r)
+    for r in got.values():
+        r["lat_sum"] = round(r["lat_sum"], 9)
+    assert got == expected
+
+
+def test_output_schemas_are_the_spark_paths():
+    from pathlib import Path
+
+    from reconciler.pipeline.transform import output_schemas
+
+    cases = json.loads((Path(__file__).parent / "output_schemas.json").read_text())
+    assert len(cases) > 80
+    for case in cases:
+        doc = dict(case["data_schema"])
+        doc["metrics"] = tuple(Metric(**m) for m in doc["metrics"])
+        doc["dimensions"] = tuple(doc["dimensions"])
+        ds = DataSchema(**doc)
+        got_rows, got_dead = output_schemas(ds)
+        for got, want in ((got_rows, case["rows"]), (got_dead, case["dead"])):
+            assert [[f.name, str(f.type), f.nullable] for f in got] == want, ds
+            assert not got.metadata
+        # and the Transformer's tables are typed so (time_chunk last, a string)
+        values = [{"ts": T0_MS, "u": "a", "user": "b", "n": 1, "x": 2.5}, "bad"]
+        out = Transformer(ds)(records(values))
+        assert out.rows.schema.remove(out.rows.schema.get_field_index("time_chunk")) == got_rows
+        assert out.rows.schema.field("time_chunk").type == pa.string()
+        assert out.dead.schema == got_dead
