@@ -15,13 +15,18 @@ marks every other record for the Python parser (``BulkFields.exact`` false). So:
   record (a record holding two objects makes one row too many: the batch goes to Python);
 * pyarrow rejects the rest of what the rules reject or read otherwise (a read key given
   twice, even through an escape, single quotes, leading zeros, unescaped control
-  characters, trailing text, a lone surrogate): its error names the row, which goes to
-  Python, and the others are read again (at most ``_READS`` parses a batch);
+  characters, trailing text, a lone surrogate, a read field of another type than the
+  records before): its error names the row, which goes to Python, and the others are
+  read again (``FieldParser._parse_rows``);
 * a read field's column must be a string, an integer (int64), a boolean or null: their
   Arrow casts to string are the rules' text. A float column is taken only for a field
-  read as a number alone (``numeric``: metrics), where its text is only read back as a
-  number; elsewhere (and for an object or array) the records with a value there go to
-  Python. A column pyarrow inferred as a timestamp is read again as a string.
+  read as a double alone (``numeric``: double metrics), where its text (Arrow's shortest
+  round-trip digits, not the rules' text) is only read back as the same double; a float
+  column holds the integers of its field as floats too, so a field read as a long or a
+  text cannot take it. Elsewhere (and for an object or array) the records with a value
+  there go to Python. A column pyarrow inferred as a timestamp is read again as a string;
+* where pyarrow's error names no record (a value its explicit type cannot convert, a
+  record of two objects), each half of the batch is read on its own.
 
 It remembers the types the last batch had, so the next one is read with an explicit
 schema (unknown keys ignored, not inferred); a batch that does not match them is inferred
@@ -48,11 +53,12 @@ _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
 # After this many batches in a row with nothing read here, a parser stops trying: a source
 # whose fields are objects should not pay pyarrow's parse as well.
 _GIVE_UP_AFTER = 3
-_READS = 24  # parses per batch, retries included; past them the rest goes to Python
+_READS = 64  # pyarrow parses per batch, retries included; past them the rest goes to Python
 _LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % (MAX_NUMBER + 1))
 # pyarrow's error when a record contradicts a column's type, and the JSON kinds it names
 # that a read field may have (a "number" that is not an integer fails the int64 parse).
-_CHANGED = re.compile(r"Column\((/.*)\) changed from \w+ to (\w+) in row")
+_CHANGED = re.compile(r"Column\((/.*)\) changed from (?:\w+) to (\w+) in row")
+_CHANGED_FROM = re.compile(r"Column\(/(.*)\) changed from (\w+) to \w+ in row")
 _ROW = re.compile(r" in row (\d+)$")
 _KINDS = {"string": pa.string(), "number": pa.int64(), "boolean": pa.bool_()}
 _LEARN_READS = 5
@@ -85,13 +91,14 @@ class _Again(Exception):
 
 class FieldParser:
     """Parses the named top-level fields of batches of JSON values (one per Spark task).
-    ``numeric``: the fields read only as numbers (a float column is fine there)."""
+    ``numeric``: the fields read only as doubles (a float column is fine there)."""
 
     def __init__(self, fields: Sequence[str], numeric: Sequence[str] = ()):
         self.fields = list(fields)
         self.numeric = set(numeric)
         self._schema: pa.Schema | None = None
         self._misses = 0
+        self._reads = 0
 
     def none(self, n: int) -> BulkFields:
         return BulkFields(
@@ -104,25 +111,57 @@ class FieldParser:
         if values.null_count == n or self._misses >= _GIVE_UP_AFTER:
             return self.none(n)  # tombstones only teach nothing
         text, candidate = _candidates(values)
-        index = pc.indices_nonzero(candidate)
-        reads = 0
-        while len(index):
+        self._reads = 0
+        parts = self._parse_rows(text, pc.indices_nonzero(candidate))
+        if not parts:
+            self._misses += 1
+            return self.none(n)
+        index = pa.concat_arrays([p[0] for p in parts])
+        texts = [pa.concat_arrays([p[1][i] for p in parts]) for i in range(len(self.fields))]
+        out = _scatter(n, index, texts, pa.concat_arrays([p[2] for p in parts]))
+        # A batch with nothing read here counts as a miss too (a field of objects under a
+        # dimension): past a few in a row, stop paying for the parse.
+        self._misses = 0 if out.exact.true_count else self._misses + 1
+        return out
+
+    def _parse_rows(self, text: pa.Array, index: pa.Array) -> list[tuple[pa.Array, list[pa.Array], pa.Array]]:
+        """``(rows, texts, exact)`` parts for the records ``index`` of ``text``. pyarrow
+        stops at the first record it cannot read and names it: that one is Python's, the
+        records before it are read again on their own (they read fine) and those after it
+        go on, so a batch costs about two parses whatever the number of odd records. Where
+        an error names none, each half is read on its own. At most ``_READS`` parses."""
+        parts: list[tuple[pa.Array, list[pa.Array], pa.Array]] = []
+        while len(index) and self._reads < _READS:
             try:
-                reads += 1
-                texts, good = self._read_some(text.take(index), reads)
+                texts, good = self._read_some(text.take(index))
             except _Again:
                 continue
             except _Refused as refused:
-                if refused.row is None or reads >= _READS:
+                row = refused.row
+                if row is not None and 0 <= row < len(index):
+                    if row:
+                        parts += self._parse_rows(text, index[:row])
+                    index = index[row + 1:]
+                    continue
+                if len(index) == 1:
                     break
-                index = index.filter(pa.array(np.arange(len(index)) != refused.row))
-                continue
-            self._misses = 0
-            return _scatter(n, index, texts, good)
-        self._misses += 1
-        return self.none(n)
+                half = len(index) // 2
+                return parts + self._parse_rows(text, index[:half]) + self._parse_rows(text, index[half:])
+            parts.append((index, texts, good))
+            break
+        return parts
 
-    def _read_some(self, text: pa.Array, reads: int) -> tuple[list[pa.Array], pa.Array]:
+    def _json(self, buf: pa.Buffer, read: pj.ReadOptions, schema: pa.Schema | None) -> pa.Table:
+        """One pyarrow parse (counted against the batch's ``_READS``): with ``schema``
+        (unknown keys ignored) or inferring every field."""
+        self._reads += 1
+        if schema is None:
+            options = pj.ParseOptions(unexpected_field_behavior="infer")
+        else:
+            options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        return pj.read_json(pa.BufferReader(buf), read_options=read, parse_options=options)
+
+    def _read_some(self, text: pa.Array) -> tuple[list[pa.Array], pa.Array]:
         """The fields of ``text`` (each a candidate), and which records they hold exactly."""
         n = len(text)
         joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), text), "\n")
@@ -140,10 +179,10 @@ class FieldParser:
             col = table.column(name).combine_chunks()
             if col.type in _AS_TEXT:
                 out.append(col.cast(pa.string()))
-            elif pa.types.is_timestamp(col.type) and reads < _READS:
+            elif pa.types.is_timestamp(col.type) and self._reads < _READS:
                 raise _Again()  # the next read is explicit, with this field as a string
             elif col.type == pa.float64() and name in self.numeric:
-                out.append(_float_text(col))
+                out.append(col.cast(pa.string()))
             else:  # the records with a value here are the Python parser's
                 good = pc.and_(good, col.is_null())
                 out.append(pa.nulls(n, pa.string()))
@@ -153,52 +192,45 @@ class FieldParser:
         read = pj.ReadOptions(use_threads=False, block_size=buf.size + 1)
         if self._schema is not None:
             try:
-                return pj.read_json(
-                    pa.BufferReader(buf),
-                    read_options=read,
-                    parse_options=pj.ParseOptions(
-                        explicit_schema=self._schema, unexpected_field_behavior="ignore"
-                    ),
-                )
+                return self._json(buf, read, self._schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 if not _CHANGED.search(str(exc)):
                     raise _Refused(_row_of(exc)) from None  # a record's own fault
         try:
-            table = pj.read_json(
-                pa.BufferReader(buf),
-                read_options=read,
-                parse_options=pj.ParseOptions(unexpected_field_behavior="infer"),
-            )
+            table = self._json(buf, read, None)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            if not _CHANGED.search(str(exc)):
+            changed = _CHANGED_FROM.search(str(exc))
+            if changed is None or changed.group(1) in self.fields:
+                # A record's own fault, or a read field of two types: the record named is
+                # the first that contradicts the records before it, the odd one out.
                 raise _Refused(_row_of(exc)) from None
-            return self._learn(buf, read)
+            return self._learn(buf, read, changed)
         self._schema = _next_schema(table.schema, self.fields)
         return table
 
-    def _learn(self, buf: pa.Buffer, read: pj.ReadOptions) -> pa.Table:
+    def _learn(self, buf: pa.Buffer, read: pj.ReadOptions, hint: re.Match[str] | None) -> pa.Table:
         """Find the read fields' types with explicit schemas (unknown keys ignored) when
         inference failed, which it does when any field, read or not, has two types in the
         batch. pyarrow's error names the read field whose type a record contradicts; each
         field is given each type at most once, starting from the types remembered from the
-        last batch (else strings), for at most ``_LEARN_READS`` parses. A parse that
+        last batch (else strings; the field inference stopped at (``hint``) with the type
+        of the records before), for at most ``_LEARN_READS`` parses. A parse that
         succeeds proves every read value has its declared type. A read field of two types
-        refuses the record pyarrow names (it goes to Python)."""
+        refuses the first record that contradicted the type it started from (Python's)."""
         kind_of = {t: k for k, t in _KINDS.items()}
         known = {f.name: f.type for f in self._schema} if self._schema is not None else {}
         types = {n: known[n] if known.get(n) in kind_of else pa.string() for n in self.fields}
+        if hint is not None and hint.group(1) in types and hint.group(2) in _KINDS:
+            types[hint.group(1)] = _KINDS[hint.group(2)]
         tried = {(name, kind_of[t]) for name, t in types.items()}
         row: int | None = None
+        first_row: dict[str, int | None] = {}  # the first record that contradicted a field
         for _ in range(_LEARN_READS):
+            if self._reads >= _READS:
+                break
             schema = pa.schema([pa.field(n, types[n]) for n in self.fields])
             try:
-                table = pj.read_json(
-                    pa.BufferReader(buf),
-                    read_options=read,
-                    parse_options=pj.ParseOptions(
-                        explicit_schema=schema, unexpected_field_behavior="ignore"
-                    ),
-                )
+                table = self._json(buf, read, schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 row = _row_of(exc)
                 changed = _CHANGED.search(str(exc))
@@ -206,14 +238,17 @@ class FieldParser:
                     break
                 name = changed.group(1)[1:]  # "/ts" -> "ts"
                 if name not in types or (name, changed.group(2)) in tried:
+                    # a read field of two types: the first record that broke the types it
+                    # started from is the odd one out
+                    row = first_row.get(name, row)
                     break
+                first_row.setdefault(name, row)
                 tried.add((name, changed.group(2)))
                 types[name] = _KINDS[changed.group(2)]
                 continue
             self._schema = schema
             return table
-        self._schema = schema
-        raise _Refused(row)
+        raise _Refused(row)  # the types learnt last time stay: this batch proved none
 
 
 def _row_of(exc: Exception) -> int | None:
@@ -270,15 +305,6 @@ def _within_limits(v: bytes) -> bool:
     if len(v) > MAX_NAME:
         return False
     return v.count(b"{") + v.count(b"[") < MAX_DEPTH and not _LONG_NUMBER.search(v)
-
-
-def _float_text(col: pa.Array) -> pa.Array:
-    """A float column's text for a number-only field: Arrow's shortest round-trip digits,
-    with ``.0`` where they look like an integer (the rules' text of a float always has a
-    fraction or exponent, so a long metric reads neither as an integer)."""
-    text = col.cast(pa.string())
-    whole = pc.match_substring_regex(text, r"^-?[0-9]+$")
-    return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
 
 
 def _scatter(n: int, index: pa.Array, texts: list[pa.Array], good: pa.Array) -> BulkFields:

@@ -109,13 +109,7 @@ def _load_long(text: str) -> Any:
     }
     if len(text) > MAX_NAME:
         hooks["object_pairs_hook"] = _object
-    limit = sys.getrecursionlimit()
-    if brackets > limit // 2:  # the C scanner counts each level against the recursion limit
-        sys.setrecursionlimit(max(limit, 4 * MAX_DEPTH))
-    try:
-        return json.loads(text, **hooks)
-    finally:
-        sys.setrecursionlimit(limit)
+    return json.loads(text, **hooks)
 
 
 def _no_surrogates(text: str) -> str:
@@ -149,11 +143,21 @@ def parse_values(values: Sequence[bytes | None], fields: Sequence[str]) -> Parse
     """Every value parsed on its own (``load``), its fields rendered (``render``)."""
     ok: list[bool] = []
     columns: list[list[str | None]] = [[] for _ in fields]
+    limit = sys.getrecursionlimit()
     for raw in values:
-        obj = load(raw) if raw is not None else None
-        ok.append(obj is not None)
-        for name, column in zip(fields, columns, strict=True):
-            column.append(render(obj.get(name)) if obj is not None else None)
+        # json's C scanner and encoder count each level of nesting against the recursion
+        # limit: a value deep enough to reach it (within MAX_DEPTH) gets room.
+        deep = raw is not None and len(raw) > limit // 2 and raw.count(b"[") + raw.count(b"{") > limit // 2
+        if deep:
+            sys.setrecursionlimit(max(limit, 4 * MAX_DEPTH))
+        try:
+            obj = load(raw) if raw is not None else None
+            ok.append(obj is not None)
+            for name, column in zip(fields, columns, strict=True):
+                column.append(render(obj.get(name)) if obj is not None else None)
+        finally:
+            if deep:
+                sys.setrecursionlimit(limit)
     return ParsedFields(
         pa.array(ok, pa.bool_()), tuple(pa.array(c, pa.string()) for c in columns)
     )

@@ -240,9 +240,11 @@ class Transformer:
         self.ds = data_schema
         self.rows_schema, _ = output_schemas(data_schema)
         self.fields = json_fields(data_schema)
-        numeric = set(_metric_field_types(data_schema)) - {data_schema.timestamp_column}
-        numeric -= set(data_schema.dimensions)
-        self._parser = FieldParser(self.fields, sorted(numeric)) if bulk else None
+        # Fields read only as doubles: the bulk parser may hand them over as floats.
+        numeric = {m.field for m in data_schema.metrics if m.type in _DOUBLE_METRICS}
+        numeric -= {m.field for m in data_schema.metrics if m.type not in _DOUBLE_METRICS}
+        numeric -= {data_schema.timestamp_column, *data_schema.dimensions}
+        self._parser = FieldParser(self.fields, sorted(n for n in numeric if n)) if bulk else None
         self._held = rollup.Held(data_schema) if data_schema.rollup else None
 
     def __call__(self, batch: pa.RecordBatch) -> Transformed:
