@@ -6,13 +6,13 @@ marks every other record for the Python parser (``BulkFields.exact`` false). So:
 
 * cheap checks pick the candidates: valid UTF-8, starts with ``{`` and ends with ``}``
   (no BOM, array, scalar or surrounding space), no line break, no ``-NaN``/``Inf``/
-  ``-Inf`` value (pyarrow reads them, the rules do not), and a value long enough to reach
-  a limit (``jsonparse.LIMITS_FROM``) within them. Records are joined by ``\\n`` for
+  ``-Inf`` value (pyarrow reads them, the rules do not), and surely within the rules'
+  limits (brackets counted, number runs found). Records are joined by ``\\n`` for
   pyarrow, which reads that as whitespace: a record cut off after ``:`` could run into the
   next one, but not one that ends with ``}`` (after a ``}`` only ``,``, ``]`` or ``}`` may
   follow, never the next record's ``{``, and a string cannot span lines). So no record
   yields zero rows or swallows another, and "as many rows as records" means one row per
-  record (a record holding two objects makes one row too many: the batch goes to Python);
+  record (a record holding two objects makes one row too many: found by halves);
 * pyarrow rejects the rest of what the rules reject or read otherwise (a read key given
   twice, even through an escape, single quotes, leading zeros, unescaped control
   characters, trailing text, a lone surrogate, a read field of another type than the
@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from reconciler.pipeline.jsonparse import LIMITS_FROM, MAX_DEPTH, MAX_NAME, MAX_NUMBER
+from reconciler.pipeline.jsonparse import MAX_DEPTH, MAX_NAME, MAX_NUMBER
 
 # Types whose Arrow cast to string is the rules' text for that JSON value.
 _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
@@ -54,7 +54,10 @@ _AS_TEXT = (pa.string(), pa.int64(), pa.bool_(), pa.null())
 # whose fields are objects should not pay pyarrow's parse as well.
 _GIVE_UP_AFTER = 3
 _READS = 64  # pyarrow parses per batch, retries included; past them the rest goes to Python
-_LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d}" % (MAX_NUMBER + 1))
+# A number longer than MAX_NUMBER: a run of that many number characters, found with
+# bytes.translate and a substring search (memchr-fast, unlike a regex over the batch).
+_NUMBER_CHARS = bytes(1 if c in b"-+0123456789.eE" else 0 for c in range(256))
+_LONG_RUN = b"\x01" * (MAX_NUMBER + 1)
 # pyarrow's error when a record contradicts a column's type, and the JSON kinds it names
 # that a read field may have (a "number" that is not an integer fails the int64 parse).
 _CHANGED = re.compile(r"Column\((/.*)\) changed from (?:\w+) to (\w+) in row")
@@ -273,13 +276,20 @@ def _candidates(values: pa.Array) -> tuple[pa.Array, pa.Array]:
     if b"Inf" in raw or b"-NaN" in raw:
         ok = pc.and_(ok, pc.invert(pc.match_substring_regex(text, _ODD_NON_NUMERIC)))
     ok = ok.fill_null(False)
-    long = pc.greater_equal(pc.binary_length(values), LIMITS_FROM).fill_null(False)
-    if long.true_count:
-        within = [
-            not is_long or _within_limits(v)
-            for is_long, v in zip(long.to_pylist(), values.to_pylist(), strict=True)
-        ]
-        ok = pc.and_(ok, pa.array(within, pa.bool_()))
+    lengths = pc.binary_length(text)
+    if (pc.max(lengths).as_py() or 0) > MAX_NUMBER:
+        # Conservatively within the limits: brackets counted, not nesting measured (only
+        # in a value long enough to open and close MAX_DEPTH of them); a key can be no
+        # longer than its value; a run of number characters cannot span two records.
+        ok = pc.and_(ok, pc.less_equal(lengths, MAX_NAME))
+        deep = pc.greater_equal(lengths, 2 * MAX_DEPTH)
+        if pc.any(deep).as_py():
+            brackets = pc.add(pc.count_substring(text, "{"), pc.count_substring(text, "["))
+            ok = pc.and_(ok, pc.invert(pc.and_(deep, pc.greater_equal(brackets, MAX_DEPTH))))
+        if _LONG_RUN in raw.translate(_NUMBER_CHARS):
+            ok = pc.and_(ok, pa.array([v is None or _LONG_RUN not in v.translate(_NUMBER_CHARS)
+                                       for v in values.to_pylist()], pa.bool_()))
+        ok = ok.fill_null(False)
     return text, ok
 
 
@@ -297,14 +307,6 @@ def _utf8_or_empty(v: bytes | None) -> str | None:
         return v.decode("utf-8")
     except UnicodeDecodeError:
         return ""  # not a candidate: the Python parser replaces its invalid bytes
-
-
-def _within_limits(v: bytes) -> bool:
-    """Whether a long value surely stays within the rules' limits (conservatively:
-    brackets counted, not nesting measured)."""
-    if len(v) > MAX_NAME:
-        return False
-    return v.count(b"{") + v.count(b"[") < MAX_DEPTH and not _LONG_NUMBER.search(v)
 
 
 def _scatter(n: int, index: pa.Array, texts: list[pa.Array], good: pa.Array) -> BulkFields:
