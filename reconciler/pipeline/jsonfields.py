@@ -185,7 +185,9 @@ class FieldParser:
             elif pa.types.is_timestamp(col.type) and self._reads < _READS:
                 raise _Again()  # the next read is explicit, with this field as a string
             elif col.type == pa.float64() and name in self.numeric:
-                out.append(col.cast(pa.string()))
+                # NaN, Infinity (and beyond a double) are null under a field, as in Python.
+                finite = pc.is_finite(col)
+                out.append(pc.if_else(finite, col, pa.scalar(None, pa.float64())).cast(pa.string()))
             else:  # the records with a value here are the Python parser's
                 good = pc.and_(good, col.is_null())
                 out.append(pa.nulls(n, pa.string()))

@@ -18,9 +18,10 @@ record only where it gives exactly this; every other record is parsed here):
 * A read field's value becomes text (``render``): a string is itself; an integer its
   decimal digits (any size: ``-0`` is ``0``); ``true``/``false``; a fraction or exponent
   number is the float64 it denotes, written as Python's ``repr`` (``1.5``, ``1000.0``,
-  ``1e+16``), out of range ``Infinity``/``-Infinity``, and ``NaN``; an object or array its
-  compact JSON (``{"k":[1,2.0]}``: no spaces, non-ASCII kept, numbers as above, a nested
-  duplicate key collapsed to its last value); ``null`` or an absent key is null.
+  ``1e+16``); ``NaN``, ``Infinity`` and a number beyond a double are null (as Spark had
+  them); an object or array its compact JSON (``{"k":[1,2.0]}``: no spaces, non-ASCII
+  kept, numbers as above, ``NaN``/``Infinity`` inside written so, a nested duplicate key
+  collapsed to its last value); ``null`` or an absent key is null.
 * A lone surrogate escape (``"\\ud800"``) becomes ``?`` in the text, as Spark wrote it.
 
 A field's text is what a dimension holds; timestamps and metrics are read from it
@@ -30,6 +31,7 @@ A field's text is what a dimension holds; timestamps and metrics are read from i
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -120,8 +122,9 @@ def _no_surrogates(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate -> "?"
 
 
-def _float_text(x: float) -> str:
-    return json.dumps(x)  # repr, or NaN / Infinity / -Infinity
+def _float_text(x: float) -> str | None:
+    # Spark's from_json gave null for NaN, Infinity and a number beyond a double: kept.
+    return repr(x) if math.isfinite(x) else None
 
 
 def render(value: Any) -> str | None:

@@ -10,7 +10,8 @@
   exactly (through int64) and a fraction through the double, rounded half away from zero
   to the microsecond; ``auto`` reads an integer or number as millis when its magnitude is
   above 1e11, else seconds, and anything else as ISO; ``iso`` reads
-  ``YYYY-MM-DD[(T| )hh:mm[:ss[.fraction]]][Z|+hh:mm|+hhmm|+hh]``, no offset meaning UTC.
+  ``YYYY-MM-DD[(T| )hh[:mm[:ss[.fraction]]][ ][Z|UTC|GMT|+hh:mm|+hhmm|+hh]]``, no offset
+  meaning UTC (Spark also took zone names such as ``Europe/Paris``: no more).
   A time outside a 64-bit count of microseconds, or that does not parse, is null.
 """
 
@@ -28,8 +29,8 @@ _DOUBLE = r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
 _SPECIAL = r"^[+-]?(?i:nan|inf|infinity)$"
 _ISO = (
     r"^(?P<y>[0-9]{4})-(?P<mo>[0-9]{1,2})-(?P<d>[0-9]{1,2})"
-    r"(?:[T ](?P<h>[0-9]{1,2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})(?:\.(?P<f>[0-9]{1,9}))?)?"
-    r"(?P<z>Z|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$"
+    r"(?:[T ](?P<h>[0-9]{1,2})(?::(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})(?:\.(?P<f>[0-9]{1,9}))?)?)?"
+    r" ?(?P<z>Z|UTC|GMT|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$"
 )
 _NULL_LONG = pa.scalar(None, pa.int64())
 
@@ -147,8 +148,10 @@ def parse_iso(text: pa.Array) -> pa.Array:
 
 
 def _offset_seconds(zone: pa.Array) -> pa.Array:
-    """``Z``, ``+hh``, ``+hhmm``, ``+hh:mm`` -> seconds east of UTC (hours up to 18)."""
-    digits = pc.replace_substring(zone, ":", "")
+    """``Z``, ``UTC``, ``GMT``, ``+hh``, ``+hhmm``, ``+hh:mm`` -> seconds east of UTC
+    (hours up to 18)."""
+    named = pc.or_(pc.equal(zone, "UTC"), pc.equal(zone, "GMT"))
+    digits = pc.if_else(named, "Z", pc.replace_substring(zone, ":", ""))
     sign = pc.if_else(pc.starts_with(digits, "-"), -1, 1)
     hh = pc.utf8_slice_codeunits(digits, 1, 3)
     mm = pc.utf8_slice_codeunits(digits, 3, 5)
