@@ -1,61 +1,50 @@
-"""Records (``RECORD_SCHEMA`` rows) -> segment rows and dead letters, in Spark's JVM.
+"""Records (``RECORD_COLUMNS`` batches) -> segment rows and dead letters, in pyarrow.
 
-No Python UDFs: per-record Python is the bottleneck of the whole pipeline, so JSON
-parsing (``from_json``), timestamp handling, truncation and rollup are Spark SQL
-expressions. Where the range readers already parsed a record's fields in bulk with
-pyarrow (``reconciler.pipeline.jsonfields``), the parsed struct is built from their
-columns instead, with exactly the text ``from_json`` would give.
+Each Spark task runs one ``Transformer`` in its Python worker over the record batches it
+reads. No per-record Python on the clean path: the JSON fields come from pyarrow's bulk
+reader (``reconciler.pipeline.jsonfields``) where it reads a record exactly, from the
+per-record parser (``reconciler.pipeline.jsonparse``, the JSON rules) elsewhere; the rest
+is pyarrow.compute.
 
-* Every non-virtual dimension is read as a string: ``from_json`` hands back a JSON
-  number, boolean, object or array under a string field as its JSON text.
-* Metric fields are read as strings too and converted with ``try_cast`` (a value that
-  does not convert is null, which sums and min/max ignore), so one odd field never
-  makes a whole record unreadable.
-* The timestamp column becomes ``__time`` (TIMESTAMP, UTC); a record whose value is
-  not a JSON object, or whose timestamp is missing, unparseable or outside the years 1
-  to 9999, is a dead letter.
-* ``time_chunk`` (``SEGMENT``) is the record's time chunk (segment granularity floor
-  of ``__time``) as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``: Spark,
-  pyarrow and DuckDB all discover it as a string partition value (neither a number
-  nor a date). It is the Hive partition key, so its name must not start with ``_``
-  or ``.``: pyarrow's dataset discovery (and ``pq.read_table(dir)``) silently skips
-  such directories (``ignore_prefixes``), reading a ``__segment=...`` layout as empty.
+* Every non-virtual dimension is a string: a field's text (``jsonparse.render``).
+* Metric fields are read from that text (``reconciler.pipeline.times``): a value that does
+  not convert is null, which sums and min/max ignore, so one odd field never makes a whole
+  record unreadable.
+* The timestamp column becomes ``__time`` (timestamp, UTC); a record whose value is not a
+  JSON object, or whose timestamp is missing, unparseable or outside the years 1 to 9999,
+  is a dead letter.
+* ``time_chunk`` (``SEGMENT``) is the row's time chunk (segment granularity floor of the
+  query-floored ``__time``) as a string ``YYYYMMDDTHHMMZ``, e.g. ``20261120T1000Z``:
+  pyarrow, Spark and DuckDB all discover it as a string partition value. It is the Hive
+  partition key, so its name must not start with ``_`` or ``.``: pyarrow's dataset
+  discovery silently skips such directories (``ignore_prefixes``).
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
 
-from pyspark.sql import Column, DataFrame, Observation
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from reconciler.model import VIRTUAL_COLUMNS, DataSchema, Metric
-from reconciler.pipeline.jsonfields import (
-    AUTO_MILLIS_ABOVE,
-    FAST,
-    TIME_FROM_MILLIS,
-    TIME_UNTIL_MILLIS,
-    VALUE_BYTES,
-    field_column,
+from reconciler.model import VIRTUAL_COLUMNS, DataSchema
+from reconciler.pipeline import rollup
+from reconciler.pipeline.jsonfields import FieldParser
+from reconciler.pipeline.jsonparse import parse_values
+from reconciler.pipeline.times import (
+    TIME_FROM_MICROS,
+    TIME_UNTIL_MICROS,
+    parse_times,
+    to_double,
+    to_long,
 )
-from reconciler.streams.base import RECORD_COLUMNS
 
 TIME = "__time"
 SEGMENT = "time_chunk"
 DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
 
-_PARSED = "__json"
-_CORRUPT = "__reconciler_corrupt_record"
-CORRUPT_COLUMN = _CORRUPT  # the readers' parse leaves a record with this key to from_json
-_TS = "__ts_text"
-_REASON = "__reason"
-
-# Fixed-width granularities in microseconds; the others are calendar units for date_trunc.
+# Fixed-width granularities in microseconds; "month" is a calendar unit.
 _FIXED_MICROS = {
     "second": 1_000_000,
     "minute": 60_000_000,
@@ -63,82 +52,41 @@ _FIXED_MICROS = {
     "hour": 3_600_000_000,
     "day": 86_400_000_000,
 }
-_TRUNC_UNIT = {
-    "second": "second",
-    "minute": "minute",
-    "hour": "hour",
-    "day": "day",
-    "month": "month",
-}
 SEGMENT_GRANULARITIES = ("minute", "fifteen_minute", "hour", "day", "month")
 QUERY_GRANULARITIES = ("none", "second", "minute", "fifteen_minute", "hour", "day")
 
-CHUNK_FORMAT = "%Y%m%dT%H%MZ"  # Python strftime of the chunk string
-_CHUNK_SPARK_FORMAT = "yyyyMMdd'T'HHmm'Z'"
-# pyarrow's floor_temporal (unit, multiple) of each segment granularity, for the sink's
-# twin of ``chunk_column`` (``sink_chunks``).
+CHUNK_FORMAT = "%Y%m%dT%H%MZ"  # strftime of the chunk string (pyarrow's pads the year)
+# pyarrow's floor_temporal (unit, multiple) of each granularity (relative to the epoch,
+# so fifteen minutes before 1970 floor like after it).
 ARROW_FLOOR = {
+    "second": ("second", 1),
     "minute": ("minute", 1),
     "fifteen_minute": ("minute", 15),
     "hour": ("hour", 1),
     "day": ("day", 1),
     "month": ("month", 1),
 }
-assert set(ARROW_FLOOR) == set(SEGMENT_GRANULARITIES)
-# Times whose chunk the sink names (``sink_chunks``): years 1000 to 9999, where a chunk
-# string is plain four-digit-year arithmetic in any library. Both bounds are midnights,
-# so every granularity's floor of a time inside stays inside. Spark keeps naming the rest.
-SINK_CHUNKS_FROM_MICROS = -30_610_224_000_000_000  # 1000-01-01T00:00Z
-SINK_CHUNKS_UNTIL_MICROS = 253_402_300_800_000_000  # 10000-01-01T00:00Z
+assert set(SEGMENT_GRANULARITIES) <= set(ARROW_FLOOR)
 
 _LONG_METRICS = {"longSum", "longMin", "longMax"}
 _DOUBLE_METRICS = {"doubleSum", "doubleMin", "doubleMax"}
 METRIC_TYPES = {"count"} | _LONG_METRICS | _DOUBLE_METRICS
-
-# Virtual columns: name -> expression over the raw record columns.
-_VIRTUAL = {
-    "__key": lambda: F.col("key").cast("string"),
-    "__partition": lambda: F.col("partition"),
-    "__offset": lambda: F.col("offset"),
-    "__stream_time": lambda: F.col("stream_time"),
+_TS_TYPE = pa.timestamp("us", tz="UTC")
+_VIRTUAL_TYPES = {
+    "__key": pa.string(),
+    "__partition": pa.string(),
+    "__offset": pa.int64(),
+    "__stream_time": _TS_TYPE,
 }
-assert set(_VIRTUAL) == set(VIRTUAL_COLUMNS)
+assert set(_VIRTUAL_TYPES) == set(VIRTUAL_COLUMNS)
+DEAD_SCHEMA = pa.schema(
+    [("partition", pa.string()), ("offset", pa.int64()), ("key", pa.binary()),
+     ("value", pa.binary()), ("reason", pa.string())]
+)
+assert tuple(DEAD_SCHEMA.names) == DEAD_COLUMNS
 
 
-# --------------------------------------------------------------------------- time
-
-
-def floor_time(col: Column, granularity: str) -> Column:
-    """``col`` (TIMESTAMP) floored to a granularity, in UTC; ``none`` keeps it."""
-    if granularity == "none":
-        return col
-    if granularity == "fifteen_minute":
-        micros = F.unix_micros(col)
-        width = F.lit(_FIXED_MICROS[granularity])
-        return F.timestamp_micros(micros - F.pmod(micros, width))
-    if granularity in _TRUNC_UNIT:
-        return F.date_trunc(_TRUNC_UNIT[granularity], col)
-    raise ValueError(f"unknown granularity: {granularity!r}")
-
-
-def chunk_column(time_col: Column, segment_granularity: str) -> Column:
-    """The ``time_chunk`` string of a time (``YYYYMMDDTHHMMZ`` of its chunk's start)."""
-    if segment_granularity not in SEGMENT_GRANULARITIES:
-        raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
-    return F.date_format(floor_time(time_col, segment_granularity), _CHUNK_SPARK_FORMAT)
-
-
-def _segment_column(time_col: Column, segment_granularity: str, sink_chunks: bool) -> Column:
-    """``chunk_column``, or with ``sink_chunks`` only for the times the sink does not name
-    (null for the others): formatting a string per row was a tenth of the executor
-    threads' samples of a warm batch, and the sink names a chunk once per value."""
-    chunk = chunk_column(time_col, segment_granularity)
-    if not sink_chunks:
-        return chunk
-    micros = F.unix_micros(time_col)
-    outside = (micros < F.lit(SINK_CHUNKS_FROM_MICROS)) | (micros >= F.lit(SINK_CHUNKS_UNTIL_MICROS))
-    return F.when(outside, chunk)
-
+# --------------------------------------------------------------------------- chunks
 
 LAST_INSTANT = datetime.max.replace(tzinfo=UTC)  # the end of 9999's last chunk, which 10000 cannot be
 
@@ -159,80 +107,59 @@ def chunk_interval(chunk: str, segment_granularity: str) -> tuple[datetime, date
 
 
 def chunk_of(ts: datetime, segment_granularity: str) -> str:
-    """Python twin of ``chunk_column`` (for tests and tools)."""
+    """Python twin of ``chunk_strings`` (for tests and tools)."""
     ts = ts.astimezone(UTC)
     if segment_granularity == "month":
         start = ts.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     else:
         width = _FIXED_MICROS[segment_granularity]
-        micros = (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-        start = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros - micros % width)
-    return start.strftime(CHUNK_FORMAT)
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        micros = (ts - epoch) // timedelta(microseconds=1)
+        start = epoch + timedelta(microseconds=micros - micros % width)
+    # Not strftime: glibc's %Y does not pad years before 1000.
+    return f"{start.year:04d}{start.month:02d}{start.day:02d}T{start.hour:02d}{start.minute:02d}Z"
 
 
-def _micros_to_ts(x: Column) -> Column:
-    # try_cast: NaN, infinities and out-of-range values become null (a dead letter).
-    return F.timestamp_micros(F.round(x).try_cast("long"))
+def floor_times(times: pa.Array, granularity: str) -> pa.Array:
+    """Timestamps floored to a granularity, in UTC; ``none`` keeps them."""
+    if granularity == "none":
+        return times
+    if granularity not in ARROW_FLOOR:
+        raise ValueError(f"unknown granularity: {granularity!r}")
+    unit, multiple = ARROW_FLOOR[granularity]
+    return pc.floor_temporal(times, multiple=multiple, unit=unit)
 
 
-def parse_timestamp(text: Column, fmt: str) -> Column:
-    """A JSON timestamp (its text) -> TIMESTAMP, null when it does not parse.
-
-    ``millis``/``seconds``: a number (fractions allowed). ``iso``: ISO-8601 (a missing
-    offset means UTC). ``auto``: a number is millis when its magnitude exceeds 1e11
-    (after 1973-03-03 as millis, year 5138 as seconds), else seconds; anything else ISO.
-    """
-    num = text.try_cast("double")
-    # An integer (the usual epoch number) is converted exactly as a long: without the
-    # double's text-to-double and round (a BigDecimal per row), measured ~5% of a batch's
-    # JVM time. try_cast rejects "1.5" and "1e3", try_multiply overflows to null, and
-    # either falls through to the double (which then gives what it always gave).
-    whole = text.try_cast("long")
-    millis_whole = F.timestamp_micros(F.try_multiply(whole, F.lit(1000)))
-    seconds_whole = F.timestamp_micros(F.try_multiply(whole, F.lit(1_000_000)))
-    millis = F.coalesce(millis_whole, _micros_to_ts(num * F.lit(1000.0)))
-    seconds = F.coalesce(seconds_whole, _micros_to_ts(num * F.lit(1_000_000.0)))
-    iso = F.coalesce(
-        F.try_to_timestamp(text),
-        F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mmXXX")),
-    )
-    if fmt == "millis":
-        return millis
-    if fmt == "seconds":
-        return seconds
-    if fmt == "iso":
-        return iso
-    if fmt == "auto":
-        # No abs() of the long: ANSI mode raises on abs(-2^63); a comparison cannot fail.
-        big = (whole > F.lit(AUTO_MILLIS_ABOVE)) | (whole < F.lit(-AUTO_MILLIS_ABOVE))
-        return (
-            F.when(whole.isNotNull(), F.when(big, millis_whole).otherwise(seconds_whole))
-            .when(num.isNull(), iso)
-            .when(F.abs(num) > F.lit(1e11), _micros_to_ts(num * F.lit(1000.0)))
-            .otherwise(_micros_to_ts(num * F.lit(1_000_000.0)))
-        )
-    raise ValueError(f"unknown timestamp format: {fmt!r}")
+def chunk_strings(times: pa.Array, segment_granularity: str) -> pa.Array:
+    """The ``time_chunk`` string of each time, formatted once per distinct chunk."""
+    if segment_granularity not in SEGMENT_GRANULARITIES:
+        raise ValueError(f"unknown segment granularity: {segment_granularity!r}")
+    if isinstance(times, pa.ChunkedArray):
+        times = times.combine_chunks()
+    encoded = pc.dictionary_encode(floor_times(times, segment_granularity))
+    names = pc.strftime(encoded.dictionary, format=CHUNK_FORMAT)
+    return names.take(encoded.indices)
 
 
 # --------------------------------------------------------------------------- schema
 
 
 def _metric_field_types(data_schema: DataSchema) -> dict[str, str]:
-    """Non-virtual metric source fields -> Spark type ("bigint" or "double")."""
+    """Metric source fields -> "long" or "double" (a field read both ways: double)."""
     out: dict[str, str] = {}
     for m in data_schema.metrics:
         if m.type not in METRIC_TYPES:
             raise ValueError(f"unknown metric type: {m.type!r}")
         if m.type == "count" or not m.field:
             continue
-        kind = "double" if m.type in _DOUBLE_METRICS else "bigint"
+        kind = "double" if m.type in _DOUBLE_METRICS else "long"
         if out.get(m.field) != "double":
             out[m.field] = kind
     return out
 
 
 def json_fields(data_schema: DataSchema) -> list[str]:
-    """The top-level JSON fields the data schema reads, in ``json_schema``'s order."""
+    """The top-level JSON fields the data schema reads."""
     names: list[str] = []
     for name in (
         data_schema.timestamp_column,
@@ -242,201 +169,6 @@ def json_fields(data_schema: DataSchema) -> list[str]:
         if name and name not in VIRTUAL_COLUMNS and name not in names:
             names.append(name)
     return names
-
-
-def json_schema(data_schema: DataSchema) -> StructType:
-    """The ``from_json`` schema: every field that the data schema reads, as strings."""
-    fields = [StructField(n, StringType(), True) for n in json_fields(data_schema)]
-    fields.append(StructField(_CORRUPT, StringType(), True))
-    return StructType(fields)
-
-
-def _parsed_struct(data_schema: DataSchema, fast_columns: bool) -> Column:
-    """The parsed JSON struct: ``from_json``'s, or for a record whose reader already
-    parsed it (``jsonfields.FAST``) the same struct built from the reader's columns."""
-    schema = json_schema(data_schema)
-    from_json = F.from_json(
-        F.col("value").cast("string"),
-        schema,
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
-    )
-    if not fast_columns:
-        return from_json
-    names = json_fields(data_schema)
-    fast = F.struct(
-        *(F.col(field_column(i)).alias(n) for i, n in enumerate(names)),
-        F.lit(None).cast("string").alias(_CORRUPT),
-    )
-    # CASE evaluates only the branch it takes: from_json runs for the other records only.
-    return F.when(F.col(FAST), fast).otherwise(from_json)
-
-
-def _field(name: str) -> Column:
-    if name in _VIRTUAL:
-        return _VIRTUAL[name]()
-    return F.col(_PARSED).getField(name)
-
-
-# --------------------------------------------------------------------------- transform
-
-
-_T = TypeVar("_T")
-# Expressions built once per session: each function of a Column is a py4j call, about
-# 0.07 s of a 10,000-record batch's 0.5 s. A Column is an unresolved expression that any
-# frame of its session can use; a new session (or a Spark Connect one) gets its own.
-_BUILT: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
-_BUILT_PER_SESSION = 1024  # the oldest go first: a daemon's specs change over months
-
-
-def _built(df: DataFrame, kind: str, data_schema: DataSchema, *variant: Any,
-           build: Callable[[], _T]) -> _T:
-    per_session = _BUILT.setdefault(df.sparkSession, {})
-    # The table's name plays no part in the expressions: supervisors alike share them.
-    key = (kind, replace(data_schema, datasource=""), *variant)
-    if key not in per_session:
-        if len(per_session) >= _BUILT_PER_SESSION:
-            per_session.pop(next(iter(per_session)), None)
-        per_session[key] = build()  # two threads may both build it: the same expression
-    return per_session[key]
-
-
-@dataclass(frozen=True)
-class _ParseColumns:
-    parsed: Column  # the struct, aliased _PARSED (or its one-element inline)
-    ts_text: Column
-    time: Column
-    reason: Column
-    metrics: tuple[Column, ...]  # the observation's
-
-
-def _parse_columns(data_schema: DataSchema, fast_columns: bool, observed: bool) -> _ParseColumns:
-    parsed = _parsed_struct(data_schema, fast_columns)
-    if observed:
-        parsed = parsed.alias(_PARSED)
-    else:
-        parsed = F.inline(F.array(F.struct(parsed.alias(_PARSED))))
-    ts_name = data_schema.timestamp_column
-    if ts_name in _VIRTUAL:
-        ts_text = _VIRTUAL[ts_name]().cast("string")
-    else:
-        ts_text = F.trim(F.col(_PARSED).getField(ts_name))
-    if ts_name == "__stream_time":
-        time = F.col("stream_time")
-    else:
-        time = parse_timestamp(F.col(_TS), data_schema.timestamp_format)
-    json_bad = F.col(_PARSED).isNull() | F.col(_PARSED).getField(_CORRUPT).isNotNull()
-    null_value = F.col("value").isNull()
-    value_bytes = F.octet_length("value")
-    if fast_columns:  # a value the reader shed (jsonfields.shed_values) left its length
-        null_value = null_value & F.col(VALUE_BYTES).isNull()
-        value_bytes = F.coalesce(value_bytes, F.col(VALUE_BYTES))
-    reason = (
-        F.when(null_value, F.lit("null value"))
-        .when(json_bad, F.lit("invalid JSON: not a JSON object"))
-        .when(F.col(_TS).isNull(), F.lit(f"missing timestamp column {ts_name!r}"))
-        .when(
-            F.col(TIME).isNull(),
-            F.concat(
-                F.lit(f"unparseable timestamp ({data_schema.timestamp_format}): "),
-                F.substring(F.col(_TS), 1, 100),
-            ),
-        )
-        .when(
-            # Outside Spark's and Python's timestamps (years 1 to 9999) a row could be read
-            # but not published: its chunk and Iceberg partition have no date.
-            (F.unix_micros(F.col(TIME)) < F.lit(TIME_FROM_MILLIS * 1000))
-            | (F.unix_micros(F.col(TIME)) >= F.lit(TIME_UNTIL_MILLIS * 1000)),
-            F.concat(F.lit("timestamp out of range (years 1 to 9999): "), F.substring(F.col(_TS), 1, 100)),
-        )
-    )
-    metrics = (
-        F.count(F.lit(1)).alias("records"),
-        F.count(F.col(_REASON)).alias("dead"),
-        F.sum(F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(value_bytes, F.lit(0)))
-        .alias("bytes"),
-    ) if observed else ()
-    return _ParseColumns(parsed, ts_text, time, reason, metrics)
-
-
-def parse(
-    df: DataFrame, data_schema: DataSchema, observation: Observation | None = None
-) -> DataFrame:
-    """Raw records + the parsed JSON struct, ``__time`` (null if bad) and ``__reason``.
-
-    Filters on ``__reason`` sit above this frame. Spark's optimizer pushes a Filter
-    through a Project by substituting aliases, which would run ``from_json`` once per
-    reference (3-4x slower), so the parse sits below a node it cannot push through:
-    with an ``observation`` the ``CollectMetrics`` node that fills it (``records``
-    and ``dead`` counts and record ``bytes``, nearly free); without one a Generate (``inline`` of a
-    one-element array), which costs about a fifth more than the plain parse.
-    """
-    if data_schema.format != "json":
-        raise ValueError(f"unsupported format: {data_schema.format!r}")
-    observed = observation is not None
-    fast_columns = FAST in df.columns
-    c = _built(df, "parse", data_schema, fast_columns, observed,
-               build=lambda: _parse_columns(data_schema, fast_columns, observed))
-    with_json = df.select(*RECORD_COLUMNS, *([VALUE_BYTES] if fast_columns else []), c.parsed)
-    with_time = with_json.withColumn(_TS, c.ts_text).withColumn(TIME, c.time)
-    out = with_time.withColumn(_REASON, c.reason)
-    if observation is not None:
-        out = out.observe(observation, *c.metrics)
-    return out
-
-
-def _metric_column(m: Metric) -> Column:
-    if m.type == "count":
-        return F.count(F.lit(1)).alias(m.name)
-    src = _field(m.field or "")
-    kind = "double" if m.type in _DOUBLE_METRICS else "bigint"
-    value = src.try_cast(kind)
-    agg = {"Sum": F.sum, "Min": F.min, "Max": F.max}[m.type[-3:]]
-    return agg(value).alias(m.name)
-
-
-def _good_columns(data_schema: DataSchema, sink_chunks: bool) -> tuple[Column, list[Column], list[Column], Column]:
-    """(the filter, the group keys or the columns, the metrics, the chunk) of ``good_rows``."""
-    ok = F.col(_REASON).isNull()
-    qtime = floor_time(F.col(TIME), data_schema.query_granularity).alias(TIME)
-    dims = [_field(d).alias(d) for d in data_schema.dimensions]
-    sg = data_schema.segment_granularity
-    if data_schema.rollup:
-        metrics = [_metric_column(m) for m in data_schema.metrics] or [F.count(F.lit(1)).alias("__rows")]
-        return ok, [qtime, *dims], metrics, _segment_column(F.col(TIME), sg, sink_chunks)
-    cols = [qtime, *dims]
-    for name, kind in _metric_field_types(data_schema).items():
-        if name in data_schema.dimensions:
-            continue
-        cols.append(_field(name).try_cast(kind).alias(name))
-    # The chunk of the (query-floored) row time in the same projection: every DataFrame
-    # step is analysed in the JVM at once, so one step fewer per batch.
-    chunk = _segment_column(floor_time(F.col(TIME), data_schema.query_granularity), sg, sink_chunks)
-    return ok, cols, [], chunk.alias(SEGMENT)
-
-
-def good_rows(parsed: DataFrame, data_schema: DataSchema, *, sink_chunks: bool = False) -> DataFrame:
-    """Segment rows from a ``parse`` frame's good records (with ``time_chunk``).
-
-    With ``sink_chunks`` the ``time_chunk`` of a row whose ``__time`` lies in years 1000 to
-    9999 is null: the writer names it from ``__time`` (``segments.write_batch`` with
-    ``segment_granularity``), which costs the executors no string per row."""
-    output_columns(data_schema)  # fail early on a clash (e.g. a dimension "time_chunk")
-    ok, cols, metrics, chunk = _built(parsed, "good", data_schema, sink_chunks,
-                                      build=lambda: _good_columns(data_schema, sink_chunks))
-    good = parsed.where(ok)
-    if data_schema.rollup:
-        out = good.groupBy(*cols).agg(*metrics)
-        if not data_schema.metrics:
-            out = out.drop("__rows")
-        return out.withColumn(SEGMENT, chunk)
-    return good.select(*cols, chunk)
-
-
-def dead_rows(parsed: DataFrame) -> DataFrame:
-    """Dead letters from a ``parse`` frame: partition, offset, key, value, reason."""
-    return parsed.where(F.col(_REASON).isNotNull()).select(
-        "partition", "offset", "key", "value", F.col(_REASON).alias("reason")
-    )
 
 
 def output_columns(data_schema: DataSchema) -> list[str]:
@@ -454,15 +186,254 @@ def output_columns(data_schema: DataSchema) -> list[str]:
     return cols
 
 
-def transform(df: DataFrame, data_schema: DataSchema) -> tuple[DataFrame, DataFrame]:
-    """``(good_df, dead_df)`` for a frame of records (``RECORD_SCHEMA`` columns).
-
-    good_df: ``__time``, the dimensions, the metrics (rollup) or metric source fields
-    (no rollup), and ``time_chunk``. dead_df: ``DEAD_COLUMNS``.
-    """
-    parsed = parse(df, data_schema)
-    return good_rows(parsed, data_schema), dead_rows(parsed)
+def _kind_type(kind: str) -> pa.DataType:
+    return pa.float64() if kind == "double" else pa.int64()
 
 
-def dead_reason_column() -> str:
-    return _REASON
+def output_schemas(data_schema: DataSchema) -> tuple[pa.Schema, pa.Schema]:
+    """The Arrow schemas of a datasource's rows (without ``time_chunk``) and of its dead
+    letters: what the Spark path gave (tests/pipeline/output_schemas.json), which the
+    existing Iceberg tables were created from."""
+    output_columns(data_schema)
+    fields = [pa.field(TIME, _TS_TYPE)]
+    fields += [pa.field(d, _VIRTUAL_TYPES.get(d, pa.string())) for d in data_schema.dimensions]
+    if data_schema.rollup:
+        for m in data_schema.metrics:
+            kind = "double" if m.type in _DOUBLE_METRICS else "long"
+            fields.append(pa.field(m.name, _kind_type(kind), nullable=m.type != "count"))
+    else:
+        for name, kind in _metric_field_types(data_schema).items():
+            if name not in data_schema.dimensions:
+                fields.append(pa.field(name, _kind_type(kind)))
+    return pa.schema(fields), DEAD_SCHEMA
+
+
+# --------------------------------------------------------------------------- transform
+
+
+@dataclass(frozen=True)
+class Transformed:
+    """What one call gives: ``rows`` (``output_columns``, ``time_chunk`` last),
+    ``dead`` (``DEAD_COLUMNS``), and the records it consumed and their key + value bytes."""
+
+    rows: pa.Table
+    dead: pa.Table
+    records: int
+    bytes: int
+
+
+class Transformer:
+    """One per Spark task: ``t(batch)`` per record batch, ``t.finish()`` at the end.
+
+    It keeps the bulk parser's learned types across the task's batches and, with rollup,
+    the aggregated rows (``rollup.Held``). ``bulk=False`` parses every record in Python
+    (the reference the tests compare with)."""
+
+    def __init__(self, data_schema: DataSchema, *, bulk: bool = True):
+        if data_schema.format != "json":
+            raise ValueError(f"unsupported format: {data_schema.format!r}")
+        if data_schema.timestamp_format not in ("auto", "iso", "millis", "seconds"):
+            raise ValueError(f"unknown timestamp format: {data_schema.timestamp_format!r}")
+        floor_times(pa.array([], _TS_TYPE), data_schema.query_granularity)
+        if data_schema.segment_granularity not in SEGMENT_GRANULARITIES:
+            raise ValueError(f"unknown segment granularity: {data_schema.segment_granularity!r}")
+        self.ds = data_schema
+        self.rows_schema, _ = output_schemas(data_schema)
+        self.fields = json_fields(data_schema)
+        # Fields read only as doubles: the bulk parser may hand them over as floats.
+        numeric = {m.field for m in data_schema.metrics if m.type in _DOUBLE_METRICS}
+        numeric -= {m.field for m in data_schema.metrics if m.type not in _DOUBLE_METRICS}
+        numeric -= {data_schema.timestamp_column, *data_schema.dimensions}
+        self._parser = FieldParser(self.fields, sorted(n for n in numeric if n)) if bulk else None
+        self._held = rollup.Held(data_schema) if data_schema.rollup else None
+
+    def __call__(self, batch: pa.RecordBatch) -> Transformed:
+        cols = _records(batch)
+        n = len(cols["value"])
+        size = pc.sum(pc.add(pc.binary_length(cols["key"]).fill_null(0),
+                             pc.binary_length(cols["value"]).fill_null(0))).as_py() or 0
+        ok, texts = self._parse(cols["value"])
+        field = dict(zip(self.fields, texts, strict=True))
+        ts_text, micros = self._time(cols, field)
+        reasons = _reasons(self.ds, cols, ok, ts_text, micros)
+        if reasons is None:
+            dead = DEAD_SCHEMA.empty_table()
+            good = None
+        else:
+            dead = pa.Table.from_arrays(
+                [cols[c].filter(reasons.is_valid()) for c in DEAD_COLUMNS[:-1]]
+                + [reasons.drop_null()], schema=DEAD_SCHEMA)
+            good = reasons.is_null()
+        rows = self._rows(cols, field, micros, good)
+        return Transformed(rows, dead, n, int(size))
+
+    def finish(self) -> Transformed:
+        """What is still held (rollup), with no records of its own."""
+        held = self._held.take() if self._held is not None else None
+        return Transformed(self._emit(held), DEAD_SCHEMA.empty_table(), 0, 0)
+
+    # ----------------------------------------------------------------- steps
+
+    def _parse(self, values: pa.Array) -> tuple[pa.Array, list[pa.Array]]:
+        """(``ok``: the value is a JSON object, the fields' texts) for every record."""
+        n = len(values)
+        if self._parser is None:
+            bulk = FieldParser(self.fields).none(n)
+        else:
+            bulk = self._parser.parse(values)
+        rest = pc.and_(pc.invert(bulk.exact), values.is_valid())
+        if not pc.any(rest).as_py():
+            return bulk.exact, list(bulk.texts)
+        index = pc.indices_nonzero(rest)
+        parsed = parse_values(values.take(index).to_pylist(), self.fields)
+        # Spread the Python results over the records (null outside ``rest``).
+        positions = pc.if_else(rest, pc.subtract(pc.cumulative_sum(rest.cast(pa.int64())), 1),
+                               pa.scalar(None, pa.int64()))
+        ok = pc.or_(bulk.exact, pc.fill_null(parsed.ok.take(positions), False))
+        texts = [pc.if_else(bulk.exact, b, p.take(positions))
+                 for b, p in zip(bulk.texts, parsed.texts, strict=True)]
+        return ok, texts
+
+    def _value_text(self, name: str, cols: dict[str, pa.Array], field: dict[str, pa.Array]) -> pa.Array:
+        if name == "__key":
+            return _key_text(cols["key"])
+        if name in ("__partition", "__offset"):
+            return cols[name[2:]].cast(pa.string())
+        if name == "__stream_time":
+            return _spark_time_text(cols["stream_time"])
+        return field[name]
+
+    def _time(self, cols: dict[str, pa.Array], field: dict[str, pa.Array]) -> tuple[pa.Array, pa.Array]:
+        """(the timestamp's text, its microseconds or null)."""
+        name = self.ds.timestamp_column
+        if name == "__stream_time":
+            st = cols["stream_time"]
+            return pc.if_else(st.is_valid(), "", pa.scalar(None, pa.string())), st.cast(pa.int64())
+        if name in VIRTUAL_COLUMNS:
+            text = self._value_text(name, cols, field)
+        else:
+            text = pc.utf8_trim(field[name], " ")  # as Spark's trim: spaces only
+        return text, parse_times(text, self.ds.timestamp_format)
+
+    def _metric_values(self, name: str, kind: str, cols: dict[str, pa.Array],
+                       field: dict[str, pa.Array]) -> pa.Array:
+        if name == "__offset":
+            return cols["offset"].cast(_kind_type(kind))
+        if name == "__stream_time":
+            micros = cols["stream_time"].cast(pa.int64())
+            if kind == "double":
+                return pc.divide(micros.cast(pa.float64()), 1e6)
+            return _floor_div(micros, 1_000_000)
+        text = self._value_text(name, cols, field)
+        return to_double(text) if kind == "double" else to_long(text)
+
+    def _rows(self, cols: dict[str, pa.Array], field: dict[str, pa.Array], micros: pa.Array,
+              good: pa.Array | None) -> pa.Table:
+        ds = self.ds
+
+        def keep(a: pa.Array) -> pa.Array:
+            return a if good is None else a.filter(good)
+
+        arrays: dict[str, pa.Array] = {TIME: floor_times(keep(micros).cast(_TS_TYPE), ds.query_granularity)}
+        for d in ds.dimensions:
+            if d in ("__offset", "__stream_time"):
+                arrays[d] = keep(cols[d[2:]])
+            else:
+                arrays[d] = keep(self._value_text(d, cols, field))
+        if ds.rollup:
+            assert self._held is not None
+            values = [
+                None if m.type == "count" else keep(self._metric_values(
+                    m.field or "", "double" if m.type in _DOUBLE_METRICS else "long", cols, field))
+                for m in ds.metrics
+            ]
+            return self._emit(self._held.add(arrays, values))
+        for name, kind in _metric_field_types(ds).items():
+            if name not in ds.dimensions:
+                arrays[name] = keep(self._metric_values(name, kind, cols, field))
+        return self._emit(pa.table(arrays))
+
+    def _emit(self, table: pa.Table | None) -> pa.Table:
+        """``table`` typed as the output schema, with ``time_chunk``."""
+        schema = self.rows_schema.append(pa.field(SEGMENT, pa.string()))
+        if table is None or table.num_rows == 0:
+            return schema.empty_table()
+        arrays = [table.column(f.name).combine_chunks().cast(f.type) for f in self.rows_schema]
+        arrays.append(chunk_strings(arrays[0], self.ds.segment_granularity))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _records(batch: pa.RecordBatch) -> dict[str, pa.Array]:
+    """The record columns, ``stream_time`` as UTC microseconds whatever its unit."""
+    cols = {name: batch.column(name) for name in DEAD_COLUMNS[:-1]}
+    cols["stream_time"] = batch.column("stream_time").cast(_TS_TYPE)
+    return cols
+
+
+def _reasons(ds: DataSchema, cols: dict[str, pa.Array], ok: pa.Array, ts_text: pa.Array,
+             micros: pa.Array) -> pa.Array | None:
+    """Each record's dead-letter reason (null for a good one), or None when all are good.
+    The checks in order: null value, not a JSON object, missing, unparseable, out of range."""
+    null_value = cols["value"].is_null()
+    bad_json = pc.invert(ok)
+    missing = ts_text.is_null()
+    unparseable = micros.is_null()
+    out_of_range = pc.or_(pc.less(micros, TIME_FROM_MICROS), pc.greater_equal(micros, TIME_UNTIL_MICROS))
+    masks = [null_value, bad_json, missing, unparseable, out_of_range.fill_null(False)]
+    dead = masks[0]
+    for m in masks[1:]:
+        dead = pc.or_(dead, m)
+    if not pc.any(dead).as_py():
+        return None
+    index = pc.indices_nonzero(dead)
+    which = [m.take(index).to_pylist() for m in masks]
+    if ds.timestamp_column == "__stream_time":
+        text = _spark_time_text(cols["stream_time"].take(index)).to_pylist()
+    else:
+        text = ts_text.take(index).to_pylist()
+    fmt = ds.timestamp_format
+    reasons = []
+    for i, (nv, bj, ms, up, _) in enumerate(zip(*which, strict=True)):
+        if nv:
+            reasons.append("null value")
+        elif bj:
+            reasons.append("invalid JSON: not a JSON object")
+        elif ms:
+            reasons.append(f"missing timestamp column {ds.timestamp_column!r}")
+        elif up:
+            reasons.append(f"unparseable timestamp ({fmt}): {text[i][:100]}")
+        else:
+            reasons.append(f"timestamp out of range (years 1 to 9999): {text[i][:100]}")
+    positions = pc.if_else(dead, pc.subtract(pc.cumulative_sum(dead.cast(pa.int64())), 1),
+                           pa.scalar(None, pa.int64()))
+    return pa.array(reasons, pa.string()).take(positions)
+
+
+def _key_text(key: pa.Array) -> pa.Array:
+    """Keys as text; invalid UTF-8 as U+FFFD (rare: Python)."""
+    try:
+        return key.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if k is None else k.decode("utf-8", "replace")
+                         for k in key.to_pylist()], pa.string())
+
+
+def _spark_time_text(times: pa.Array) -> pa.Array:
+    """A timestamp's text as Spark's cast to string wrote it (``2025-11-20 12:34:56.789``):
+    the text of a virtual ``__stream_time`` read as a number or in a dead letter."""
+    seconds = pc.strftime(times, format="%Y-%m-%d %H:%M:%S")
+    micros = pc.subtract(times.cast(pa.int64()),
+                         pc.floor_temporal(times, unit="second").cast(pa.int64()))
+    frac = pc.utf8_rtrim(pc.utf8_lpad(micros.cast(pa.string()), 6, "0"), "0")
+    with_frac = pc.binary_join_element_wise(seconds, ".", frac, "")
+    return pc.if_else(pc.equal(micros, 0), seconds, with_frac)
+
+
+def _floor_div(x: pa.Array, d: int) -> pa.Array:
+    """Integer floor division (Spark's cast of a timestamp to a long: whole seconds)."""
+    q = pc.divide(x, d)  # truncates toward zero
+    adjust = pc.and_(pc.less(x, 0), pc.not_equal(pc.multiply(q, d), x))
+    return pc.if_else(adjust, pc.subtract(q, 1), q)

@@ -1,4 +1,4 @@
-"""transform(): JSON parsing, timestamps, virtual columns, granularity, rollup, dead letters."""
+"""Transformer: JSON parsing, timestamps, virtual columns, granularity, rollup, dead letters."""
 
 from __future__ import annotations
 
@@ -13,42 +13,47 @@ import pyarrow as pa
 import pytest
 
 from reconciler.model import DataSchema, Metric
+from reconciler.pipeline import rollup
 from reconciler.pipeline.jsonfields import FieldParser
-from reconciler.pipeline.sources import ARROW_SCHEMA, arrow_schema, with_fields
 from reconciler.pipeline.transform import (
-    CORRUPT_COLUMN,
     DEAD_COLUMNS,
+    Transformer,
     chunk_interval,
     chunk_of,
-    json_fields,
+    output_columns,
 )
-from reconciler.pipeline.transform import transform as spark_transform
+from reconciler.streams.base import record_schema
 
-pytestmark = pytest.mark.spark
-
-# Every test here runs three ways: with Spark's from_json only, and with the readers'
-# JSON fields (reconciler.pipeline.jsonfields) computed one record per batch (each record
-# parsed on its own, by a fresh parser: pyarrow infers) and two records per batch (one
-# parser for all, as a reader task has: explicit types after the first batch). Each must
-# give exactly the same rows and dead letters.
-PARSE_MODES = ("spark", "reader-record", "reader-pairs")
+# Every test here runs three ways, each must give exactly the same rows and dead letters:
+# every record parsed by the per-record Python parser (the JSON rules' reference), and
+# the bulk parser (reconciler.pipeline.jsonfields) over one record per batch (a fresh
+# parser for each: pyarrow infers) and two per batch (one Transformer for all, as a
+# Spark task has: explicit types after the first batch).
+PARSE_MODES = ("python", "bulk-record", "bulk-pairs")
 
 
-def with_reader_fields(df, ds: DataSchema, per_batch: int, shared_parser: bool):
-    """``df`` plus the columns a range reader adds for ``ds`` (batches of ``per_batch``)."""
-    table = df.toArrow()
-    fields = json_fields(ds)
-    schema = arrow_schema(fields)
-    parser = FieldParser(fields, CORRUPT_COLUMN)
-    parts = []
-    for start in range(0, table.num_rows, per_batch):
-        chunk = table.slice(start, per_batch)
-        if not shared_parser:
-            parser = FieldParser(fields, CORRUPT_COLUMN)
-        batch = pa.RecordBatch.from_arrays([c.combine_chunks() for c in chunk.columns], schema=table.schema)
-        parts.append(pa.Table.from_batches([with_fields(batch, parser, schema, (ds.timestamp_column, ds.timestamp_format))]))
-    out = pa.concat_tables(parts) if parts else schema.empty_table()
-    return df.sparkSession.createDataFrame(out)
+def run(batch: pa.RecordBatch, ds: DataSchema, mode: str) -> tuple[pa.Table, pa.Table]:
+    """(rows, dead letters) of ``batch`` through a Transformer, parsed as ``mode`` says."""
+    t = Transformer(ds, bulk=mode != "python")
+    per_batch = {"python": max(1, batch.num_rows), "bulk-record": 1, "bulk-pairs": 2}[mode]
+    rows, dead = [], []
+    records = size = 0
+    for start in range(0, batch.num_rows, per_batch):
+        if mode == "bulk-record":  # a fresh parser: nothing learnt from the last record
+            t._parser = FieldParser(t.fields, sorted(t._parser.numeric))
+        out = t(batch.slice(start, per_batch))
+        rows.append(out.rows)
+        dead.append(out.dead)
+        records += out.records
+        size += out.bytes
+    end = t.finish()
+    assert end.records == 0 and end.dead.num_rows == 0
+    rows.append(end.rows)
+    assert records == batch.num_rows
+    assert size == sum(len(k or b"") + len(v or b"") for k, v in
+                       zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True))
+    empty_rows, empty_dead = Transformer(ds).finish().rows, Transformer(ds).finish().dead
+    return pa.concat_tables([empty_rows, *rows]), pa.concat_tables([empty_dead, *dead])
 
 
 @pytest.fixture(autouse=True, params=PARSE_MODES)
@@ -58,50 +63,46 @@ def parse_mode(request):
 
 @pytest.fixture(autouse=True)
 def _transform_by_mode(parse_mode, monkeypatch):
-    def by_mode(df, ds):
-        if parse_mode == "reader-record":
-            df = with_reader_fields(df, ds, 1, shared_parser=False)
-        elif parse_mode == "reader-pairs":
-            df = with_reader_fields(df, ds, 2, shared_parser=True)
-        return spark_transform(df, ds)
-
-    monkeypatch.setattr(sys.modules[__name__], "transform", by_mode)
+    monkeypatch.setattr(sys.modules[__name__], "transform",
+                        lambda batch, ds: run(batch, ds, parse_mode))
 
 
-def transform(df, ds):  # replaced per test by _transform_by_mode
+def transform(batch, ds):  # replaced per test by _transform_by_mode
     raise AssertionError("the parse_mode fixture did not run")
+
 
 T0 = datetime(2025, 11, 20, 12, 34, 56, 789000, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
 
 
-def records(spark, values, *, keys=None, partition="3", first_offset=100, stream_ms=None):
-    """A records DataFrame (RECORD_SCHEMA columns) from JSON values (dict, str, bytes or None)."""
+def encode(v) -> bytes | None:
+    if isinstance(v, dict):
+        v = json.dumps(v)
+    return v.encode() if isinstance(v, str) else v
+
+
+def records(values, *, keys=None, partition="3", first_offset=100, stream_ms=None, unit="ms"):
+    """A record batch (the readers' columns) from JSON values (dict, str, bytes or None)."""
     n = len(values)
-    raw = []
-    for v in values:
-        if isinstance(v, dict):
-            v = json.dumps(v)
-        raw.append(v.encode() if isinstance(v, str) else v)
     keys = keys if keys is not None else [f"key-{i}".encode() for i in range(n)]
     stream = stream_ms if stream_ms is not None else [T0_MS + i for i in range(n)]
-    table = pa.table(
-        {
-            "partition": pa.array([partition] * n, pa.string()),
-            "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
-            "key": pa.array(keys, pa.binary()),
-            "value": pa.array(raw, pa.binary()),
-            "stream_time": pa.array([s * 1000 for s in stream], pa.timestamp("us", tz="UTC")),
-        },
-        schema=ARROW_SCHEMA,
+    scale = 1000 if unit == "us" else 1
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([partition] * n, pa.string()),
+            pa.array(range(first_offset, first_offset + n), pa.int64()),
+            pa.array(keys, pa.binary()),
+            pa.array([encode(v) for v in values], pa.binary()),
+            pa.array([s * scale for s in stream], pa.timestamp(unit, tz="UTC")),
+        ],
+        schema=record_schema(unit),
     )
-    return spark.createDataFrame(table)
 
 
-def rows(df, order_by=None):
+def rows(table: pa.Table, order_by=None):
     if order_by:
-        df = df.orderBy(*order_by)
-    return df.toArrow().to_pylist()
+        table = table.sort_by([(c, "ascending") for c in order_by])
+    return table.to_pylist()
 
 
 def schema(**kw) -> DataSchema:
@@ -110,8 +111,8 @@ def schema(**kw) -> DataSchema:
     return DataSchema(**kw)
 
 
-def ts_of(spark, value, fmt):
-    good, dead = transform(records(spark, [{"ts": value}]), schema(timestamp_format=fmt))
+def ts_of(value, fmt):
+    good, dead = transform(records([{"ts": value}]), schema(timestamp_format=fmt))
     got = rows(good)
     return got[0]["__time"] if got else None
 
@@ -148,8 +149,8 @@ def ts_of(spark, value, fmt):
         (int(T0.timestamp()) * 1000, "millis", T0.replace(microsecond=0)),
     ],
 )
-def test_timestamp_formats(spark, value, fmt, expected):
-    assert ts_of(spark, value, fmt) == expected
+def test_timestamp_formats(value, fmt, expected):
+    assert ts_of(value, fmt) == expected
 
 
 @pytest.mark.parametrize(
@@ -168,16 +169,16 @@ def test_timestamp_formats(spark, value, fmt, expected):
         (9_223_372_036_854_775, "seconds"),
     ],
 )
-def test_unparseable_timestamps_are_dead(spark, value, fmt):
-    good, dead = transform(records(spark, [{"ts": value}]), schema(timestamp_format=fmt))
+def test_unparseable_timestamps_are_dead(value, fmt):
+    good, dead = transform(records([{"ts": value}]), schema(timestamp_format=fmt))
     assert rows(good) == []
     (d,) = rows(dead)
     assert d["reason"].startswith(f"unparseable timestamp ({fmt})")
 
 
-def test_time_is_utc_timestamp_column(spark):
-    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema())
-    arrow = good.toArrow()
+def test_time_is_utc_timestamp_column():
+    good, _ = transform(records([{"ts": T0_MS}]), schema())
+    arrow = good
     assert arrow.schema.field("__time").type == pa.timestamp("us", tz="UTC")
     assert arrow.schema.field("time_chunk").type == pa.string()
 
@@ -185,7 +186,7 @@ def test_time_is_utc_timestamp_column(spark):
 # --------------------------------------------------------------------------- dead letters
 
 
-def test_dead_letters_with_reasons(spark):
+def test_dead_letters_with_reasons():
     values = [
         {"ts": T0_MS, "user": "ok"},
         "not json",
@@ -201,7 +202,7 @@ def test_dead_letters_with_reasons(spark):
         {"ts": 253_402_300_800_000},  # 10000-01-01 in millis: no chunk, no Iceberg partition
         {"ts": -62_135_596_801},  # a second before the year 1 (auto reads this as seconds)
     ]
-    good, dead = transform(records(spark, values), schema(dimensions=("user",)))
+    good, dead = transform(records(values), schema(dimensions=("user",)))
     assert [r["user"] for r in rows(good)] == ["ok"]
     got = rows(dead, ["offset"])
     assert list(got[0]) == list(DEAD_COLUMNS)
@@ -231,12 +232,12 @@ def test_dead_letters_with_reasons(spark):
 # --------------------------------------------------------------------------- columns
 
 
-def test_virtual_columns_and_string_dimensions(spark):
+def test_virtual_columns_and_string_dimensions():
     values = [
         {"ts": T0_MS, "user": "alice", "n": 5, "obj": {"x": [1, 2]}, "flag": True, "f": 1.5},
         {"ts": T0_MS + 1, "user": None},
     ]
-    df = records(spark, values, keys=[b"k\xc3\xa9", None], partition="7", first_offset=42)
+    df = records(values, keys=[b"k\xc3\xa9", None], partition="7", first_offset=42)
     ds = schema(
         dimensions=(
             "user",
@@ -253,7 +254,7 @@ def test_virtual_columns_and_string_dimensions(spark):
     )
     good, dead = transform(df, ds)
     assert rows(dead) == []
-    arrow = good.toArrow()
+    arrow = good
     assert arrow.column_names == [
         "__time",
         "user",
@@ -281,7 +282,7 @@ def test_virtual_columns_and_string_dimensions(spark):
     assert r1["user"] is None
 
 
-def test_no_rollup_keeps_metric_fields_typed(spark):
+def test_no_rollup_keeps_metric_fields_typed():
     values = [
         {"ts": T0_MS, "user": "a", "bytes": 10, "lat": 1.25, "junk": "x"},
         {"ts": T0_MS, "user": "b", "bytes": "oops", "lat": "2"},
@@ -294,8 +295,8 @@ def test_no_rollup_keeps_metric_fields_typed(spark):
             Metric("l", "doubleMax", "lat"),
         ),
     )
-    good, _ = transform(records(spark, values), ds)
-    arrow = good.toArrow()
+    good, _ = transform(records(values), ds)
+    arrow = good
     assert arrow.column_names == ["__time", "user", "bytes", "lat", "time_chunk"]
     assert arrow.schema.field("bytes").type == pa.int64()
     assert arrow.schema.field("lat").type == pa.float64()
@@ -303,8 +304,8 @@ def test_no_rollup_keeps_metric_fields_typed(spark):
     assert [(r["bytes"], r["lat"]) for r in got] == [(10, 1.25), (None, 2.0)]
 
 
-def test_timestamp_from_virtual_stream_time(spark):
-    df = records(spark, ["{}", "not json either"], stream_ms=[T0_MS, T0_MS + 5])
+def test_timestamp_from_virtual_stream_time():
+    df = records(["{}", "not json either"], stream_ms=[T0_MS, T0_MS + 5])
     good, dead = transform(df, schema(timestamp_column="__stream_time"))
     assert [r["__time"] for r in rows(good)] == [T0]
     assert [r["reason"] for r in rows(dead)] == ["invalid JSON: not a JSON object"]
@@ -324,8 +325,8 @@ def test_timestamp_from_virtual_stream_time(spark):
         ("day", T0.replace(hour=0, minute=0, second=0, microsecond=0)),
     ],
 )
-def test_query_granularity(spark, gran, expected):
-    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema(query_granularity=gran))
+def test_query_granularity(gran, expected):
+    good, _ = transform(records([{"ts": T0_MS}]), schema(query_granularity=gran))
     assert rows(good)[0]["__time"] == expected
 
 
@@ -339,8 +340,8 @@ def test_query_granularity(spark, gran, expected):
         ("month", "20251101T0000Z", "2025-11-01T00:00", "2025-12-01T00:00"),
     ],
 )
-def test_segment_chunks(spark, gran, chunk, start, end):
-    good, _ = transform(records(spark, [{"ts": T0_MS}]), schema(segment_granularity=gran))
+def test_segment_chunks(gran, chunk, start, end):
+    good, _ = transform(records([{"ts": T0_MS}]), schema(segment_granularity=gran))
     assert rows(good)[0]["time_chunk"] == chunk
     assert chunk_of(T0, gran) == chunk
     s, e = chunk_interval(chunk, gran)
@@ -361,10 +362,10 @@ def test_the_last_chunk_of_9999_ends_at_the_last_instant(chunk, gran):
     assert start.year == 9999 and end == datetime.max.replace(tzinfo=UTC)
 
 
-def test_fifteen_minute_before_1970(spark):
+def test_fifteen_minute_before_1970():
     ms = int(datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp() * 1000)
     good, _ = transform(
-        records(spark, [{"ts": ms}]),
+        records([{"ts": ms}]),
         schema(
             timestamp_format="millis",
             query_granularity="fifteen_minute",
@@ -420,7 +421,7 @@ def _python_rollup(values, first_offset):
     return out
 
 
-def test_rollup_matches_python(spark):
+def test_rollup_matches_python():
     rnd = random.Random(7)
     values: list = []
     for _ in range(3000):
@@ -444,9 +445,9 @@ def test_rollup_matches_python(spark):
         query_granularity="minute",
         segment_granularity="hour",
     )
-    good, dead = transform(records(spark, values, first_offset=1000), ds)
+    good, dead = transform(records(values, first_offset=1000), ds)
     assert len(rows(dead)) == 2
-    arrow = good.toArrow()
+    arrow = good
     assert arrow.column_names == [
         "__time",
         "user",
@@ -471,24 +472,24 @@ def test_rollup_matches_python(spark):
     assert sum(r["count"] for r in got.values()) == 3000
 
 
-def test_rollup_without_metrics_dedups(spark):
+def test_rollup_without_metrics_dedups():
     values = [
         {"ts": T0_MS, "user": "a"},
         {"ts": T0_MS + 10, "user": "a"},
         {"ts": T0_MS, "user": "b"},
     ]
     ds = schema(dimensions=("user",), rollup=True, query_granularity="second")
-    good, _ = transform(records(spark, values), ds)
+    good, _ = transform(records(values), ds)
     got = rows(good, ["user"])
     assert [r["user"] for r in got] == ["a", "b"]
     assert list(got[0]) == ["__time", "user", "time_chunk"]
 
 
-def test_day_boundaries_across_segments(spark):
+def test_day_boundaries_across_segments():
     base = datetime(2025, 11, 20, 23, 59, 59, 999000, tzinfo=UTC)
     ms = int(base.timestamp() * 1000)
     good, _ = transform(
-        records(spark, [{"ts": ms}, {"ts": ms + 1}]), schema(segment_granularity="day")
+        records([{"ts": ms}, {"ts": ms + 1}]), schema(segment_granularity="day")
     )
     got = [r["time_chunk"] for r in rows(good, ["__time"])]
     assert got == ["20251120T0000Z", "20251121T0000Z"]
@@ -505,58 +506,128 @@ def test_day_boundaries_across_segments(spark):
         {"dimensions": ("time_chunk",), "rollup": True},
     ],
 )
-def test_column_clashes_are_errors(spark, kw):
+def test_column_clashes_are_errors(kw):
     with pytest.raises(ValueError, match="appears twice"):
-        transform(records(spark, [{"ts": T0_MS}]), schema(**kw))
+        transform(records([{"ts": T0_MS}]), schema(**kw))
 
 
-def test_expressions_are_built_once_per_session_and_reused(spark):
-    """The second batch of a data schema reuses the first one's expressions (one build per
-    session) and gives its own rows, dead letters and observation, not the first's."""
-    from dataclasses import replace
-
-    from pyspark.sql import Observation
-
-    from reconciler.pipeline import transform as tr
-
-    ds = schema(dimensions=("user",), datasource="reused-expressions")
-    first = [{"ts": T0_MS, "user": "a"}, "not json"]
-    second = [{"ts": T0_MS + 1, "user": "b"}, {"ts": T0_MS + 2, "user": "c"}, {"ts": "soon"}, None]
-    got = []
-    for values in (first, second):
-        obs = Observation()
-        parsed = tr.parse(records(spark, values), ds, observation=obs)
-        good = rows(tr.good_rows(parsed, ds), ["user"])
-        dead = rows(tr.dead_rows(tr.parse(records(spark, values), ds)), ["offset"])
-        got.append(([r["user"] for r in good], [r["reason"] for r in dead], obs.get))
-    assert got[0] == (["a"], ["invalid JSON: not a JSON object"], {"records": 2, "dead": 1, "bytes": got[0][2]["bytes"]})
-    assert got[1][0] == ["b", "c"] and got[1][1] == ["unparseable timestamp (auto): soon", "null value"]
-    assert got[1][2]["records"] == 4 and got[1][2]["dead"] == 2
-    def built():  # other tests of this schema add the readers' variant (fast_columns True)
-        return sorted(k[:1] + k[2:] for k in tr._BUILT[spark]
-                      if k[1] == replace(ds, datasource="") and k[2:3] != (True,))
-
-    assert built() == [("good", False), ("parse", False, False), ("parse", False, True)]  # once each
-    # another table with the same schema shares them
-    again = tr.good_rows(tr.parse(records(spark, first), replace(ds, datasource="other")), ds)
-    assert [r["user"] for r in rows(again)] == ["a"]
-    assert built() == [("good", False), ("parse", False, False), ("parse", False, True)]
+# --------------------------------------------------------------------------- the interface
 
 
-def test_expression_cache_is_bounded_and_per_session(monkeypatch):
-    from reconciler.pipeline import transform as tr
+def test_stream_time_in_milliseconds_or_microseconds(parse_mode):
+    ds = schema(timestamp_column="__stream_time", dimensions=("__stream_time", "__offset"))
+    got = [rows(transform(records(["{}", "{}"], unit=unit), ds)[0], ["__offset"]) for unit in ("ms", "us")]
+    assert got[0] == got[1]
+    assert [r["__time"] for r in got[0]] == [T0, T0 + timedelta(milliseconds=1)]
 
-    class Session:
-        """Only its identity matters here."""
 
-    class Frame:
-        def __init__(self, session):
-            self.sparkSession = session
+@pytest.mark.parametrize(
+    "when, gran, chunk",
+    [
+        (datetime(1, 1, 1, 0, 7, tzinfo=UTC), "fifteen_minute", "00010101T0000Z"),
+        (datetime(1, 3, 5, 6, 7, tzinfo=UTC), "month", "00010301T0000Z"),
+        (datetime(999, 12, 31, 23, 59, tzinfo=UTC), "day", "09991231T0000Z"),
+        (datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC), "hour", "19691231T2300Z"),
+        (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), "fifteen_minute", "99991231T2345Z"),
+        (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), "month", "99991201T0000Z"),
+    ],
+)
+def test_chunks_in_every_year(when, gran, chunk):
+    ms = (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    good, dead = transform(records([{"ts": ms}]), schema(timestamp_format="millis", segment_granularity=gran))
+    assert rows(dead) == []
+    (r,) = rows(good)
+    assert r["__time"] == when and r["time_chunk"] == chunk == chunk_of(when, gran)
+    assert chunk_interval(chunk, gran)[0] <= when < chunk_interval(chunk, gran)[1]
 
-    monkeypatch.setattr(tr, "_BUILT_PER_SESSION", 3)
-    one, two = Frame(Session()), Frame(Session())
-    for i in range(5):
-        assert tr._built(one, "parse", schema(timestamp_column=f"t{i}"), build=lambda i=i: i) == i
-    assert [k[1].timestamp_column for k in tr._BUILT[one.sparkSession]] == ["t2", "t3", "t4"]  # oldest out
-    assert tr._built(one, "parse", schema(timestamp_column="t4", datasource="x"), build=lambda: "new") == 4
-    assert tr._built(two, "parse", schema(timestamp_column="t4"), build=lambda: "two's") == "two's"
+
+ROLLUP = schema(dimensions=("user",), metrics=METRICS, rollup=True, query_granularity="minute")
+
+
+def _rollup_values(n, seed=3):
+    rnd = random.Random(seed)
+    return [
+        {"ts": T0_MS + rnd.randrange(0, 600_000), "user": f"u{rnd.randrange(40)}",
+         "bytes": rnd.choice([rnd.randrange(1000), "x", None]), "lat": rnd.choice([rnd.random(), "2.5"])}
+        for _ in range(n)
+    ]
+
+
+def _by_key(table):
+    out = {}
+    for r in table.to_pylist():
+        key = (r["__time"], r["user"])
+        assert key not in out
+        r["lat_sum"] = round(r["lat_sum"], 9)
+        out[key] = r
+    return out
+
+
+def test_rollup_across_calls_equals_one_aggregation(parse_mode):
+    batch = records(_rollup_values(2000), first_offset=0)
+    whole = Transformer(ROLLUP, bulk=parse_mode != "python")
+    one = whole(batch)
+    assert one.rows.num_rows == 0  # held until finish()
+    expected = _by_key(whole.finish().rows)
+    t = Transformer(ROLLUP, bulk=parse_mode != "python")
+    for start in range(0, 2000, 300):
+        assert t(batch.slice(start, 300)).rows.num_rows == 0
+    assert _by_key(t.finish().rows) == expected
+    assert t.finish().rows.num_rows == 0  # handed out once
+
+
+def test_held_rollup_rows_are_handed_out_past_the_threshold(monkeypatch, parse_mode):
+    monkeypatch.setattr(rollup, "HELD_BYTES", 4096)
+    batch = records(_rollup_values(2000), first_offset=0)
+    t = Transformer(ROLLUP, bulk=parse_mode != "python")
+    parts = [t(batch.slice(start, 100)).rows for start in range(0, 2000, 100)]
+    assert sum(p.num_rows for p in parts) > 0  # some calls flushed
+    parts.append(t.finish().rows)
+    # The flushed parts together hold every record once: their rollup is the whole one.
+    total = pa.concat_tables(parts)
+    assert sum(total.column("count").to_pylist()) == 2000
+    assert total.column_names == output_columns(ROLLUP)
+    monkeypatch.setattr(rollup, "HELD_BYTES", 64 << 20)
+    merged = Transformer(ROLLUP)
+    assert merged(batch).rows.num_rows == 0
+    expected = _by_key(merged.finish().rows)
+    got: dict = {}  # the parts merged here: counts and sums add, min and max combine
+    for r in total.to_pylist():
+        key = (r["__time"], r["user"])
+        if key in got:
+            prev = got[key]
+            for name in ("count", "bytes_sum", "lat_sum", "offset_sum"):
+                if r[name] is not None:
+                    prev[name] = (prev[name] or 0) + r[name]
+            for name, fn in (("bytes_min", min), ("lat_min", min), ("bytes_max", max), ("lat_max", max)):
+                vals = [v for v in (prev[name], r[name]) if v is not None]
+                prev[name] = fn(vals) if vals else None
+        else:
+            got[key] = dict(r)
+    for r in got.values():
+        r["lat_sum"] = round(r["lat_sum"], 9)
+    assert got == expected
+
+
+def test_output_schemas_are_the_spark_paths():
+    from pathlib import Path
+
+    from reconciler.pipeline.transform import output_schemas
+
+    cases = json.loads((Path(__file__).parent / "output_schemas.json").read_text())
+    assert len(cases) > 80
+    for case in cases:
+        doc = dict(case["data_schema"])
+        doc["metrics"] = tuple(Metric(**m) for m in doc["metrics"])
+        doc["dimensions"] = tuple(doc["dimensions"])
+        ds = DataSchema(**doc)
+        got_rows, got_dead = output_schemas(ds)
+        for got, want in ((got_rows, case["rows"]), (got_dead, case["dead"])):
+            assert [[f.name, str(f.type), f.nullable] for f in got] == want, ds
+            assert not got.metadata
+        # and the Transformer's tables are typed so (time_chunk last, a string)
+        values = [{"ts": T0_MS, "u": "a", "user": "b", "n": 1, "x": 2.5}, "bad"]
+        out = Transformer(ds)(records(values))
+        assert out.rows.schema.remove(out.rows.schema.get_field_index("time_chunk")) == got_rows
+        assert out.rows.schema.field("time_chunk").type == pa.string()
+        assert out.dead.schema == got_dead

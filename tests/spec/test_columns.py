@@ -102,10 +102,10 @@ def parse_yaml_data(doc: dict):
 
 
 @pytest.mark.parametrize("rollup", [False, True])
-def test_the_types_are_the_ones_the_pipeline_writes(spark, rollup):
+def test_the_types_are_the_ones_the_pipeline_writes(rollup):
     """``crossfile`` compares these types between supervisors of one datasource: they must be
-    the table's (Spark analyses an empty frame, no job runs)."""
-    from reconciler.pipeline.batch import output_schemas
+    the table's."""
+    from reconciler.pipeline.transform import output_schemas
 
     ds = {"datasource": "d", "timestamp": {"column": "ts"},
           "dimensions": ["user", "__key", "__partition", "__offset", "__stream_time"],
@@ -114,7 +114,7 @@ def test_the_types_are_the_ones_the_pipeline_writes(spark, rollup):
                       {"name": "w", "type": "longMin", "field": "value"}],
           "granularity": {"rollup": rollup}}
     doc = {"id": "a", "source": {"type": "kafka", "bootstrapServers": "h:9092", "topic": "t"}, "dataSchema": ds}
-    schema, _ = output_schemas(spark, SupervisorSpec.from_document(doc).data_schema)
+    schema, _ = output_schemas(SupervisorSpec.from_document(doc).data_schema)
     arrow = {"string": "string", "int64": "long", "double": "double"}
     written = {f.name: ("timestamp" if str(f.type).startswith("timestamp") else arrow[str(f.type)])
                for f in schema}
