@@ -610,6 +610,9 @@ def test_held_rollup_rows_are_handed_out_past_the_threshold(monkeypatch, parse_m
 
 
 def test_output_schemas_are_the_spark_paths():
+    """Existing tables were created from the Spark path's schemas: output_schemas.json holds what
+    it gave for 86 data schemas, recorded at commit 1fa4804 (``batch.output_schemas`` there, with
+    a local session), the last before the transform became pyarrow's."""
     from pathlib import Path
 
     from reconciler.pipeline.transform import output_schemas

@@ -96,7 +96,7 @@ def test_executors_get_the_daemons_endpoint_never_its_credentials(monkeypatch):
     from reconciler.pipeline.batch import task_plan
 
     spec = SupervisorSpec.from_document({"id": "x", "source": {"type": "kafka", "bootstrapServers": "b:1",
-                                                               "topic": "t"}, "dataSchema": {"datasource": "x"}})
+                                                               "topic": "t"}, "dataSchema": {"datasource": "x", "timestamp": {"column": "ts"}}})
     storage.configure(storage.ObjectStore(endpoint="http://127.0.0.1:9", region="r1", access_key_id="daemon-id",
                                           secret_access_key="daemon-secret-value"))
     try:
