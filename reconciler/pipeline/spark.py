@@ -230,7 +230,7 @@ def _classic(master: str, app_name: str, settings: dict[str, str], conf: dict[st
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback, no hostname guess
-        sparkhome.use_private_home()  # the planner's workers import pyspark from its bytecode
+        sparkhome.use_private_home()  # every Python worker imports pyspark from its bytecode
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -70,10 +70,10 @@ STATIC_CONF: dict[str, str] = {
 }
 
 # Local masters only (there the workers are this interpreter, with this package, for
-# certain): the readers' and the sink's workers start from ``sparkworker``, which imports
-# pyspark from its cached bytecode. (Spark 4.3 starts the planner's workers, for data
-# source lookup, creation and partitioning, with ``pyspark.daemon`` whatever this setting
-# says: ``sparkhome`` gives local sessions a SPARK_HOME without the zip for those.)
+# certain): a batch's task workers start from ``sparkworker``, which imports pyspark from
+# its cached bytecode. (Workers Spark starts for anything else use ``pyspark.daemon``
+# whatever this setting says: ``sparkhome`` gives local sessions a SPARK_HOME without the
+# zip for those.)
 # Local sessions map the class archive that ``sparkcds`` built, when there is one (off
 # while building one: a JVM cannot record an archive while mapping another).
 ARCHIVE_OPTIONS_ENABLED = True
