@@ -64,3 +64,14 @@ def test_a_stream_time_beyond_microseconds_does_not_fail_the_task(tmp_path):
     assert written.input_rows == 10 and written.rows + written.dead_rows == 10
     got = pa.concat_tables([pq.read_table(f.path) for f in written.files])
     assert sorted(got.column("__offset").to_pylist()) == list(range(10))
+
+
+def test_a_stream_time_beyond_microseconds_is_null(tmp_path):
+    from dataclasses import replace
+
+    ds = replace(DS, timestamp_column="__stream_time")
+    written = _run(_plan(tmp_path, ((PartitionRange("0", 0, 10),),), BogusStreamTimeReader, ds=ds))
+    assert written.rows == 5 and written.dead_rows == 5
+    dead = pa.concat_tables([pq.read_table(f.path) for f in written.dead_files])
+    assert sorted(dead.column("offset").to_pylist()) == [0, 2, 4, 6, 8]
+    assert set(dead.column("reason").to_pylist()) == {"missing timestamp column '__stream_time'"}
