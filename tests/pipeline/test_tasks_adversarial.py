@@ -75,3 +75,20 @@ def test_a_stream_time_beyond_microseconds_is_null(tmp_path):
     dead = pa.concat_tables([pq.read_table(f.path) for f in written.dead_files])
     assert sorted(dead.column("offset").to_pylist()) == [0, 2, 4, 6, 8]
     assert set(dead.column("reason").to_pylist()) == {"missing timestamp column '__stream_time'"}
+
+
+def test_a_stream_time_out_of_range_is_named_as_spark_wrote_it():
+    # The dead letter's reason names the stream time as Spark's cast to string wrote it
+    # (transform._spark_time_text): "2025-11-20 12:34:56.789", no fraction when whole.
+    # Arrow's %S already carries the fraction (".789000"): it came twice.
+    from reconciler.pipeline.transform import Transformer
+    from tests.pipeline.test_transform import records
+
+    ms = [253_402_300_800_000, 253_402_300_800_789, -62_135_596_800_500]  # 10000-01-01, and 0000-12-31
+    out = Transformer(DataSchema(datasource="d", timestamp_column="__stream_time"))(
+        records([{"a": 1}] * 3, stream_ms=ms))
+    assert out.dead.column("reason").to_pylist() == [
+        "timestamp out of range (years 1 to 9999): 10000-01-01 00:00:00",
+        "timestamp out of range (years 1 to 9999): 10000-01-01 00:00:00.789",
+        "timestamp out of range (years 1 to 9999): 0000-12-31 23:59:59.5",
+    ]
