@@ -187,7 +187,11 @@ class FieldParser:
             elif col.type == pa.float64() and name in self.numeric:
                 # NaN, Infinity (and beyond a double) are null under a field, as in Python.
                 finite = pc.is_finite(col)
-                out.append(pc.if_else(finite, col, pa.scalar(None, pa.float64())).cast(pa.string()))
+                text = pc.if_else(finite, col, pa.scalar(None, pa.float64())).cast(pa.string())
+                # -0.0 here is the integer -0 (the rules' 0) or a fraction -0.0 (-0.0):
+                # pyarrow's column cannot tell them apart, Python can.
+                good = pc.and_(good, pc.invert(pc.equal(text, "-0").fill_null(False)))
+                out.append(text)
             else:  # the records with a value here are the Python parser's
                 good = pc.and_(good, col.is_null())
                 out.append(pa.nulls(n, pa.string()))

@@ -94,4 +94,24 @@ def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A reader's batch (``RECORD_SCHEMA``, its client's time unit) as the transform reads it."""
     if batch.schema.equals(ARROW_SCHEMA):
         return batch
-    return batch.cast(ARROW_SCHEMA)
+    try:
+        return batch.cast(ARROW_SCHEMA)
+    except pa.ArrowInvalid:
+        # A stream time beyond a 64-bit count of microseconds (a producer's CreateTime in
+        # nanoseconds, say) would fail the task, and every retry of its batch: it is null,
+        # as a time that does not fit is elsewhere (``times``).
+        return _bounded_stream_time(batch).cast(ARROW_SCHEMA)
+
+
+def _bounded_stream_time(batch: pa.RecordBatch) -> pa.RecordBatch:
+    import pyarrow.compute as pc
+
+    index = batch.schema.get_field_index("stream_time")
+    times = batch.column(index)
+    per_unit = {"s": 1_000_000, "ms": 1_000}.get(getattr(times.type, "unit", None))
+    if per_unit is None:
+        return batch
+    bound = (2**63 - 1) // per_unit
+    raw = times.cast(pa.int64())
+    fits = pc.and_(pc.less_equal(raw, bound), pc.greater_equal(raw, -bound))
+    return batch.set_column(index, batch.schema.field(index), pc.if_else(fits, times, pa.scalar(None, times.type)))

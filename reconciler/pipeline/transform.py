@@ -424,9 +424,10 @@ def _key_text(key: pa.Array) -> pa.Array:
 def _spark_time_text(times: pa.Array) -> pa.Array:
     """A timestamp's text as Spark's cast to string wrote it (``2025-11-20 12:34:56.789``):
     the text of a virtual ``__stream_time`` read as a number or in a dead letter."""
-    seconds = pc.strftime(times, format="%Y-%m-%d %H:%M:%S")
-    micros = pc.subtract(times.cast(pa.int64()),
-                         pc.floor_temporal(times, unit="second").cast(pa.int64()))
+    whole = pc.floor_temporal(times, unit="second")
+    # In seconds: Arrow's %S writes a finer unit's fraction too ("56.789000").
+    seconds = pc.strftime(whole.cast(pa.timestamp("s", tz="UTC")), format="%Y-%m-%d %H:%M:%S")
+    micros = pc.subtract(times.cast(pa.int64()), whole.cast(pa.int64()))
     frac = pc.utf8_rtrim(pc.utf8_lpad(micros.cast(pa.string()), 6, "0"), "0")
     with_frac = pc.binary_join_element_wise(seconds, ".", frac, "")
     return pc.if_else(pc.equal(micros, 0), seconds, with_frac)
