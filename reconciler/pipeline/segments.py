@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,9 @@ class WrittenBatch:
     dead_files: tuple[DataFile, ...]
     input_rows: int | None = None  # records read, when observed during the write
     input_bytes: int | None = None  # their keys' and values' bytes, likewise
+    # Records the readers delivered per partition: the snapshot's ``reconciler.read``, with
+    # which ``verify --deep`` tells a record missing from an offset that never held one.
+    read_counts: Mapping[str, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -155,7 +158,8 @@ def finish(
         dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent,
                                             data_dir.parent.parent, dead_dir.parent.parent}
         fsync_all(paths, dirs)
-    return WrittenBatch(batch_id, tuple(files), tuple(dead_files), results.records, results.input_bytes)
+    return WrittenBatch(batch_id, tuple(files), tuple(dead_files), results.records, results.input_bytes,
+                        dict(results.read_counts))
 
 
 def discard(*dirs: str | os.PathLike[str]) -> None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.model import DataSchema, PartitionRange
 
-# What a task yields: one row per file, and one row (kind "read") with the records it read.
+# What a task yields: one row per file, and one row (kind "read") per partition it read,
+# with its records and their bytes (``chunk`` holds the partition's name).
 RESULT_SCHEMA = "kind string, path string, chunk string, rows long, bytes long"
 DATA, DEAD, READ = "data", "dead", "read"
 
@@ -60,6 +61,7 @@ class TaskResults:
     files: tuple[FileDescription, ...]
     records: int  # records the tasks read
     input_bytes: int  # their keys' and values' bytes
+    read_counts: dict[str, int] = field(default_factory=dict)  # partition -> records its readers delivered
 
 
 def run(spark: Any, plan: TaskPlan) -> TaskResults:
@@ -74,9 +76,13 @@ def run(spark: Any, plan: TaskPlan) -> TaskResults:
     rows = spark.range(0, n, 1, n).mapInArrow(task, RESULT_SCHEMA).collect()
     files = tuple(FileDescription(r.kind, r.path, r.chunk, int(r.rows), int(r.bytes))
                   for r in rows if r.kind in (DATA, DEAD))
-    records = sum(int(r.rows) for r in rows if r.kind == READ)
+    read_counts: dict[str, int] = {}
+    for r in rows:
+        if r.kind == READ:
+            read_counts[r.chunk] = read_counts.get(r.chunk, 0) + int(r.rows)
+    records = sum(read_counts.values())
     read_bytes = sum(int(r.bytes) for r in rows if r.kind == READ)
-    return TaskResults(files, records, read_bytes)
+    return TaskResults(files, records, read_bytes, read_counts)
 
 
 def run_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
@@ -114,7 +120,8 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
     rows = sink.Files(plan.data_dir, stem, SEGMENT, storage=sink.task_storage(plan.data_dir, plan.store))
     dead = sink.Files(plan.dead_dir, stem, None, storage=sink.task_storage(plan.dead_dir, plan.store))
     transformer = Transformer(plan.data_schema)
-    records = read_bytes = 0
+    # partition -> [records, bytes]; a range that delivered nothing is known as 0, not unknown
+    read: dict[str, list[int]] = {r.partition: [0, 0] for r in ranges}
     reader = plan.reader(plan.source) if plan.reader is not None else open_reader(plan.source)
     try:
         for rng in ranges:
@@ -122,8 +129,9 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
                 if not batch.num_rows:
                     continue
                 out = transformer(conform(batch))
-                records += out.records
-                read_bytes += out.bytes
+                counts = read.setdefault(rng.partition, [0, 0])
+                counts[0] += out.records
+                counts[1] += out.bytes
                 rows.add_table(out.rows)
                 dead.add_table(out.dead)
         last = transformer.finish()
@@ -140,5 +148,6 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
             close()
     out_rows = [{"kind": kind, "path": f.name, "chunk": f.value, "rows": f.rows, "bytes": f.bytes}
                 for kind, f in written]
-    out_rows.append({"kind": READ, "path": None, "chunk": None, "rows": records, "bytes": read_bytes})
+    out_rows += [{"kind": READ, "path": None, "chunk": partition, "rows": n, "bytes": size}
+                 for partition, (n, size) in read.items()]
     return out_rows

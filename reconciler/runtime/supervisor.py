@@ -302,7 +302,7 @@ class SupervisorRuntime:
         summary[ROLLUP_PROPERTY] = str(ds.rollup).lower()
         if rec.generation:
             summary[GENERATION] = str(rec.generation)
-        read_counts = getattr(written, "read_counts", None)
+        read_counts = written.read_counts
         if read_counts is not None:  # verify --deep tells a missing record from an offset without one
             summary[READ] = json.dumps(dict(sorted(read_counts.items())), separators=(",", ":"))
         for attempt in range(PUBLISH_ATTEMPTS):

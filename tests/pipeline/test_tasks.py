@@ -54,6 +54,7 @@ def test_every_offset_once_in_one_file_of_its_chunk(spark, fakes, tmp_path, task
     ranges = [R("0", 0, 1000), R("1", 500, 1700), R("2", 7, 7)]
     written = run(spark, plan(fakes, tmp_path, ranges, task_count))
     assert written.input_rows == 2200 and written.rows == 2200 and written.dead_files == ()
+    assert written.read_counts == {"0": 1000, "1": 1200}  # per partition, summed over its sub-ranges' tasks
     assert written.input_bytes == sum(len(f"{p}-{o}") + len(fakes.record_value(p, o))
                                       for p, o in [("0", o) for o in range(1000)] + [("1", o) for o in range(500, 1700)])
     seen = collections.Counter()
