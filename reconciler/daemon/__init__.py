@@ -149,7 +149,7 @@ class Daemon:
         leadership = self._leadership = Leadership(self.store, current, self.holder, self.metrics, ping=self._ping,
                                                     wake=self.wake.ring)
         tick = self._tick = Tick(self.store, current, self.holder, self.metrics, leadership)
-        catch_up = CatchUp(self.store, leadership)
+        catch_up = CatchUp(self.store, leadership, concluded=lambda: tick.concluded > 0)
         freshness = self.freshness = Freshness(self.store, current, self.metrics,
                                                on_due=lambda: (tick.request_pass(), self.wake.ring()))
         http = self._http = HttpEndpoint(self.store, self.metrics, freshness)

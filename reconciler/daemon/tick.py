@@ -49,6 +49,7 @@ class Tick:
         self._metrics = metrics
         self._leadership = leadership
         self.passes = 0  # reconcile passes that applied at least one action
+        self.concluded = 0  # passes that concluded (changed or unchanged): not aborted, fenced or deferred
         self.summary = "starting"
         self._summary_at = 0.0
         self._notes: tuple[str, ...] = ()
@@ -119,6 +120,7 @@ class Tick:
         self._count_resets(result.results)
         elapsed = time.monotonic() - started
         outcome = "changed" if result.results else "unchanged"
+        self.concluded += 1
         if result.results:
             self.passes += 1
             failed = sum(1 for r in result.results if not r.ok)
@@ -179,9 +181,12 @@ class CatchUp:
     """What ``--until-caught-up`` waits for: the latest offsets seen at the first check, every
     backfill completed, and no batch in flight; and the supervisors it gives up on."""
 
-    def __init__(self, store: Store, leadership: Leadership):
+    def __init__(self, store: Store, leadership: Leadership, concluded: Callable[[], bool] = lambda: True):
         self._store = store
         self._leadership = leadership
+        # Targets are fixed only after a pass concluded: a pass fenced by a lost lease (a slow
+        # start under load) applied nothing, and its empty targets were "caught up" at once.
+        self._concluded = concluded
         self._targets: dict[str, dict[str, int]] | None = None
         self._unhealthy_since: dict[str, float] = {}
         self.stuck: list[str] = []
@@ -194,6 +199,8 @@ class CatchUp:
             return False
         self._note_stuck(actual)  # first: a supervisor whose stream cannot even be asked is stuck too
         if self._targets is None:
+            if not self._concluded():
+                return False
             targets = {}
             for sid, rec in actual.supervisors.items():
                 if rec.kind == Kind.MAIN and rec.state in RUNNABLE:

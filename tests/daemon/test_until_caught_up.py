@@ -67,3 +67,29 @@ def test_the_loop_wakes_when_the_last_batch_published(tmp_path, kafka_broker, to
         pytest.fail("--until-caught-up did not wake after its last batch published")
     assert result == [0]
     h.assert_exactly_once(h.key_counts(spark, s, "bell"), h.keys(records))
+
+
+def test_a_first_pass_fenced_by_the_lease_is_not_caught_up(tmp_path, kafka_broker, topic, spark, monkeypatch):
+    """A slow start under load can lose the 3 s test lease before the first pass applies
+    anything: that pass is fenced and creates no supervisor. --until-caught-up fixed its
+    targets from that empty state and exited 0 at once, having read nothing; it must wait
+    for a pass that concluded, then read every record."""
+    import devservices
+    from reconciler.daemon import leadership as leadership_mod
+
+    real = leadership_mod.Leadership.leading_in_pass
+    calls: list[int] = []
+
+    def first_pass_fenced(self):  # the loader's progress call per spec, then the check before the plan
+        calls.append(1)
+        return False if len(calls) <= 2 else real(self)
+
+    monkeypatch.setattr(leadership_mod.Leadership, "leading_in_pass", first_pass_fenced)
+    name = topic(partitions=2)
+    records = devservices.make_records(600)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, records)
+    s = h.make_settings(tmp_path)
+    h.write_spec(s.specs, h.spec_doc("late", h.kafka_source(kafka_broker.bootstrap, name)))
+    code, _ = h.run_daemon(s, until_caught_up=True, timeout=120)
+    assert code == 0 and len(calls) > 2
+    h.assert_exactly_once(h.key_counts(spark, s, "late"), h.keys(records))
