@@ -281,20 +281,22 @@ class _Visible:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._read()  # a commit in the last 20 ms before the exit
 
     def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self._read()
+
+    def _read(self) -> None:
         import sqlite3
 
-        last = 0
-        while not self._stop.wait(0.02):
-            try:
-                with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.1) as db:
-                    total = db.execute("SELECT COALESCE(SUM(records), 0) FROM batches").fetchone()[0]
-            except sqlite3.Error:  # not created yet, or locked by a commit: the next poll
-                continue
-            if total > last:
-                self.seen.append((round(time.perf_counter() - self.started, 3), int(total)))
-                last = total
+        try:
+            with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.1) as db:
+                total = int(db.execute("SELECT COALESCE(SUM(records), 0) FROM batches").fetchone()[0])
+        except sqlite3.Error:  # not created yet, or locked by a commit: the next poll
+            return
+        if total > (self.seen[-1][1] if self.seen else 0):
+            self.seen.append((round(time.perf_counter() - self.started, 3), total))
 
     @property
     def first(self) -> float | None:

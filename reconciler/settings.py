@@ -60,7 +60,7 @@ class Settings:
         "env": "RECONCILER_SPARK_CONF", "key": "spark",
         "help": "a Spark setting as key=value, repeatable (environment: entries separated by ';' or "
                 "newlines; config file: a map of spark.* keys); merged over file < environment < command line",
-        "shown": "none (a session the daemon starts gets `spark.driver.memory: 2g`; not on Spark Connect)",
+        "shown": "none (a session the daemon starts gets `spark.driver.memory: 512m`; not on Spark Connect)",
         "metavar": "key=value"})
     tick_interval: float = _opt(30.0, "RECONCILER_TICK_INTERVAL", "tickInterval",
                                 "seconds between safety-net reconcile passes (file events reconcile at once)")

@@ -36,7 +36,12 @@ def test_ingest_benchmark_reports_every_figure_with_exactly_once():
     assert len(kafka["product_warm"]["earlier_runs_records_per_s"]) == 1, kafka["product_warm"]
     assert set(kafka["ratios"]) == {"cold_over_raw", "cold_over_naive", "warm_over_raw", "warm_over_naive",
                                     "warm_first_over_raw", "warm_first_over_naive", "marginal_over_raw",
-                                    "marginal_over_naive"}
+                                    "marginal_over_naive", "cold_marginal_over_raw", "cold_marginal_over_naive"}
+    cold_part = kafka["product_cold_part"]  # a second fresh process, a quarter of the records
+    assert cold_part["records"] == 25_000 and cold_part["verify"]["exactly_once"], cold_part
+    assert kafka["product_cold_marginal"]["records"] == 75_000, kafka["product_cold_marginal"]
+    cold = kafka["product_cold"]  # the first committed records, seen from the outside while it ran
+    assert 0 < cold["first_visible_seconds"] <= cold["first_100k_visible_seconds"] < cold["seconds"], cold
     for run in ("product_warm_first", "product_warm"):  # the run's one batch, its phases from the log
         phases = kafka[run]["batch_phases"]
         assert set(phases) == {"capture", "plan", "job", "publish"} and phases["job"] > 0, (run, phases)

@@ -266,24 +266,25 @@ def test_duckdb_reads_a_table_from_the_bucket(bucket_env, s3_server, s3_bucket):
     assert rows == [(f"k{w}-{i}", 1) for w in range(2) for i in range(3)]
 
 
-def test_the_drivers_commit_reaches_the_store_at_the_daemons_endpoint(s3_server, s3_bucket):
-    """The sink's commit (its list of files) and abort run beside the Spark driver: in a
-    classic session the daemon's own process, which reaches the store at its endpoint, not at
+def test_the_driver_keeps_the_batch_at_the_daemons_endpoint(s3_server, s3_bucket):
+    """What the driver does with a batch's files (list, check, delete a killed attempt's) runs
+    in the daemon's own process, which reaches the store at its endpoint, not at
     ``executorEndpoint`` (an address that may resolve only where the executors run)."""
     import devservices
-    from reconciler.pipeline import sink
+    from reconciler.pipeline import segments, tasks
 
     dead = f"http://127.0.0.1:{devservices.free_port()}"
-    configured = storage.ObjectStore.from_environment({"executorEndpoint": dead})
-    storage.configure(configured)
+    storage.configure(storage.ObjectStore.from_environment({"executorEndpoint": dead}))
     try:
         path = f"s3://{s3_bucket}/wh/default/t/data/batch=b1"
-        writer = sink._Writer(path, None, None, configured.public().to_json())
-        storage.at(path).write_bytes(f"{path}/part-1.parquet", b"x")
-        writer.commit([sink.SinkCommit(["part-1.parquet"])])
-        assert sink.committed_files(path) == ["part-1.parquet"]
-        writer.abort([sink.SinkCommit(["part-1.parquet"])])
-        assert not storage.at(path).exists([f"{path}/part-1.parquet"])
+        files = storage.at(path)
+        files.write_bytes(f"{path}/time_chunk=20260101T0000Z/part-1.parquet", b"x")
+        files.write_bytes(f"{path}/time_chunk=20260101T0000Z/part-2.parquet", b"y")  # a killed attempt's
+        described = tasks.FileDescription(tasks.DATA, "time_chunk=20260101T0000Z/part-1.parquet",
+                                          "20260101T0000Z", 1, 1)
+        written = segments.finish(tasks.TaskResults((described,), 1, 1, {"0": 1}), path,
+                                  f"s3://{s3_bucket}/wh/default/t_deadletter/data/batch=b1", "b1")
+        assert [f.path for f in written.files] == [f"{path}/time_chunk=20260101T0000Z/part-1.parquet"]
+        assert sorted(files.list(path)) == [f"{path}/time_chunk=20260101T0000Z/part-1.parquet"]
     finally:
         storage.configure(None)
-        sink._storage.cache_clear()
