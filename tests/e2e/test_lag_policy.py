@@ -156,7 +156,9 @@ def test_no_reset_while_the_policy_backfill_runs_nor_within_the_cooldown(tmp_pat
     s = settings(tmp_path, RECONCILER_LAG_INTERVAL="1")
     name = topic(partitions=2)
     policy = {"maxRecords": 1000, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
-    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=250))
+    # Batches of 100: the main works through a burst for seconds, so the lag observer (every
+    # second) sees the breach before the main has caught up by itself (batches take ~0.1 s now).
+    h.write_spec(s.specs, spec(kafka_broker, name, policy=policy, max_batch_records=100))
     produced, head = [], {}
 
     def burst(n: int) -> None:
@@ -203,7 +205,7 @@ def test_alert_changes_nothing_and_a_suspended_supervisor_is_never_reset(tmp_pat
     s = settings(tmp_path, RECONCILER_LAG_INTERVAL="1")
     name = topic(partitions=2)
     alert = {"maxRecords": 2000, "action": "alert"}
-    doc = spec(kafka_broker, name, policy=alert, max_batch_records=500)
+    doc = spec(kafka_broker, name, policy=alert, max_batch_records=250)  # seconds above maxRecords: seen
     h.write_spec(s.specs, doc)
     produced = devservices.make_records(12_000)
     ends = devservices.produce_kafka(kafka_broker.bootstrap, name, produced[:500])
@@ -219,13 +221,13 @@ def test_alert_changes_nothing_and_a_suspended_supervisor_is_never_reset(tmp_pat
 
         # suspended, with a policy that would reset: never reset while suspended
         reset = {"maxRecords": 2000, "for": "0s", "action": "resetToLatestAndBackfill"}
-        h.write_spec(s.specs, {**spec(kafka_broker, name, policy=reset, max_batch_records=500), "suspended": True})
+        h.write_spec(s.specs, {**spec(kafka_broker, name, policy=reset, max_batch_records=250), "suspended": True})
         run.wait("SUSPENDED", lambda: store.get(SID).state == "SUSPENDED", 60)
         ends = devservices.produce_kafka(kafka_broker.bootstrap, name, produced[8_000:])
         time.sleep(4)  # several observations and passes
         assert lag_policy_status(s) == "suspended"
         assert policy_resets(store) == [] and store.lag_observations().get(SID) is None
-        h.write_spec(s.specs, spec(kafka_broker, name, policy=reset, max_batch_records=500))  # resumed: now it resets
+        h.write_spec(s.specs, spec(kafka_broker, name, policy=reset, max_batch_records=250))  # resumed: now it resets
         run.wait("the policy's reset", lambda: backfills(store), timeout=60)
         run.wait("the backfill completed", lambda: backfills(store)[0].state == "COMPLETED", timeout=300)
         head = {str(p): e for p, e in ends.items()}
@@ -286,7 +288,9 @@ def test_a_time_policy_on_rabbitmq_streams(tmp_path, rabbit_node, stream, spark)
     s = settings(tmp_path, RECONCILER_LAG_INTERVAL="1")
     names = [stream(), stream()]
     policy = {"maxLag": "3s", "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
-    plain = h.spec_doc(SID, h.rabbit_source(rabbit_node.stream_uri, names), max_batch_records=600)
+    # Batches of 100: resumed, the main takes seconds to read the 3,000 waiting records, so the
+    # lag observer (every second) sees them older than maxLag before the main is at the head.
+    plain = h.spec_doc(SID, h.rabbit_source(rabbit_node.stream_uri, names), max_batch_records=100)
     doc = {**plain, "lagPolicy": policy}
     produced: list = []
     ends = dict.fromkeys(names, 0)
