@@ -98,7 +98,7 @@ def main() -> int:
         rolled = catalog.load_table("default.clicks_rollup").scan(selected_fields=("count",)).to_arrow()
         counted = sum(rolled["count"].to_pylist())
         print(f"== table default.clicks_rollup: {counted} events in, {rolled.num_rows} rows out "
-              f"(one per minute, user and page within each batch); counts add up: {counted == args.records}")
+              f"(one per minute, user and page within each task of a batch); counts add up: {counted == args.records}")
         ok = ok and counted == args.records
     print(f"""
 == look around (the broker is gone now; what was ingested stays):
