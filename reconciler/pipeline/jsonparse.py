@@ -58,7 +58,7 @@ class ParsedFields:
 
 
 class _Invalid(ValueError):
-    pass
+    """A value outside the rules' limits: the record is not a JSON object by them."""
 
 
 def _number(text: str, kind: type) -> Any:

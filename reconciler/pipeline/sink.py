@@ -53,16 +53,13 @@ def task_storage(path: str, store_json: str | None):
     return storage.Storage(path, storage.ObjectStore.from_environment(public))
 
 
-_storage = task_storage  # the shared-directory probe's name for it
-
-
 class Files:
     """One Parquet file per partition value, row groups of up to ``ROW_GROUP_ROWS``."""
 
     def __init__(self, root: str | os.PathLike[str], stem: str, column: str | None,
                  pending_bytes: int = PENDING_BYTES, storage: Any = None):
         self.root, self.stem, self.column = str(root), stem, column
-        self.storage = storage if storage is not None else _storage(self.root, None)
+        self.storage = storage if storage is not None else task_storage(self.root, None)
         self.writers: dict[Any, Any] = {}
         self.pending: dict[Any, list] = {}
         self.pending_rows: dict[Any, int] = {}

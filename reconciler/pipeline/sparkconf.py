@@ -22,6 +22,10 @@ from reconciler.pipeline import sparkhome
 DEFAULT_MASTER = "local[*]"
 
 # Settings that every session gets (runtime SQL settings: also valid for Spark Connect).
+# Since batches became Arrow tasks, Spark writes no Parquet and hands Python workers only
+# task ids: the file-writing settings below (here and in STATIC_CONF) no longer act on the
+# product's batches; they stay so that Parquet a session writes otherwise keeps the
+# warehouse's conventions (UTC micros, no .crc, no _SUCCESS).
 SQL_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -33,11 +37,9 @@ SQL_CONF: dict[str, str] = {
     # the common case; many open writers share the memory for row groups and cost
     # more than the sort (measured: 278 hourly chunks, 64 writers ~25% slower).
     "spark.sql.maxConcurrentOutputFileWriters": "8",
-    # Rows handed to a Python worker (the sink) go in Arrow batches of at most
-    # maxRecordsPerBatch (10,000) rows; a byte limit too makes Spark size the batch after
-    # every row, measured 7.7% of a warm batch's JVM time. Int.MaxValue turns that check
-    # off. The sink's rows are parsed fields, and the readers' batches (65,536 records)
-    # were never byte-bounded, so this bounds nothing that was bounded before.
+    # Rows handed to a Python worker go in Arrow batches of at most maxRecordsPerBatch
+    # (10,000) rows; a byte limit too makes Spark size the batch after every row (7.7% of
+    # a warm batch's JVM time when the sink's rows crossed it). Int.MaxValue turns that off.
     "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
 }
 
@@ -67,8 +69,8 @@ STATIC_CONF: dict[str, str] = {
     # halving those forks; measured 1.3 -> 0.9 CPU s per 112-file batch.
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     # PySpark records the Python call site of every DataFrame and functions call for error
-    # messages: five py4j round trips each, measured: most of the 250 ms a warm batch spent
-    # building its plan. The transform's call sites are ours, not the operator's.
+    # messages: five py4j round trips each (most of the 250 ms a warm batch once spent
+    # building its plan). The job's call sites are ours, not the operator's.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 

@@ -6,7 +6,7 @@ Without it, executors on another host write staged files to their own disk: the 
 
 On an object store (``s3://``) the same proof: this process PUTs a token under the
 warehouse's ``_staging/`` prefix, each task GETs it through the store as the executors
-reach it (their AWS environment, over the daemon's endpoint and region: ``sink._storage``)
+reach it (their AWS environment, over the daemon's endpoint and region: ``sink.task_storage``)
 and PUTs one back; a wrong endpoint or missing credentials on an executor is named here,
 once, with the store's own words, before anything is ingested.
 """
@@ -91,12 +91,12 @@ def _bucket_probe_task(root: str, token: str, store_json: str):
 
         import pyarrow as _pa
 
-        from reconciler.pipeline.sink import _storage
+        from reconciler.pipeline.sink import task_storage
 
         host = _socket.gethostname()
         error = None
         try:
-            files = _storage(root, store_json)
+            files = task_storage(root, store_json)
             seen = files.read_bytes(files.join(root, "token")).decode() == token
             if seen:
                 files.write_bytes(files.join(root, f"{host}@{_os.getpid()}-{id(batches)}"), token.encode())

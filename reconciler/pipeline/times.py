@@ -44,7 +44,7 @@ def to_long(text: pa.Array) -> pa.Array:
     try:  # the usual case, and a tenth of the time: Arrow's cast reads exactly "-?[0-9]+"
         return text.cast(pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass
+        pass  # some value is not plain digits (spaces, "+", too long, not a number): the rule below
     t = _trim(text)
     ok = pc.match_substring_regex(t, _INTEGER)
     if not pc.any(ok).as_py():
@@ -73,7 +73,7 @@ def to_double(text: pa.Array) -> pa.Array:
     try:  # the usual case: Arrow's cast reads a subset of the rule (it takes no spaces)
         return text.cast(pa.float64())
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass
+        pass  # some value is not a plain number (spaces, "Infinity", not a number): the rule below
     t = _trim(text)
     ok = pc.or_(pc.match_substring_regex(t, _DOUBLE), pc.match_substring_regex(t, _SPECIAL))
     ok = ok.fill_null(False)

@@ -286,9 +286,7 @@ class Transformer:
             return bulk.exact, list(bulk.texts)
         index = pc.indices_nonzero(rest)
         parsed = parse_values(values.take(index).to_pylist(), self.fields)
-        # Spread the Python results over the records (null outside ``rest``).
-        positions = pc.if_else(rest, pc.subtract(pc.cumulative_sum(rest.cast(pa.int64())), 1),
-                               pa.scalar(None, pa.int64()))
+        positions = _positions(rest)  # the Python results spread over the records
         ok = pc.or_(bulk.exact, pc.fill_null(parsed.ok.take(positions), False))
         texts = [pc.if_else(bulk.exact, b, p.take(positions))
                  for b, p in zip(bulk.texts, parsed.texts, strict=True)]
@@ -407,9 +405,14 @@ def _reasons(ds: DataSchema, cols: dict[str, pa.Array], ok: pa.Array, ts_text: p
             reasons.append(f"unparseable timestamp ({fmt}): {text[i][:100]}")
         else:
             reasons.append(f"timestamp out of range (years 1 to 9999): {text[i][:100]}")
-    positions = pc.if_else(dead, pc.subtract(pc.cumulative_sum(dead.cast(pa.int64())), 1),
-                           pa.scalar(None, pa.int64()))
-    return pa.array(reasons, pa.string()).take(positions)
+    return pa.array(reasons, pa.string()).take(_positions(dead))
+
+
+def _positions(mask: pa.Array) -> pa.Array:
+    """For each record, its index among the records ``mask`` selects (null for the others):
+    what ``take`` needs to spread values computed for the selected records over all of them."""
+    return pc.if_else(mask, pc.subtract(pc.cumulative_sum(mask.cast(pa.int64())), 1),
+                      pa.scalar(None, pa.int64()))
 
 
 def _key_text(key: pa.Array) -> pa.Array:
