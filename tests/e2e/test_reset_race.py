@@ -4,8 +4,10 @@
   checkpoint C, which the backfill now covers. Here its publish loses the
   compare-and-swap (the reset bumped the epoch) and its output is discarded. The loop
   below resets while a main batch is really in flight, with records produced all the
-  time, and checks that publishes did conflict (the ``reconciler_publish_conflicts``
-  metric), so the window was exercised, not dodged.
+  time: a gate holds the main's batch job (the real Spark job) before or after it runs
+  until the reset has landed, so every reset meets a batch in flight however fast
+  batches are, and each must cost that batch its publish (the
+  ``reconciler_publish_conflicts`` metric): the window is exercised, not dodged.
 * **Reset race**: a checkpoint published between capturing the offsets and applying the
   reset. Here the reset recomputes on the checkpoint it reads under lock in the one
   transaction. The second test makes a real publish land exactly in that gap.
@@ -102,6 +104,53 @@ class BackgroundDaemon:
                                                             {"supervisor": sid}) or 0.0
 
 
+class BatchGate:
+    """Holds one main batch in flight at a time: its job waits, before or after the real
+    Spark run, until the test releases it (backfills' batches pass freely)."""
+
+    def __init__(self, monkeypatch):
+        from reconciler.runtime import jobs
+
+        self._run = jobs.SparkJob.run
+        self._lock = threading.Lock()
+        self._armed: str | None = None  # "before" or "after" the run
+        self.held = threading.Event()
+        self._release = threading.Event()
+        gate = self
+
+        def run(job, spec, *args, **kwargs):
+            when = gate._take(spec.id)
+            if when == "before":
+                gate._hold()
+            written = gate._run(job, spec, *args, **kwargs)
+            if when == "after":
+                gate._hold()
+            return written
+
+        monkeypatch.setattr(jobs.SparkJob, "run", run)
+
+    def arm(self, when: str) -> None:
+        with self._lock:
+            self.held.clear()
+            self._release.clear()
+            self._armed = when
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _take(self, sid: str) -> str | None:
+        with self._lock:
+            if sid != SID or self._armed is None:
+                return None
+            when, self._armed = self._armed, None
+            return when
+
+    def _hold(self) -> None:
+        self.held.set()
+        if not self._release.wait(120):
+            raise AssertionError("the test never released the batch it held")
+
+
 def wait_for(condition, timeout: float, what: str, every: float = 0.01):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -152,27 +201,29 @@ def finish_and_check(spark, settings, store: Store, expected_keys: list[str], re
 
 @pytest.mark.parametrize("iterations", [pytest.param(10, id="x10"),
                                         pytest.param(40, id="x40", marks=pytest.mark.soak)])
-def test_reset_lands_while_a_main_batch_is_in_flight(spark, kafka_broker, topic, tmp_path, db_url, iterations):
+def test_reset_lands_while_a_main_batch_is_in_flight(spark, kafka_broker, topic, tmp_path, db_url, iterations,
+                                                     monkeypatch):
     name = topic(partitions=2)
     s = h.make_settings(tmp_path, db_url)
     h.write_spec(s.specs, h.spec_doc(SID, h.kafka_source(kafka_broker.bootstrap, name, **{"fetch.queue.backoff.ms": 10}),
                                      task_duration="200ms", max_batch_records=4000))
     store = Store(s.db_url)
     store.migrate()  # before the daemon thread does: the test reads the tables at once
+    gate = BatchGate(monkeypatch)
     producer = Producer(kafka_broker.bootstrap, name)
     producer.start()
-    log: list[tuple[str, bool]] = []
+    log: list[tuple[str, str, bool]] = []
     try:
         with BackgroundDaemon(s) as bg:
             wait_for(lambda: sum(store.checkpoints(SID).values()) > 0, 120, "the first main batch")
             for i in range(iterations):
-                # A main step that has been executing for a moment is inside its Spark batch,
-                # reading from C (a step merely queued behind the backfills' would not count).
-                for _ in range(5):
-                    fut = wait_for(lambda: bg.running_step(SID), 60, "a main batch in flight")
-                    time.sleep(0.1)
-                    if not fut.done():
-                        break
+                # The reset lands while the main's batch, cut from checkpoint C, is held: before
+                # its Spark job reads, or after its files are written and before its publish.
+                when = "before" if i % 4 < 2 else "after"
+                gate.arm(when)
+                wait_for(gate.held.is_set, 60, "a main batch in flight")
+                fut = bg.in_flight(SID)
+                assert fut is not None and not fut.done()
                 before = bg.conflicts(SID)
                 if i % 2 == 0:
                     trigger = "cli"
@@ -182,19 +233,19 @@ def test_reset_lands_while_a_main_batch_is_in_flight(spark, kafka_broker, topic,
                     marker = Path(s.specs) / f"{SID}.reset.yaml"
                     marker.write_text(f"reason: race {i}\n")
                     wait_for(lambda m=marker: not m.exists(), 60, "the marker to be consumed")
-                    fut = bg.in_flight(SID) or fut
+                    assert not fut.done()
+                gate.release()
                 wait_for(fut.done, 60, "the batch in flight to end")
-                log.append((trigger, bg.conflicts(SID) > before))
+                log.append((trigger, when, bg.conflicts(SID) > before))
         keys = producer.stop()
     finally:
+        gate.release()
         if producer.is_alive():
             producer.stop()
-    hits = sum(hit for _, hit in log)
-    print(f"\n{iterations} resets during main batches: {hits} hit a publish conflict: {log}")
-    # The window was exercised: in-flight batches did lose their compare-and-swap (and were
-    # discarded), at least for most of the CLI resets, which land while the batch runs.
-    assert hits >= max(3, iterations // 4), log
-    assert sum(hit for t, hit in log if t == "cli") >= iterations // 4, log
+    print(f"\n{iterations} resets during main batches: {log}")
+    # Every reset landed while a main batch cut from the old checkpoint was in flight, so
+    # every such batch lost its compare-and-swap and was discarded.
+    assert all(hit for _, _, hit in log), log
     finish_and_check(spark, s, store, keys, iterations)
     store.close()
 
