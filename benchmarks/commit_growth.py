@@ -195,12 +195,27 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     store.all_batch_totals()
     store.read_actual()
     status_s = time.monotonic() - status_t
+    # What a new leader does first (the lease, then recovery over every table's directories),
+    # and the lease renewal every term repeats: after the whole history, not on an empty table.
+    from reconciler.runtime.recovery import recover
+
+    lease_t = time.monotonic()
+    token = store.acquire_lease("commit-growth", 15.0)
+    renewed = store.acquire_lease("commit-growth", 15.0)
+    store.heartbeat("commit-growth", "leader", 15.0)
+    lease_s = time.monotonic() - lease_t
+    recovery_t = time.monotonic()
+    recovered = recover(store, root / "segments")
+    recovery_s = time.monotonic() - recovery_t
+    data_dirs = sum(1 for d in (root / "segments").rglob("data/*") if d.is_dir())
     store.close()
     second = windows[1] if len(windows) > 1 else windows[0]
     return {
         "db": "postgresql" if url.startswith("postgresql") else "sqlite", "commits": commits,
         "recordsPerCommit": records, "snapshotsKept": kept, "windows": windows,
         "verifySeconds": round(verify_s, 3), "verifyOk": report.ok, "statusQueriesSeconds": round(status_s, 4),
+        "leaseSeconds": round(lease_s, 4), "leaseKept": token is not None and renewed == token,
+        "recoverySeconds": round(recovery_s, 3), "recovery": recovered, "dataDirectories": data_dirs,
         "seconds": round(time.monotonic() - started, 1),
         "goals": {
             "lastOverSecondMedian": round(windows[-1]["publishMedianMs"] / second["publishMedianMs"], 3),

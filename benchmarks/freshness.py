@@ -18,8 +18,14 @@ Latency is visible (or received) minus acknowledged, per record; the JSON holds 
 p99 and max of both, the commits seen and their median interval, and the exactly-once
 verification of the table (every key once).
 
+It also holds each batch's publish time (the runtime's ``publish`` phase, from the
+daemon's own log record of the batch), the median of the first and of the last
+``--publish-window`` batches (100 by default) and their ratio: issue 34's check that the
+commit cost stays flat as the table's history grows. A long run at a trickle measures it:
+``--task-duration 0.5s --rate 200 --seconds 3600``.
+
 Usage: ``.venv/bin/python benchmarks/freshness.py [--rate 20000] [--seconds 30]
-[--task-duration 1s] [--partitions 2]``
+[--task-duration 1s] [--partitions 2] [--publish-window 100]``
 """
 
 from __future__ import annotations
@@ -183,6 +189,43 @@ class _CheckpointPoller:
         return points[i][1] if i < len(points) else None
 
 
+class _Publishes(logging.Handler):
+    """Each published batch's phases, from the runtime's log record of it (``extra`` phases)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.publish: list[float] = []
+        self.job: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        phases = getattr(record, "phases", None)
+        if phases and getattr(record, "supervisor", None) == ID:
+            self.publish.append(phases["publish"])
+            self.job.append(phases["job"])
+
+    def attach(self) -> _Publishes:
+        self._logger = logging.getLogger("reconciler.runtime.supervisor")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)  # the root logger's handlers still drop INFO
+        self._logger.addHandler(self)
+        return self
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+    def summary(self, window: int) -> dict[str, Any]:
+        xs = self.publish[1:]  # the first batch is the warm-up: the table's creation, a cold job
+        if len(xs) < 2 * window:
+            return {"batches": len(xs), "window": window, "note": "fewer than two windows of batches"}
+        first, last = statistics.median(xs[:window]), statistics.median(xs[-window:])
+        return {"batches": len(xs), "window": window,
+                "first_median_ms": round(first * 1000, 2), "last_median_ms": round(last * 1000, 2),
+                "last_over_first": round(last / first, 3),
+                "all_ms": {k: round(v * 1000, 2) for k, v in _pct(xs).items() if k != "n"},
+                "job_median_ms": round(statistics.median(self.job[1:]) * 1000, 2)}
+
+
 def _store(s) -> Store | None:
     if not Path(s.db_url.removeprefix("sqlite:///")).exists():
         return None
@@ -197,8 +240,10 @@ def _store(s) -> Store | None:
     return store
 
 
-def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: int, work: Path) -> dict[str, Any]:
+def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: int, work: Path,
+        publish_window: int = 100) -> dict[str, Any]:
     broker = devservices.TansuBroker().start()
+    publishes = _Publishes().attach()
     try:
         broker.create_topic(ID, partitions)
         ends = devservices.produce_kafka(broker.bootstrap, ID, devservices.make_records(warmup))
@@ -253,9 +298,11 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
             "baseline_raw_consumer_after_ack_s": _pct(floor) if floor else None,
             "commits": {"seen": poller.commits,
                         "median_interval_s": round(statistics.median(intervals), 4) if intervals else None},
+            "publish": publishes.summary(publish_window),
             "verify": _verify(s.segments_dir, ID, warmup + sent),
         }
     finally:
+        publishes.detach()
         broker.stop()
 
 
@@ -266,12 +313,17 @@ def main() -> None:
     ap.add_argument("--task-duration", default="1s", help="the supervisor's taskDuration (default 1s)")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--warmup-records", type=int, default=20_000)
+    ap.add_argument("--publish-window", type=int, default=100,
+                    help="batches in the first and last publish medians (default 100)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     logs.setup("WARNING")
+    for handler in logging.getLogger().handlers:  # the publish log records are caught, not printed
+        handler.setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="freshness-"))
     try:
-        doc = run(args.rate, args.seconds, args.task_duration, args.partitions, args.warmup_records, work)
+        doc = run(args.rate, args.seconds, args.task_duration, args.partitions, args.warmup_records, work,
+                  args.publish_window)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
