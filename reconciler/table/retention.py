@@ -14,8 +14,15 @@ metadata file several MiB and each publish a large part of a second. So:
   (``superseded``): their manifest lists, the manifests no kept snapshot lists, the data
   files a compaction replaced once no kept snapshot sees them, and the metadata files
   that fell out of the metadata log. A file a kept snapshot may need is never deleted;
-* manifests are merged every ``MERGE_MIN_COUNT`` commits (Iceberg's merge append), and
-  the metadata log keeps ``PREVIOUS_VERSIONS`` entries.
+* manifests are merged every ``MERGE_MIN_COUNT`` commits (Iceberg's merge append) into
+  manifests of at most ``MANIFEST_TARGET_BYTES``, and the metadata log keeps
+  ``PREVIOUS_VERSIONS`` entries. A merge rewrites every entry of the manifests it merges,
+  and a merged manifest keeps being merged until it reaches the target size: at Iceberg's
+  8 MiB (about 27,000 data files) a merge every 16 commits rewrote up to 27,000 entries,
+  seconds in pyiceberg, a stall that grew with the table's live files. Capped at 256 KiB
+  (about 850 files), a merge costs under 0.2 s whatever the history (figures in
+  benchmarks/README.md, ``commit_growth.py``); the manifest list holds a manifest per
+  ~850 live files instead.
 
 Files named here are deleted only after the commit is durable; a crash in between leaves
 them to orphan clean-up, which sees them unreferenced.
@@ -33,11 +40,13 @@ DEFAULT_KEPT = 25  # settings.snapshotsKept
 SLACK = 5  # expire when the history exceeds keep + SLACK, down to keep
 PREVIOUS_VERSIONS = 10
 MERGE_MIN_COUNT = 16
+MANIFEST_TARGET_BYTES = 256 * 1024
 
 PROPERTIES = {  # what every table's properties converge to (set at creation, else at the next publish)
     "write.metadata.previous-versions-max": str(PREVIOUS_VERSIONS),
     "commit.manifest-merge.enabled": "true",
     "commit.manifest.min-count-to-merge": str(MERGE_MIN_COUNT),
+    "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES),
 }
 
 

@@ -19,7 +19,7 @@ from reconciler import faults
 from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.table import catalog as cat
-from reconciler.table import reach, summary
+from reconciler.table import reach, retention, summary
 from reconciler.table.compact import compact
 from reconciler.table.expire import expire_snapshots
 from reconciler.table.orphans import remove_orphans
@@ -368,4 +368,32 @@ def test_two_compactions_of_one_partition_at_once_keep_every_key_once(env):
     for lo in range(40, 120, 10):  # the replaced files go as the compactions' parents expire
         _publish(store, tables, lo, lo + 10, hour=1)
     assert _offsets(tables.load("clicks")) == list(range(120))
+    assert _verify(store, tables).ok
+
+
+def test_merged_manifests_stop_growing_at_the_target_size(env, monkeypatch):
+    """A merge rewrites every entry of the manifests it merges, and a merged manifest is merged
+    again every ``MERGE_MIN_COUNT`` commits until it reaches ``commit.manifest.target-size-bytes``:
+    at Iceberg's 8 MiB that was seconds of rewriting per merge once a table held ~20,000 live
+    files. The product's cap (scaled down here so that 160 one-file batches cross it several
+    times) bounds every manifest, so a merge never rewrites more than one target's worth, and
+    the table still holds every batch's rows exactly once."""
+    store, tables = env
+    # the product's cap: a merge rewrites at most ~850 entries (under 0.2 s)
+    assert int(retention.PROPERTIES["commit.manifest.target-size-bytes"]) <= 1024 * 1024
+    target = 16 * 1024  # a manifest of one entry is ~4.6 KiB (its header); an entry ~0.3 KiB
+    monkeypatch.setitem(retention.PROPERTIES, "commit.manifest.target-size-bytes", str(target))
+    batches = 160
+    for i in range(batches):
+        _publish(store, tables, i * 2, i * 2 + 2)
+    table = tables.load("clicks")
+    assert table.metadata.properties["commit.manifest.target-size-bytes"] == str(target)
+    manifests = table.current_snapshot().manifests(table.io)
+    sizes = sorted(m.manifest_length for m in manifests)
+    assert max(sizes) <= target, sizes
+    full = [s for s in sizes if s > target // 2]
+    assert len(full) >= 3, sizes  # the files spread over several capped manifests, not one growing one
+    live = sum(len(m.fetch_manifest_entry(table.io, discard_deleted=True)) for m in manifests)
+    assert live == batches
+    assert _offsets(table) == list(range(batches * 2))
     assert _verify(store, tables).ok
