@@ -147,7 +147,23 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def run(url: str, root: Path, commits: int, window: int, records: int, kept: int) -> dict:
+def _compact(tables, store, now: datetime, costs: list[float]) -> tuple[int, int]:
+    """The leader's compaction at the benchmark's clock: closed hours' small files rewritten."""
+    from reconciler.table.compact import compact
+
+    t = time.monotonic()
+    result = compact(tables, SID, store=store, lateness=timedelta(hours=1), now=now)
+    costs.append(time.monotonic() - t)
+    return result.files_before, result.files_after
+
+
+def _live_files(table) -> int:
+    return sum(int(m.existing_files_count or 0) + int(m.added_files_count or 0)
+               for m in table.current_snapshot().manifests(table.io))
+
+
+def run(url: str, root: Path, commits: int, window: int, records: int, kept: int,
+        compact_every: int = 0) -> dict:
     store = Store(url)
     store.migrate()
     spec = SupervisorSpec.from_document({
@@ -162,6 +178,8 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     rt = SupervisorRuntime(SID, ctx)
     tables = ctx.tables()
     windows = []
+    compactions: list[float] = []
+    compacted = [0, 0]  # files in, files out
     started = time.monotonic()
     while len(phases.publish) < commits:
         before = len(phases.publish)
@@ -169,6 +187,11 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
         if len(phases.publish) == before:
             raise SystemExit(f"no batch published: {store.get(SID).last_error}")
         done = len(phases.publish)
+        if compact_every and done % compact_every == 0:
+            # the stream's clock: a batch's records are ``records`` seconds of data (TinyJob)
+            files_in, files_out = _compact(tables, store, T0 + timedelta(seconds=counter.end), compactions)
+            compacted[0] += files_in
+            compacted[1] += files_out
         if done % window == 0:
             table = tables.load(SID)
             meta = Path(table.metadata_location)
@@ -178,7 +201,8 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
                 "p95Ms": round(_pct(part, 0.95), 2), "p99Ms": round(_pct(part, 0.99), 2), "maxMs": round(max(part), 2),
                 "metadataFileKiB": round(meta.stat().st_size / 1024, 1),
                 "metadataDirFiles": sum(1 for p in meta.parent.iterdir() if p.is_file()),
-                "snapshots": len(table.metadata.snapshots), "dbMiB": round(_db_size(store, url) / 2**20, 2)})
+                "snapshots": len(table.metadata.snapshots), "liveDataFiles": _live_files(table),
+                "dbMiB": round(_db_size(store, url) / 2**20, 2)})
             print(f"{done} commits, {time.monotonic() - started:.0f}s: {windows[-1]}", file=sys.stderr)
     from reconciler.table.verify import SupervisorFacts, verify
 
@@ -212,7 +236,11 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     second = windows[1] if len(windows) > 1 else windows[0]
     return {
         "db": "postgresql" if url.startswith("postgresql") else "sqlite", "commits": commits,
-        "recordsPerCommit": records, "snapshotsKept": kept, "windows": windows,
+        "recordsPerCommit": records, "snapshotsKept": kept, "compactEvery": compact_every,
+        "compactions": {"runs": len(compactions), "filesIn": compacted[0], "filesOut": compacted[1],
+                        "medianSeconds": round(statistics.median(compactions), 3) if compactions else None,
+                        "maxSeconds": round(max(compactions), 3) if compactions else None},
+        "windows": windows,
         "verifySeconds": round(verify_s, 3), "verifyOk": report.ok, "statusQueriesSeconds": round(status_s, 4),
         "leaseSeconds": round(lease_s, 4), "leaseKept": token is not None and renewed == token,
         "recoverySeconds": round(recovery_s, 3), "recovery": recovered, "dataDirectories": data_dirs,
@@ -233,6 +261,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10_000)
     ap.add_argument("--records", type=int, default=5, help="records per batch")
     ap.add_argument("--snapshots-kept", type=int, default=25)
+    ap.add_argument("--compact-every", type=int, default=0,
+                    help="run the leader's compaction every N commits (0: never). A batch is --records "
+                         "seconds of data, so 720 at the default 5 is the daemon's hourly compactInterval "
+                         "with compactLateness 1h")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     cluster = None
@@ -247,7 +279,7 @@ def main() -> None:
             cluster.start()
             url = cluster.create_database("commit_growth")
         try:
-            doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept)
+            doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept, a.compact_every)
         finally:
             if cluster is not None:
                 cluster.stop()

@@ -16,6 +16,7 @@ ingestion: whoever moves the pointer second re-stages on the new metadata.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -412,6 +413,13 @@ def tagged(producer, tx):
     tag_ = getattr(tx, "tag", None)
     if tag_ is not None:
         producer.commit_uuid = tag_
+        # The producers of one transaction share its tag, so they share its manifest numbers
+        # too: each numbers from 0, and two appends in one commit (an import's, one per
+        # supervisor) both wrote <tag>-m0.avro, the second over the first's files.
+        numbers = getattr(tx, "manifest_numbers", None)
+        if numbers is None:
+            numbers = tx.manifest_numbers = itertools.count(0)
+        producer._manifest_num_counter = numbers
     return producer
 
 

@@ -39,6 +39,7 @@ from reconciler.table.catalog import (
     TIME,
     Tables,
     local_path,
+    tagged,
 )
 from reconciler.table.files import partition_interval
 from reconciler.table.reach import _unlink
@@ -212,7 +213,7 @@ def compact(
                        "reconciler.rollup": str(effective is not None).lower()}
 
             def build(tx, groups=groups, new_files=new_files, summary=summary):
-                producer = tx.update_snapshot(snapshot_properties=summary).overwrite(commit_uuid=tx.tag)
+                producer = tagged(tx.update_snapshot(snapshot_properties=summary).overwrite(), tx)
                 with producer as ow:
                     for group in groups:
                         for f in group.files:

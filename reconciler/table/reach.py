@@ -30,6 +30,18 @@ class _Cache:
         self._data: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
+    def intern(self, key, value):
+        """The value already held for ``key``, else ``value`` (now held)."""
+        with self._lock:
+            held = self._data.get(key)
+            if held is not None:
+                self._data.move_to_end(key)
+                return held
+            self._data[key] = value
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+            return value
+
     def get(self, key):
         with self._lock:
             if key in self._data:
@@ -47,6 +59,11 @@ class _Cache:
 
 _LISTS = _Cache()
 _ENTRIES = _Cache()
+# One object per manifest, shared by every cached list that names it. pyiceberg shares them
+# through a cache of 128 manifests only: a table listing more (manifests are capped at
+# 256 KiB, so ~120 at 100,000 live files) made each cached list hold its own copies, ~800
+# bytes a manifest, up to a GiB for 8,192 lists.
+_MANIFESTS = _Cache(65536)
 
 
 class _ManifestReader:
@@ -67,6 +84,7 @@ class _ManifestReader:
                 if not missing_ok:
                     raise
                 return []
+            found = [_MANIFESTS.intern(m.manifest_path, m) for m in found]
             _LISTS.put(snapshot.manifest_list, found)
         return found
 

@@ -327,6 +327,28 @@ def test_import_of_the_old_layout_loses_nothing_and_runs_once(env, tmp_path):
     assert _scan(tables, "clicks").num_rows == 40 and _scan(tables, "clicks_deadletter").num_rows == 1
 
 
+def test_import_of_several_supervisors_files_keeps_each_row_once(env):
+    """One import commit appends each supervisor's files, and the files no batch names, as
+    separate appends of one transaction. They share the staging's tag, so each one's manifest
+    must get its own name: with one counter per append, the second wrote ``<tag>-m0.avro``
+    over the first's, and the table listed that manifest twice (the first supervisor's rows
+    lost, the second's doubled)."""
+    store, tables = env
+    segments = tables.warehouse
+    _old_layout(segments, "clicks", "old0", _rows(range(0, 10), lambda k: 1, lambda k: "u"))
+    _old_layout(segments, "clicks", "bf1", _rows(range(10, 20), lambda k: 2, lambda k: "u"))
+    _old_layout(segments, "clicks", "nobatch", _rows(range(20, 30), lambda k: 3, lambda k: "u"))
+    _mark_committed(store, ["old0"], status="promoted", ranges={"old0": [["0", 0, 10]]})
+    _mark_committed(store, ["bf1"], status="promoted", ranges={"bf1": [["0", 100, 110]]}, sup="clicks-backfill-1")
+
+    result = mu.import_segments(tables, store, segments, "clicks", granularity="hour")
+    assert result.files == 3 and result.rows == 30, result
+    assert sorted(_scan(tables, "clicks").column("id").to_pylist()) == [f"k{k:05d}" for k in range(30)]
+    table = tables.load("clicks")
+    paths = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
+    assert len(paths) == len(set(paths)), paths
+
+
 # --------------------------------------------------------------------------- with the daemon
 
 

@@ -397,3 +397,30 @@ def test_merged_manifests_stop_growing_at_the_target_size(env, monkeypatch):
     assert live == batches
     assert _offsets(table) == list(range(batches * 2))
     assert _verify(store, tables).ok
+
+
+def test_cached_manifest_lists_share_one_object_per_manifest(env):
+    """pyiceberg shares a manifest's object between lists through a cache of 128 manifests
+    only; a table listing more made every cached list (8,192 of them) hold its own copies,
+    ~800 bytes a manifest. The reader's cache keeps one object per manifest path."""
+    store, tables = env
+    for i in range(4):
+        _publish(store, tables, i * 2, i * 2 + 2)
+    _forget_cached_manifests()
+    from pyiceberg.manifest import clear_manifest_cache
+
+    table = tables.load("clicks")
+    reader = reach._ManifestReader(table.io)
+    lists = []
+    for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number):
+        clear_manifest_cache()  # what more than 128 manifests do to pyiceberg's sharing
+        lists.append(reader.manifests(snapshot))
+    by_path: dict[str, object] = {}
+    shared = 0
+    for manifests in lists:
+        for m in manifests:
+            if m.manifest_path in by_path:
+                assert by_path[m.manifest_path] is m
+                shared += 1
+            by_path.setdefault(m.manifest_path, m)
+    assert shared >= 3  # each snapshot's list repeats the manifests of the one before
