@@ -61,7 +61,7 @@ _LISTS = _Cache()
 _ENTRIES = _Cache()
 # One object per manifest, shared by every cached list that names it. pyiceberg shares them
 # through a cache of 128 manifests only: a table listing more (manifests are capped at
-# 256 KiB, so ~120 at 100,000 live files) made each cached list hold its own copies, ~800
+# 256 KiB, so ~100 at 100,000 live files of a narrow table) made each cached list hold its own copies, ~800
 # bytes a manifest, up to a GiB for 8,192 lists.
 _MANIFESTS = _Cache(65536)
 

@@ -20,9 +20,9 @@ metadata file several MiB and each publish a large part of a second. So:
   and a merged manifest keeps being merged until it reaches the target size: at Iceberg's
   8 MiB (about 27,000 data files) a merge every 16 commits rewrote up to 27,000 entries,
   seconds in pyiceberg, a stall that grew with the table's live files. Capped at 256 KiB
-  (about 850 files), a merge costs under 0.2 s whatever the history (figures in
+  (600 to 1,400 files, by the table's columns), a merge costs under 0.3 s whatever the history (figures in
   benchmarks/README.md, ``commit_growth.py``); the manifest list holds a manifest per
-  ~850 live files instead.
+  ~600-1,400 live files instead.
 
 Files named here are deleted only after the commit is durable; a crash in between leaves
 them to orphan clean-up, which sees them unreferenced.

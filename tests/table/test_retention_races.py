@@ -379,7 +379,7 @@ def test_merged_manifests_stop_growing_at_the_target_size(env, monkeypatch):
     times) bounds every manifest, so a merge never rewrites more than one target's worth, and
     the table still holds every batch's rows exactly once."""
     store, tables = env
-    # the product's cap: a merge rewrites at most ~850 entries (under 0.2 s)
+    # the product's cap: a merge rewrites at most ~600-1,400 entries (under 0.3 s)
     assert int(retention.PROPERTIES["commit.manifest.target-size-bytes"]) <= 1024 * 1024
     target = 16 * 1024  # a manifest of one entry is ~4.6 KiB (its header); an entry ~0.3 KiB
     monkeypatch.setitem(retention.PROPERTIES, "commit.manifest.target-size-bytes", str(target))
