@@ -11,8 +11,14 @@ def local_path(location: str) -> Path:
     Taken as pyiceberg's file IO takes it: the path after ``file://`` as it is, never
     percent-decoded (pyiceberg writes ``file:///a%20b`` to a directory named ``a%20b``), so
     every clean-up looks where the files are."""
+    return Path(local_name(location))
+
+
+def local_name(location: str) -> str:
+    """``local_path`` as a string: for loops over every live file of a table (``verify``,
+    orphan clean-up), where building a ``Path`` cost more than the ``stat`` itself."""
     if location.startswith("file://"):
-        return Path(location[len("file://"):])
+        return location[len("file://"):]
     if "://" not in location:
-        return Path(location)
+        return location
     raise ValueError(f"{location}: only a local (or shared, mounted) warehouse is supported here")

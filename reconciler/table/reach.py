@@ -13,7 +13,7 @@ from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from reconciler.table.locations import local_path
+from reconciler.table.locations import local_name
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def _referenced(table: Table) -> set[str]:
 
 def _norm(location: str) -> str:
     try:
-        return os.path.abspath(local_path(location))
+        return os.path.abspath(local_name(location))
     except ValueError:
         return location
 

@@ -32,12 +32,14 @@ tracking entry, is told apart by those counts).
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.model import BACKFILL_ID
 from reconciler.table import summary
+from reconciler.table.locations import local_name
 from reconciler.table.files import EPOCH_START, BatchSnapshot, batch_snapshots
 
 _FINISHED = ("COMPLETED", "TERMINATED")
@@ -304,7 +306,6 @@ def _expired_read(table) -> dict[str, dict[str, int]]:
 def missing_files(table) -> list[str]:
     """Files the current metadata references that do not exist: the metadata file, the
     current snapshot's manifest list and manifests, and the data files they list."""
-    from reconciler.table.catalog import local_path
     from reconciler.table.reach import _ManifestReader
 
     paths = [table.metadata_location]
@@ -315,17 +316,17 @@ def missing_files(table) -> list[str]:
         try:
             manifests = reader.manifests(snap)
         except FileNotFoundError:
-            return _absent(local_path, paths, table.location())
+            return _absent(paths, table.location())
         for m in manifests:
             paths.append(m.manifest_path)
             try:
-                paths += sorted(reader.data_files(m, live_only=True))
+                paths += reader.data_files(m, live_only=True)
             except FileNotFoundError:
                 continue
-    return _absent(local_path, paths, table.location())
+    return _absent(paths, table.location())
 
 
-def _absent(local_path, paths: list[str], root: str) -> list[str]:
+def _absent(paths: list[str], root: str) -> list[str]:
     """``paths`` that do not exist: on an object store one listing of the table's prefix
     instead of a HEAD per object."""
     from reconciler.table import storage
@@ -334,13 +335,13 @@ def _absent(local_path, paths: list[str], root: str) -> list[str]:
         listed = storage.at(root).list(root)
         inside = root.rstrip("/") + "/"
         return sorted(p for p in paths
-                      if (p not in listed if p.startswith(inside) else not _exists(local_path, p)))
-    return sorted(p for p in paths if not _exists(local_path, p))
+                      if (p not in listed if p.startswith(inside) else not _exists(p)))
+    return sorted(p for p in paths if not _exists(p))
 
 
-def _exists(local_path, location: str) -> bool:
+def _exists(location: str) -> bool:
     try:
-        return local_path(location).exists()
+        return os.path.exists(local_name(location))
     except ValueError:  # an object store: one HEAD per object (storage.py)
         from reconciler.table import storage
 
