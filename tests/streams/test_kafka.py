@@ -362,3 +362,15 @@ def test_offsets_deleted_by_retention_are_permanent_and_name_the_first_offset():
     assert isinstance(err, RetryableError)
     err = reader._unavailable(_FakeWatermarks(500, 900), 3, "clicks/3", 100, 700, None, [])
     assert isinstance(err, PermanentError) and "500" in str(err)
+
+
+def test_a_range_the_broker_holds_but_does_not_deliver_is_called_slow_not_unserved():
+    """Seen in an hour-long run on an overloaded machine: the high watermark was past the
+    range's end, and the error said the end was not served yet."""
+    reader = KafkaRangeReader(KafkaSource("127.0.0.1:1", "clicks"), timeout=10)
+    err = reader._unavailable(_FakeWatermarks(0, 108444), 0, "clicks/0", 101881, 102126, None, [])
+    assert isinstance(err, RetryableError)
+    assert "on the broker (high watermark 108444)" in str(err) and "slow" in str(err)
+    assert "does not serve yet" not in str(err)
+    err = reader._unavailable(_FakeWatermarks(0, 102000), 0, "clicks/0", 101881, 102126, None, [])
+    assert isinstance(err, RetryableError) and "does not serve yet" in str(err)

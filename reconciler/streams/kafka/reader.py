@@ -221,6 +221,14 @@ class KafkaRangeReader:
                 f"offset is {low} (records were deleted by retention); reset this supervisor "
                 "to a position at or after it"
             )
+        if high >= end and eof_at is None:
+            # The broker has the range (a busy broker, or this worker starved of CPU): saying
+            # that the range end is not served yet would send the operator the wrong way.
+            return RetryableError(
+                f"offsets [{position}, {end}) of {where} are on the broker (high watermark {high}) "
+                f"but none arrived within {self.timeout:g}s: the broker or this worker is slow "
+                "(check their CPU); the batch is retried"
+            )
         seen = f", the partition ends at {eof_at}" if eof_at is not None else ""
         return RetryableError(
             f"offsets [{position}, {end}) of {where} are not available within {self.timeout:g}s "
