@@ -374,3 +374,46 @@ def test_a_range_the_broker_holds_but_does_not_deliver_is_called_slow_not_unserv
     assert "does not serve yet" not in str(err)
     err = reader._unavailable(_FakeWatermarks(0, 102000), 0, "clicks/0", 101881, 102126, None, [])
     assert isinstance(err, RetryableError) and "does not serve yet" in str(err)
+
+
+def test_a_starved_broker_that_answers_short_fetches_with_nothing_is_asked_with_longer_waits(
+        kafka_broker, topic, monkeypatch, caplog):
+    """Seen in an hour-long daemon run at load 6: Tansu answered every fetch whose wait was
+    100 ms with nothing while its high watermark was far past the position, and one batch
+    was retried for 20 minutes (a consumer with a 500 ms wait read the same offset in 2 s).
+    Here the real broker serves the records, and the client in front of it drops what a
+    fetch with a wait under 500 ms would have brought: the reader must ask again with a
+    longer wait, and still deliver every offset once."""
+    import reconciler.streams.kafka.config as kafka_config
+
+    name = topic(partitions=1)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(60),
+                              partition_of=lambda k, v: 0)
+    real = kafka_config.Consumer
+    waits: list[int] = []
+
+    class Starved:
+        def __init__(self, conf):
+            self.wait = int(conf.get("fetch.wait.max.ms", 500))
+            waits.append(self.wait)
+            self.client = real(conf)
+
+        def consume(self, num_messages=1, timeout=-1):
+            if self.wait < 500:
+                time.sleep(min(timeout, 0.5))
+                return []
+            return self.client.consume(num_messages=num_messages, timeout=timeout)
+
+        def __getattr__(self, attr):
+            return getattr(self.client, attr)
+
+    monkeypatch.setattr(kafka_config, "Consumer", Starved)
+    reader = KafkaRangeReader(_source(kafka_broker, name), timeout=8)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="reconciler.streams.kafka.reader"):
+        offsets = [o for rng in (PartitionRange("0", 0, 30), PartitionRange("0", 30, 60))
+                   for b in reader.read(rng, max_batch_rows=7) for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(60))
+    assert waits == [100, 500, 500]  # raised once, then kept for the reader's next range
+    assert "asking again with fetch.wait.max.ms=500" in caplog.text
+    assert time.monotonic() - started < 8

@@ -32,6 +32,11 @@ from reconciler.streams.kafka.config import (
 
 log = logging.getLogger(__name__)
 
+# fetch.wait.max.ms, raised step by step when a broker that holds the records sends none
+# (``KafkaRangeReader._longer_wait``), and the stall that raises it
+FETCH_WAITS_MS = (100, 500, 2000)
+STALL_SECONDS = 2.0
+
 
 class KafkaRangeReader:
     """Reads exactly ``[start, end)`` of one partition of a topic as Arrow batches.
@@ -44,6 +49,32 @@ class KafkaRangeReader:
         self.source = source
         self.timeout = timeout
         self._config = ClientConfig(source, timeout)
+        # fetch.wait.max.ms once a stall raised it: kept for this reader's next ranges
+        self._fetch_wait: int | None = None
+
+    def _consumer(self) -> tuple[Consumer, deque[KafkaError]]:
+        if self._fetch_wait is None:
+            return self._config.consumer_with_errors()
+        return self._config.consumer_with_errors(**{"fetch.wait.max.ms": self._fetch_wait})
+
+    def _longer_wait(self, consumer: Consumer, partition: int, position: int) -> int | None:
+        """After a stall: the next ``fetch.wait.max.ms`` to ask with, when the broker holds
+        records at ``position`` and the wait may still grow; else None.
+
+        Tansu, starved of CPU, answers every fetch whose wait is 100 ms with nothing while
+        its high watermark is far past the position (an hour-long run at load 6: one batch
+        retried for 20 minutes, a fresh consumer with a 500 ms wait read the same offset in
+        2 s). The short wait is right on a healthy broker (a range's end costs one empty
+        fetch of that wait); a longer one is the price of a slow broker, not a failure."""
+        current = int(self._config.build().get("fetch.wait.max.ms", 500)) if self._fetch_wait is None \
+            else self._fetch_wait
+        longer = next((w for w in FETCH_WAITS_MS if w > current), None)
+        if longer is None:
+            return None
+        marks = self._watermarks(consumer, partition)
+        if marks is None or marks[1] <= position:
+            return None  # nothing to fetch yet: waiting longer would not help
+        return longer
 
     def read(self, rng: PartitionRange, max_batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         if rng.end <= rng.start:
@@ -53,7 +84,7 @@ class KafkaRangeReader:
         partition = int(rng.partition)
         start, end = int(rng.start), int(rng.end)
         where = f"{topic}/{rng.partition}"
-        consumer, errors = self._config.consumer_with_errors()
+        consumer, errors = self._consumer()
         part_array_cache: dict[int, pa.Array] = {}
 
         def part_array(n: int) -> pa.Array:
@@ -111,7 +142,24 @@ class KafkaRangeReader:
                 except RuntimeError as exc:
                     raise RetryableError(f"reading {where}: {exc}") from None
                 if not msgs:
-                    if time.monotonic() - last_progress > self.timeout:
+                    stalled = time.monotonic() - last_progress
+                    if stalled > min(STALL_SECONDS, self.timeout / 2):
+                        longer = self._longer_wait(consumer, partition, position)
+                        if longer is not None:
+                            log.warning(
+                                "%s: no record for %.1fs though the broker holds offset %d; asking "
+                                "again with fetch.wait.max.ms=%d (a slow or starved broker answers "
+                                "shorter fetches with nothing)", where, stalled, position, longer)
+                            consumer.close()
+                            self._fetch_wait = longer
+                            consumer, errors = self._consumer()
+                            try:
+                                consumer.assign([TopicPartition(topic, partition, position)])
+                            except KafkaException as exc:
+                                raise self._config.translate(exc, f"assigning {where}") from None
+                            last_progress = time.monotonic()
+                            continue
+                    if stalled > self.timeout:
                         raise self._unavailable(
                             consumer, partition, where, position, end, eof_at, errors
                         )
