@@ -43,11 +43,17 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
+# Everything imported now, not when first needed: a run takes hours, and a module imported
+# at its end from a checkout edited meanwhile met the others as they were at its start (an
+# ImportError lost one run's final figures).
 from reconciler.model import SupervisorSpec  # noqa: E402
+from reconciler.runtime.recovery import recover  # noqa: E402
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402
 from reconciler.table import durable  # noqa: E402
 from reconciler.table.catalog import deadletter_table  # noqa: E402
+from reconciler.table.compact import compact  # noqa: E402
+from reconciler.table.verify import SupervisorFacts, verify  # noqa: E402
 
 SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
                     ("__partition", pa.string()), ("__offset", pa.int64())])
@@ -153,8 +159,6 @@ def _pct(values: list[float], q: float) -> float:
 
 def _compact(tables, store, now: datetime, costs: list[float]) -> tuple[int, int]:
     """The leader's compaction at the benchmark's clock: closed hours' small files rewritten."""
-    from reconciler.table.compact import compact
-
     t = time.monotonic()
     result = compact(tables, SID, store=store, lateness=timedelta(hours=1), now=now)
     costs.append(time.monotonic() - t)
@@ -208,8 +212,6 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
                 "snapshots": len(table.metadata.snapshots), "liveDataFiles": _live_files(table),
                 "dbMiB": round(_db_size(store, url) / 2**20, 2)})
             print(f"{done} commits, {time.monotonic() - started:.0f}s: {windows[-1]}", file=sys.stderr)
-    from reconciler.table.verify import SupervisorFacts, verify
-
     t = time.monotonic()
     table = tables.load(SID)
     actual = store.read_actual()
@@ -225,8 +227,6 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     status_s = time.monotonic() - status_t
     # What a new leader does first (the lease, then recovery over every table's directories),
     # and the lease renewal every term repeats: after the whole history, not on an empty table.
-    from reconciler.runtime.recovery import recover
-
     lease_t = time.monotonic()
     token = store.acquire_lease("commit-growth", 15.0)
     renewed = store.acquire_lease("commit-growth", 15.0)
