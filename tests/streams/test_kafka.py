@@ -417,3 +417,19 @@ def test_a_starved_broker_that_answers_short_fetches_with_nothing_is_asked_with_
     assert waits == [100, 500, 500]  # raised once, then kept for the reader's next range
     assert "asking again with fetch.wait.max.ms=500" in caplog.text
     assert time.monotonic() - started < 8
+
+
+def test_an_unreachable_broker_fails_a_read_within_its_timeout_not_twice_it():
+    """Found in review of the longer fetch waits: nothing listens on the port, and the stall
+    asked for the high watermark with the whole timeout, then again at the next empty poll,
+    so "cannot reach ... within 4s" came after ~10.5 s. The stall asks once, within what is
+    left of the timeout, and never of a broker that cannot be reached."""
+    timeout = 4.0
+    source = KafkaSource(bootstrap_servers=f"127.0.0.1:{devservices.free_port()}", topic="t")
+    reader = KafkaRangeReader(source, timeout=timeout)
+    started = time.monotonic()
+    with pytest.raises(RetryableError, match="cannot reach"):
+        list(reader.read(PartitionRange("0", 0, 10)))
+    elapsed = time.monotonic() - started
+    assert elapsed < timeout + 2, f"unreachable broker reported after {elapsed:.1f}s (timeout {timeout:g}s)"
+

@@ -57,7 +57,8 @@ class KafkaRangeReader:
             return self._config.consumer_with_errors()
         return self._config.consumer_with_errors(**{"fetch.wait.max.ms": self._fetch_wait})
 
-    def _longer_wait(self, consumer: Consumer, partition: int, position: int) -> int | None:
+    def _longer_wait(self, consumer: Consumer, partition: int, position: int,
+                     errors: deque[KafkaError], budget: float) -> int | None:
         """After a stall: the next ``fetch.wait.max.ms`` to ask with, when the broker holds
         records at ``position`` and the wait may still grow; else None.
 
@@ -69,9 +70,9 @@ class KafkaRangeReader:
         current = int(self._config.build().get("fetch.wait.max.ms", 500)) if self._fetch_wait is None \
             else self._fetch_wait
         longer = next((w for w in FETCH_WAITS_MS if w > current), None)
-        if longer is None:
-            return None
-        marks = self._watermarks(consumer, partition)
+        if longer is None or any(e.code() in UNREACHABLE for e in errors):
+            return None  # a broker that cannot be reached is not slow: the timeout says so
+        marks = self._watermarks(consumer, partition, timeout=budget)
         if marks is None or marks[1] <= position:
             return None  # nothing to fetch yet: waiting longer would not help
         return longer
@@ -127,6 +128,7 @@ class KafkaRangeReader:
             position = start  # next offset we have not seen
             last_progress = time.monotonic()
             eof_at: int | None = None
+            asked = False  # whether this stall asked for a longer fetch wait already
             done = False
             while not done:
                 # Ask for exactly what is left: one more would wait for the end-of-partition
@@ -143,8 +145,12 @@ class KafkaRangeReader:
                     raise RetryableError(f"reading {where}: {exc}") from None
                 if not msgs:
                     stalled = time.monotonic() - last_progress
-                    if stalled > min(STALL_SECONDS, self.timeout / 2):
-                        longer = self._longer_wait(consumer, partition, position)
+                    if not asked and stalled > min(STALL_SECONDS, self.timeout / 2):
+                        # once per stall, and within what is left of the timeout: a broker
+                        # that cannot answer must still fail the read within ``timeout``
+                        asked = True
+                        longer = self._longer_wait(consumer, partition, position, errors,
+                                                   max(0.1, self.timeout - stalled))
                         if longer is not None:
                             log.warning(
                                 "%s: no record for %.1fs though the broker holds offset %d; asking "
@@ -158,7 +164,9 @@ class KafkaRangeReader:
                             except KafkaException as exc:
                                 raise self._config.translate(exc, f"assigning {where}") from None
                             last_progress = time.monotonic()
+                            asked = False
                             continue
+                        stalled = time.monotonic() - last_progress
                     if stalled > self.timeout:
                         raise self._unavailable(
                             consumer, partition, where, position, end, eof_at, errors
@@ -201,6 +209,7 @@ class KafkaRangeReader:
                         stamps.extend([m.timestamp()[1] for m in msgs])
                         position = batch_offsets[-1] + 1
                         last_progress = time.monotonic()
+                        asked = False
                         if position >= end:
                             done = True
                 while len(offsets) >= max_batch_rows:
@@ -216,10 +225,12 @@ class KafkaRangeReader:
     def close(self) -> None:
         """Nothing to release: every ``read`` builds and closes its own consumer."""
 
-    def _watermarks(self, consumer: Consumer, partition: int) -> tuple[int, int] | None:
+    def _watermarks(self, consumer: Consumer, partition: int,
+                    timeout: float | None = None) -> tuple[int, int] | None:
         try:
             low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.source.topic, partition), timeout=self.timeout, cached=False
+                TopicPartition(self.source.topic, partition),
+                timeout=self.timeout if timeout is None else timeout, cached=False
             )
             return int(low), int(high)
         except KafkaException:
