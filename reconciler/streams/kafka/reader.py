@@ -67,8 +67,8 @@ class KafkaRangeReader:
         retried for 20 minutes, a fresh consumer with a 500 ms wait read the same offset in
         2 s). The short wait is right on a healthy broker (a range's end costs one empty
         fetch of that wait); a longer one is the price of a slow broker, not a failure."""
-        current = int(self._config.build().get("fetch.wait.max.ms", 500)) if self._fetch_wait is None \
-            else self._fetch_wait
+        # the configured wait (ClientConfig's, or the spec's consumerProperties) until raised
+        current = self._fetch_wait or int(self._config.build().get("fetch.wait.max.ms", 500))
         longer = next((w for w in FETCH_WAITS_MS if w > current), None)
         if longer is None or any(e.code() in UNREACHABLE for e in errors):
             return None  # a broker that cannot be reached is not slow: the timeout says so
