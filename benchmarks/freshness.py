@@ -22,10 +22,21 @@ It also holds each batch's publish time (the runtime's ``publish`` phase, from t
 daemon's own log record of the batch), the median of the first and of the last
 ``--publish-window`` batches (100 by default) and their ratio: issue 34's check that the
 commit cost stays flat as the table's history grows. A long run at a trickle measures it:
-``--task-duration 0.5s --rate 200 --seconds 3600``.
+``--task-duration 0.5s --rate 200 --seconds 3600 --linger-ms 200 --no-baseline``.
+
+Why those two switches on a long run: Tansu's in-memory storage keeps each produced batch
+as an object and lists a partition's objects on every fetch, so a fetch costs time in
+proportion to the batches stored (measured on one partition: 3 ms at 2,000 batches, 40 ms
+at 60,000). A trickle sent a record at a time stores 360,000 batches a partition in an
+hour: within 15 minutes the broker spent 1.3 cores answering the baseline's 10 ms fetches,
+answered fetches with nothing once a lookup outlasted their wait, and the daemon's
+batches stalled. ``--linger-ms`` lets the producer batch (200 ms: a twentieth of the
+batches), and ``--no-baseline`` drops the raw consumer; neither touches the daemon's
+publish, which is what such a run measures. The linger adds up to its length to the
+records' visibility (Tansu serves a batch's last records only once the next batch is in).
 
 Usage: ``.venv/bin/python benchmarks/freshness.py [--rate 20000] [--seconds 30]
-[--task-duration 1s] [--partitions 2] [--publish-window 100]``
+[--task-duration 1s] [--partitions 2] [--publish-window 100] [--linger-ms 2] [--no-baseline]``
 """
 
 from __future__ import annotations
@@ -96,14 +107,14 @@ def _record(i: int) -> tuple[bytes, bytes]:
 class _Producer:
     """Produces ``rate`` records a second in 10 ms slices; notes each acknowledgement."""
 
-    def __init__(self, bootstrap: str, topic: str, start: int):
+    def __init__(self, bootstrap: str, topic: str, start: int, linger_ms: float = 2):
         from confluent_kafka import Producer
 
         self.topic = topic
         self.next = start
         self.acks: dict[tuple[int, int], float] = {}
         self.errors: list[str] = []
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all",
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "acks": "all",
                                   "log_level": 2, "queue.buffering.max.messages": 1_000_000})
 
     def _delivered(self, err, msg) -> None:
@@ -241,7 +252,7 @@ def _store(s) -> Store | None:
 
 
 def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: int, work: Path,
-        publish_window: int = 100) -> dict[str, Any]:
+        publish_window: int = 100, linger_ms: float = 2, baseline: bool = True) -> dict[str, Any]:
     broker = devservices.TansuBroker().start()
     publishes = _Publishes().attach()
     try:
@@ -258,11 +269,12 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
         store = _wait(lambda: _store(s), 60, "the database")
         _wait(lambda: sum(store.checkpoints(ID).values()) >= warmup, 300, "the warm-up batch", every=0.2)
         starts = {p: ends.get(p, 0) for p in range(partitions)}
-        raw = _RawConsumer(broker.bootstrap, ID, starts)
+        raw = _RawConsumer(broker.bootstrap, ID, starts) if baseline else None
         poller = _CheckpointPoller(store)
-        raw.thread.start()
+        if raw is not None:
+            raw.thread.start()
         poller.thread.start()
-        producer = _Producer(broker.bootstrap, ID, start=warmup)
+        producer = _Producer(broker.bootstrap, ID, start=warmup, linger_ms=linger_ms)
         sent = producer.run(rate, seconds)
         sent += producer.seal(partitions)
         if producer.errors:
@@ -274,9 +286,10 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
               "every record committed", every=0.1)
         time.sleep(0.1)
         poller.stop.set()
-        raw.stop.set()
         poller.thread.join(10)
-        raw.thread.join(10)
+        if raw is not None:
+            raw.stop.set()
+            raw.thread.join(10)
         daemon.request_stop()
         thread.join(120)
         table, floor, missing = [], [], 0
@@ -286,13 +299,14 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
                 missing += 1
                 continue
             table.append(max(0.0, visible - acked))
-            if (p, o) in raw.seen:
+            if raw is not None and (p, o) in raw.seen:
                 floor.append(max(0.0, raw.seen[(p, o)] - acked))
         commit_times = sorted({t for points in poller.seen.values() for _, t in points})
         intervals = [b - a for a, b in zip(commit_times, commit_times[1:], strict=False)]
         store.close()
         return {
             "rate_per_s": rate, "seconds": seconds, "task_duration": task_duration, "partitions": partitions,
+            "producer_linger_ms": linger_ms,
             "records": {"warmup": warmup, "measured": sent, "acked": len(producer.acks), "not_seen_committed": missing},
             "visible_after_ack_s": _pct(table),
             "baseline_raw_consumer_after_ack_s": _pct(floor) if floor else None,
@@ -315,6 +329,10 @@ def main() -> None:
     ap.add_argument("--warmup-records", type=int, default=20_000)
     ap.add_argument("--publish-window", type=int, default=100,
                     help="batches in the first and last publish medians (default 100)")
+    ap.add_argument("--linger-ms", type=float, default=2,
+                    help="the producer's linger.ms (default 2); 200 for runs of an hour, see above")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="no raw consumer beside the daemon (its 10 ms fetches load Tansu on long runs)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     logs.setup("WARNING")
@@ -323,7 +341,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="freshness-"))
     try:
         doc = run(args.rate, args.seconds, args.task_duration, args.partitions, args.warmup_records, work,
-                  args.publish_window)
+                  args.publish_window, args.linger_ms, not args.no_baseline)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
