@@ -170,6 +170,22 @@ def _live_files(table) -> int:
                for m in table.current_snapshot().manifests(table.io))
 
 
+def _metadata_dir(meta_dir: Path) -> tuple[int, int]:
+    """Files in ``metadata/`` and the size of the newest metadata JSON (the current one:
+    its name starts with the version number, 5 digits until it needs 6), read after every
+    commit: the goals hold at any time, not only where a window ends."""
+    files, newest, version = 0, None, -1
+    with os.scandir(meta_dir) as entries:
+        for e in entries:
+            if e.is_file():
+                files += 1
+                if e.name.endswith(".metadata.json"):
+                    v = int(e.name.split("-", 1)[0])
+                    if v > version:
+                        newest, version = e, v
+    return files, newest.stat().st_size if newest is not None else 0
+
+
 def run(url: str, root: Path, commits: int, window: int, records: int, kept: int,
         compact_every: int = 720) -> dict:
     store = Store(url)
@@ -188,6 +204,8 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     windows = []
     compactions: list[float] = []
     compacted = [0, 0]  # files in, files out
+    meta_dir: Path | None = None
+    peak_files = peak_bytes = 0  # the window's highest, sampled after every commit
     started = time.monotonic()
     while len(phases.publish) < commits:
         before = len(phases.publish)
@@ -195,6 +213,10 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
         if len(phases.publish) == before:
             raise SystemExit(f"no batch published: {store.get(SID).last_error}")
         done = len(phases.publish)
+        if meta_dir is None:
+            meta_dir = Path(tables.load(SID).metadata_location).parent
+        files, size = _metadata_dir(meta_dir)
+        peak_files, peak_bytes = max(peak_files, files), max(peak_bytes, size)
         if compact_every and done % compact_every == 0:
             # the stream's clock: a batch's records are ``records`` seconds of data (TinyJob)
             files_in, files_out = _compact(tables, store, T0 + timedelta(seconds=counter.end), compactions)
@@ -209,9 +231,11 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
                 "p95Ms": round(_pct(part, 0.95), 2), "p99Ms": round(_pct(part, 0.99), 2), "maxMs": round(max(part), 2),
                 "metadataFileKiB": round(meta.stat().st_size / 1024, 1),
                 "metadataDirFiles": sum(1 for p in meta.parent.iterdir() if p.is_file()),
+                "metadataDirFilesPeak": peak_files, "metadataFileKiBPeak": round(peak_bytes / 1024, 1),
                 "snapshots": len(table.metadata.snapshots), "liveDataFiles": _live_files(table),
                 "dbMiB": round(_db_size(store, url) / 2**20, 2)})
             print(f"{done} commits, {time.monotonic() - started:.0f}s: {windows[-1]}", file=sys.stderr)
+            peak_files = peak_bytes = 0
     t = time.monotonic()
     table = tables.load(SID)
     actual = store.read_actual()
@@ -251,8 +275,9 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
         "seconds": round(time.monotonic() - started, 1),
         "goals": {
             "lastOverSecondMedian": round(windows[-1]["publishMedianMs"] / second["publishMedianMs"], 3),
-            "maxMetadataDirFiles": max(w["metadataDirFiles"] for w in windows),
-            "maxMetadataFileKiB": max(w["metadataFileKiB"] for w in windows),
+            # after every commit, the first window's first minute included
+            "maxMetadataDirFiles": max(w["metadataDirFilesPeak"] for w in windows),
+            "maxMetadataFileKiB": max(w["metadataFileKiBPeak"] for w in windows),
             "verifySeconds": round(verify_s, 3),
         },
     }

@@ -37,3 +37,14 @@ def test_metadata_stays_bounded_after_every_commit(db_url, tmp_path):
     assert doc["verifyOk"], doc
     print(f"metadata/ at most {worst['metadataDirFiles']} files, metadata file at most "
           f"{max(w['metadataFileKiB'] for w in windows)} KiB, {doc['seconds']} s")
+    # the peaks sampled after every commit agree with the window's own measure (a window is one commit)
+    assert all(w["metadataDirFilesPeak"] == w["metadataDirFiles"] for w in windows)
+    assert doc["goals"]["maxMetadataDirFiles"] == max(w["metadataDirFiles"] for w in windows)
+
+
+def test_the_current_metadata_file_is_the_highest_version_past_five_digits(tmp_path):
+    # version 100,000 comes after 99,999 though its name sorts before it
+    (tmp_path / "99999-a.metadata.json").write_bytes(b"x" * 2048)
+    (tmp_path / "100000-b.metadata.json").write_bytes(b"x" * 100)
+    (tmp_path / "snap-1-m0.avro").write_bytes(b"x")
+    assert _benchmark()._metadata_dir(tmp_path) == (3, 100)

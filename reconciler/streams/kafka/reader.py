@@ -33,7 +33,8 @@ from reconciler.streams.kafka.config import (
 log = logging.getLogger(__name__)
 
 # fetch.wait.max.ms, raised step by step when a broker that holds the records sends none
-# (``KafkaRangeReader._longer_wait``), and the stall that raises it
+# (``KafkaRangeReader._longer_wait``; kept for the rest of the reader's ranges, which are one
+# task's), and the stall that raises it
 FETCH_WAITS_MS = (100, 500, 2000)
 STALL_SECONDS = 2.0
 
@@ -62,11 +63,13 @@ class KafkaRangeReader:
         """After a stall: the next ``fetch.wait.max.ms`` to ask with, when the broker holds
         records at ``position`` and the wait may still grow; else None.
 
-        Tansu, starved of CPU, answers every fetch whose wait is 100 ms with nothing while
-        its high watermark is far past the position (an hour-long run at load 6: one batch
-        retried for 20 minutes, a fresh consumer with a 500 ms wait read the same offset in
-        2 s). The short wait is right on a healthy broker (a range's end costs one empty
-        fetch of that wait); a longer one is the price of a slow broker, not a failure."""
+        A broker whose lookup of the position outlasts the fetch's wait answers every fetch
+        with nothing while its high watermark is far past the position. Tansu's in-memory
+        storage lists a partition's stored batches on every fetch (40 ms at 60,000 batches,
+        far more with its CPU taken): an hour-long run retried one batch for 20 minutes,
+        while a fresh consumer with a 500 ms wait read the same offset in 2 s. The short
+        wait is right on a healthy broker (a range's end costs one empty fetch of that
+        wait); a longer one is the price of a slow broker, not a failure."""
         # the configured wait (ClientConfig's, or the spec's consumerProperties) until raised
         current = self._fetch_wait or int(self._config.build().get("fetch.wait.max.ms", 500))
         longer = next((w for w in FETCH_WAITS_MS if w > current), None)
