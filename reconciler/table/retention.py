@@ -93,7 +93,18 @@ def superseded(base, new, reader) -> list[str]:
         for s in expired:
             out.add(s.manifest_list)
             out |= {m.manifest_path for m in reader.manifests(s, missing_ok=True)} - kept_manifests
-        replaced = _replaced(reader, [s for s in [*expired, *kept] if s.parent_snapshot_id in expired_ids])
+        # A kept snapshot's parent, read from ``base``: expiring a parent makes pyiceberg null
+        # the parent id of the snapshots it keeps, so in ``new`` a compaction that outlives
+        # its parent would never be found, nor later when it expires itself (its files left
+        # to orphan clean-up). A snapshot this commit added had the base's current as parent.
+        parents = {s.snapshot_id: s.parent_snapshot_id for s in base.snapshots}
+
+        def parent(s) -> int | None:
+            if s.snapshot_id in parents:
+                return parents[s.snapshot_id]
+            return s.parent_snapshot_id if s.parent_snapshot_id is not None else base.current_snapshot_id
+
+        replaced = _replaced(reader, [s for s in [*expired, *kept] if parent(s) in expired_ids])
         if replaced:
             # A kept snapshot older than the expired parent (a tag's or a branch's head, a
             # current snapshot rolled back to) may still list a replaced file.

@@ -2,7 +2,8 @@
 never from what the product says of itself, and ``verify``'s verdict held against them.
 
 * **now** (right after the schedule, before any recovery: what a reader sees at any
-  moment): every file the tables reference exists; no (partition, offset) twice; each
+  moment): every file the tables reference exists, those of every snapshot the current
+  metadata keeps too (a reader may time-travel to any); no (partition, offset) twice; each
   main checkpoint equals the end of the offsets its lineage's snapshots cover (what a
   running backfill has still to read aside); no range a cancel reported unread is in the
   table; no rolled-up row without its count.
@@ -18,9 +19,12 @@ never from what the product says of itself, and ``verify``'s verdict held agains
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass, field
 
+from reconciler.table import reach
 from reconciler.table.catalog import Tables, deadletter_table
+from reconciler.table.locations import local_name
 from reconciler.table.verify import SupervisorFacts, lineage_of, verify
 from tests.explorer.world import DATASOURCE, MAIN, World, rows_without_count
 
@@ -121,6 +125,30 @@ def _pending(store) -> set[tuple[str, int]]:
     return out
 
 
+def kept_snapshots_missing(tables: Tables) -> list[str]:
+    """Files of any snapshot the current metadata keeps that are gone: continuous expiry
+    and compaction delete what only expired snapshots needed, never what a kept one does."""
+    out = []
+    for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+        table = tables.load(name)
+        if table is None:
+            continue
+        reader = reach._ManifestReader(table.io)
+        for snap in table.metadata.snapshots:
+            paths = [snap.manifest_list]
+            try:
+                for m in reader.manifests(snap):
+                    paths.append(m.manifest_path)
+                    paths += reader.data_files(m, live_only=True)
+            except FileNotFoundError as exc:
+                out.append(f"{name}: kept snapshot {snap.snapshot_id}: {exc}"[:300])
+                continue
+            missing = [x for x in paths if not os.path.exists(local_name(x))]
+            if missing:
+                out.append(f"{name}: kept snapshot {snap.snapshot_id}: {len(missing)} file(s) missing: {missing[:2]}")
+    return out
+
+
 def check_now(world: World, tables: Tables, store) -> list[str]:
     """Safety at the moment the schedule ended, before anything recovers."""
     problems = []
@@ -130,6 +158,7 @@ def check_now(world: World, tables: Tables, store) -> list[str]:
         return [f"the table cannot be loaded: {exc}"[:400]]
     if report is not None and report.missing_files:
         problems.append(f"{len(report.missing_files)} referenced file(s) missing: {report.missing_files[:3]}")
+    problems += kept_snapshots_missing(tables)
     t = truth(world, tables, store, final=False)
     problems += t.problems
     if report is not None:
