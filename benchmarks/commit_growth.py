@@ -230,7 +230,7 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
                 "commits": done, "publishMedianMs": round(statistics.median(part), 2),
                 "p95Ms": round(_pct(part, 0.95), 2), "p99Ms": round(_pct(part, 0.99), 2), "maxMs": round(max(part), 2),
                 "metadataFileKiB": round(meta.stat().st_size / 1024, 1),
-                "metadataDirFiles": sum(1 for p in meta.parent.iterdir() if p.is_file()),
+                "metadataDirFiles": _metadata_dir(meta.parent)[0],
                 "metadataDirFilesPeak": peak_files, "metadataFileKiBPeak": round(peak_bytes / 1024, 1),
                 "snapshots": len(table.metadata.snapshots), "liveDataFiles": _live_files(table),
                 "dbMiB": round(_db_size(store, url) / 2**20, 2)})

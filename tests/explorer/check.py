@@ -135,15 +135,12 @@ def kept_snapshots_missing(tables: Tables) -> list[str]:
             continue
         reader = reach._ManifestReader(table.io)
         for snap in table.metadata.snapshots:
-            paths = [snap.manifest_list]
             try:
-                for m in reader.manifests(snap):
-                    paths.append(m.manifest_path)
-                    paths += reader.data_files(m, live_only=True)
+                paths = reader.reachable([snap], live_only=True)
             except FileNotFoundError as exc:
                 out.append(f"{name}: kept snapshot {snap.snapshot_id}: {exc}"[:300])
                 continue
-            missing = [x for x in paths if not os.path.exists(local_name(x))]
+            missing = sorted(x for x in paths if not os.path.exists(local_name(x)))
             if missing:
                 out.append(f"{name}: kept snapshot {snap.snapshot_id}: {len(missing)} file(s) missing: {missing[:2]}")
     return out
