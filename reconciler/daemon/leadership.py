@@ -132,6 +132,10 @@ class Leadership:
         if self.lease_token is not None:
             log.error("leader lease lost (token %d); stopping runtimes: their publishes are fenced", self.lease_token)
             self.stop_runtimes(wait=False)
+            if token is None:
+                # Who took it, before the token goes: the status line (read from other threads)
+                # names the new leader from the moment it says standby, never "unknown".
+                self._note_standby()
             self.lease_token = None
         if token is not None:
             try:
@@ -139,8 +143,9 @@ class Leadership:
             except ReconcilerError as exc:
                 log.error("cannot start leading (will retry): %s", exc)
                 token = None
+        if token is not None:
+            self.leader_seen = None
         self.lease_token = token
-        self.leader_seen = None
         self._metrics.set_role("leader" if token is not None else "standby")
 
     def _become_leader(self, token: int) -> None:

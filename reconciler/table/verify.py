@@ -40,8 +40,8 @@ from typing import Any
 
 from reconciler.model import BACKFILL_ID
 from reconciler.table import summary
-from reconciler.table.locations import local_name
 from reconciler.table.files import EPOCH_START, BatchSnapshot, batch_snapshots
+from reconciler.table.locations import local_name
 
 _FINISHED = ("COMPLETED", "TERMINATED")
 

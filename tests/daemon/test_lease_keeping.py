@@ -25,6 +25,8 @@ import pytest
 
 from reconciler.control.apply import Applier
 from reconciler.control.reconcile import reconcile_once
+from reconciler.daemon.leadership import Leadership
+from reconciler.observe.metrics import Metrics
 from reconciler.spec import loader
 from reconciler.store.store import Store
 from tests.daemon.test_notify import daemon_env, daemons, tail, wait_until  # noqa: F401 (fixture)
@@ -188,6 +190,35 @@ def test_a_leader_stuck_mid_pass_is_replaced_within_the_ttl_and_applies_nothing(
         assert not any(e["actor"] == f"daemon:{a.holder}" for sid in ids for e in store.history(sid))
     finally:
         release.set()
+        store.close()
+
+
+def test_a_deposed_leader_names_the_new_leader_from_the_moment_it_steps_down(tmp_path):
+    """Status readers (systemd's STATUS, ``/healthz``, tests) run in other threads: no
+    moment between "leader" and "standby: leader is <holder>" may read "leader is unknown"
+    (a CI run caught the gap between the token going and the holder being looked up)."""
+    s = helpers.make_settings(tmp_path, lease_ttl=TTL)
+    store = Store(s.db_url)
+    store.migrate()
+    seen: list[tuple[int | None, str | None]] = []
+
+    class Watched(Leadership):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name in ("lease_token", "leader_seen") and "leader_seen" in self.__dict__:
+                seen.append((self.lease_token, self.leader_seen))
+
+    try:
+        me = Watched(store, lambda: s, "me", Metrics(), ping=lambda: None)
+        assert store.acquire_lease("me", TTL) == 1
+        me.lease_token, me._renewed = 1, time.monotonic()  # leading term 1 (no runtimes: none needed)
+        seen.clear()
+        store.release_lease("me")
+        assert store.acquire_lease("other", 60) == 2  # taken while this one was paused
+        assert me.hold() is False
+        assert me.lease_token is None and me.leader_seen == "other"
+        assert (None, None) not in seen, f"a reader could see 'leader is unknown': {seen}"
+    finally:
         store.close()
 
 
