@@ -158,6 +158,14 @@ def _settings(specs: Path, work: Path):
                               "http": "", "tick_interval": 30.0}, config="/dev/null", env={})
 
 
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process: /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _one_backfill(store: Store, specs: Path, sid: str, task_count: int, n: int) -> dict[str, Any]:
     """Drop ``<sid>.reset.yaml`` with ``backfillTaskCount``; time its backfill to COMPLETED."""
     t0 = time.monotonic()
@@ -165,14 +173,17 @@ def _one_backfill(store: Store, specs: Path, sid: str, task_count: int, n: int) 
         f"resetTo: latest\nbackfill: true\nbackfillTaskCount: {task_count}\nreason: split benchmark\n")
     bf = f"{sid}-backfill-1"
     _wait(lambda: store.get(bf) is not None, 60, f"the reset of {sid}", every=0.02)
-    t1 = time.monotonic()
+    t1, busy1 = time.monotonic(), _busy_cpu_s()
     _wait(lambda: store.get(bf).state == State.COMPLETED, 900, f"the backfill of {sid}", every=0.05)
-    t2 = time.monotonic()
+    t2, busy2 = time.monotonic(), _busy_cpu_s()
     assert store.get(bf).spec.task_count == task_count
     return {"task_count": task_count, "supervisor": bf, "reset_s": round(t1 - t0, 3),
             "backfill_s": round(t2 - t0, 3), "drain_s": round(t2 - t1, 3),
             "backfill_records_per_s": round(n / (t2 - t0), 1), "drain_records_per_s": round(n / (t2 - t1), 1),
-            "batches": len(_batches(store, bf))}
+            "batches": len(_batches(store, bf)),
+            # cores the machine kept busy while it drained (the broker, the daemon, its tasks,
+            # and anything else running): what a second task could not have had
+            "cores_busy": round((busy2 - busy1) / (t2 - t1), 2)}
 
 
 def _store_with(s, sid: str) -> Store | None:
@@ -231,6 +242,7 @@ def run_one_partition(n: int, rounds: int, work: Path) -> dict[str, Any]:
     by_round = [round(next(x["drain_records_per_s"] for x in results if x["round"] == r and x["task_count"] == 2)
                       / next(x["drain_records_per_s"] for x in results if x["round"] == r and x["task_count"] == 1), 3)
                 for r in range(rounds)]
+    ceilings = [(os.cpu_count() or 1) / x["cores_busy"] for x in results if x["task_count"] == 1 and x["cores_busy"]]
     return {
         "records": n, "partitions": 1, "spark_master": "local[2]", "cores": os.cpu_count(), "rounds": rounds,
         "backfills": results,
@@ -238,6 +250,9 @@ def run_one_partition(n: int, rounds: int, work: Path) -> dict[str, Any]:
         "task_count_2_drain_records_per_s": rate(2),
         "speedup": round(rate(2) / rate(1), 3),  # of the medians over the rounds
         "speedup_by_round": by_round,
+        # the most a second task could add: every core busy for the same work as one task's
+        # (median over the rounds of cores / the cores one task's backfill kept busy)
+        "speedup_ceiling": round(statistics.median(ceilings), 3) if ceilings else None,
         "peak_rss_mib": peak.mib, "peak_pss_mib": peak.pss_mib,
         "exactly_once": all(x["verify"]["exactly_once"] for x in results),
     }

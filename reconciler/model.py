@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 VIRTUAL_COLUMNS = ("__key", "__partition", "__offset", "__stream_time")
-RESERVED_COLUMNS = ("__time", "time_chunk")  # written by the output itself: never a dimension
+# The tables' partition column, the time chunk (a file per value): here, so modules that
+# name it (batch directories, recovery) need not import the transform and pandas with it.
+SEGMENT = "time_chunk"
+RESERVED_COLUMNS = ("__time", SEGMENT)  # written by the output itself: never a dimension
 
 # Generated backfill supervisors are named <main-id>-backfill-<n>; a spec id of that form
 # could collide with one (the schema refuses it, see ``properties.id.not``).

@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from reconciler.model import SEGMENT
 from reconciler.pipeline import tasks
-from reconciler.pipeline.transform import SEGMENT
 from reconciler.table import storage
-from reconciler.table.catalog import BATCH_DIR_PREFIX as BATCH_PREFIX
+from reconciler.table.writeids import BATCH_DIR_PREFIX as BATCH_PREFIX
 
 SEGMENT_PREFIX = f"{SEGMENT}="
 FSYNC_THREADS = 8

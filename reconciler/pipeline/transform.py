@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reconciler.model import VIRTUAL_COLUMNS, DataSchema
+from reconciler.model import SEGMENT, VIRTUAL_COLUMNS, DataSchema
 from reconciler.pipeline import rollup
 from reconciler.pipeline.jsonfields import FieldParser
 from reconciler.pipeline.jsonparse import parse_values
@@ -41,7 +41,6 @@ from reconciler.pipeline.times import (
 )
 
 TIME = "__time"
-SEGMENT = "time_chunk"
 DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
 
 # Fixed-width granularities in microseconds; "month" is a calendar unit.

@@ -82,6 +82,7 @@ class RuntimeManager:
         self.due: dict[str, float] = {}
         self._versions: dict[str, tuple] = {}  # (spec hash, epoch) each runtime last saw
         self.running: dict[str, _Step] = {}  # steps in flight, abandoned ones included
+        self._moving: set[str] = set()  # supervisors whose last step read records
         self._poke = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="runtime-manager", daemon=True)
@@ -217,6 +218,7 @@ class RuntimeManager:
                 self.ctx.metrics.set_failing(sid, message)
 
     def _done(self, sid: str, outcome: StepOutcome) -> None:
+        progressed = bool(outcome.records or outcome.done)
         with self._lock:
             step = self.running.pop(sid, None)
             since = step.started if step is not None and outcome.cadence else time.monotonic()
@@ -224,15 +226,24 @@ class RuntimeManager:
             if (outcome.done or self._stop.is_set()) and sid in self.runtimes:
                 self.runtimes.pop(sid).close()
                 self.due.pop(sid, None)
+            # The first step after a batch that read nothing: the supervisor has settled (caught
+            # up, or failing). A batch's step often ends when the next is already due (batches
+            # are cut on a cadence), so "caught up and no step in flight" comes true only here.
+            settled = not progressed and sid in self._moving
+            if progressed and not outcome.done:
+                self._moving.add(sid)
+            else:
+                self._moving.discard(sid)
         if step is not None:
             if step.abandoned:
                 log.warning("the step that overstayed its limit came back after %.0fs",
                             time.monotonic() - step.started, extra={"supervisor": sid})
             step.finished.set()
-        if outcome.records or outcome.done:
+        if progressed:
             self._poke.set()
-            if self._on_progress is not None:  # only then: idle steps of many supervisors would keep it awake
-                self._on_progress()
+        if (progressed or settled) and self._on_progress is not None:
+            # only then: idle steps of many supervisors would keep the loop awake
+            self._on_progress()
 
 
 def _where(thread: threading.Thread) -> str:

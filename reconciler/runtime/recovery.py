@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def recover(store: Store, segments_dir: str | os.PathLike[str]) -> dict[str, int]:
     from reconciler.table import storage
-    from reconciler.table.catalog import NAMESPACE
+    from reconciler.table.locations import NAMESPACE
 
     files = storage.at(segments_dir)
     root = files.join(str(segments_dir), NAMESPACE)

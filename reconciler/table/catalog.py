@@ -38,7 +38,7 @@ from reconciler import faults
 from reconciler.errors import PermanentError
 from reconciler.table import durable, retention, storage
 from reconciler.table.datafiles import describe
-from reconciler.table.locations import local_path
+from reconciler.table.locations import NAMESPACE, local_path
 from reconciler.table.reach import _ManifestReader
 from reconciler.table.schema import partition_transform
 from reconciler.table.summary import (  # noqa: F401  (the summary keys, where the publish finds them)
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CATALOG = "reconciler"
-NAMESPACE = "default"
 DEADLETTER_SUFFIX = "_deadletter"
 TIME = "__time"
 

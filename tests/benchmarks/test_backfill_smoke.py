@@ -31,3 +31,6 @@ def test_one_partition_backfill_benchmark_reports_both_rates_and_the_ratio():
     assert doc["task_count_2_drain_records_per_s"] == runs[2]["drain_records_per_s"]
     assert doc["speedup"] == pytest.approx(runs[2]["drain_records_per_s"] / runs[1]["drain_records_per_s"], abs=0.001)
     assert doc["speedup_by_round"] == [pytest.approx(doc["speedup"], abs=0.001)]
+    # the cores the machine kept busy while each drained, and the ceiling they leave a second task
+    assert all(0 < r["cores_busy"] <= doc["cores"] * 1.2 for r in runs.values()), runs  # ticks of 10 ms
+    assert doc["speedup_ceiling"] == pytest.approx(doc["cores"] / runs[1]["cores_busy"], rel=0.01)

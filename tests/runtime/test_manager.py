@@ -141,3 +141,33 @@ def test_batches_are_cut_on_a_fixed_cadence(store, tmp_path, monkeypatch, cadenc
         assert 0.45 <= median < 0.7, gaps
     else:
         assert median >= 0.78, gaps
+
+
+def test_the_bell_rings_when_a_supervisor_settles_after_a_batch(store, tmp_path, monkeypatch):
+    """``--until-caught-up`` ends when no step is in flight and every target is reached. A
+    batch longer than ``taskDuration`` leaves the next step due at once (a fixed cadence),
+    so that step, which finds nothing to read, is in flight when the batch's bell rings: it
+    must ring too, or the loop sleeps on (0.5 s per run, every cold ``reconciler run``).
+    Idle steps after that ring nothing (many idle supervisors must not keep the loop awake)."""
+    answers = [400_000, 0, 0, 0, 0, 0, 0]
+    steps: list[int] = []
+    rings: list[int] = []
+
+    def step(self: SupervisorRuntime) -> StepOutcome:
+        if self.supervisor_id != "good":
+            return StepOutcome(60.0)
+        records = answers.pop(0) if answers else 0
+        steps.append(records)
+        return StepOutcome(0.01, records=records, cadence=True)
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = RuntimeManager(ctx, workers=2, refresh=0.01, on_progress=lambda: rings.append(len(steps)))
+    manager.start()
+    try:
+        _wait(lambda: len(steps) >= 6, 10, "six steps")
+    finally:
+        manager.stop(wait=True)
+    # one ring after the batch, one after the first step that read nothing, none after
+    assert len(rings) == 2, f"rings after steps {rings} of {steps}"
+    assert rings[1] >= 2, rings  # the second came after the second step

@@ -1,0 +1,53 @@
+"""``benchmarks/cpu_floor.py`` on the session's Tansu broker: every stage (the raw consumer,
+the product's reader, the transform, the Parquet sink) sees each of the records once, the
+written files hold every id exactly once, and every figure of the floor is reported. No
+speed threshold: the figures are read from the benchmark's JSON, not asserted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 20_000
+
+
+def _benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("cpu_floor", ROOT / "benchmarks" / "cpu_floor.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cpu_floor", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_group_cpu_counts_a_process_group():
+    floor = _benchmark()
+    before = floor.group_cpu(os.getpgid(0))
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn CPU in this group
+        pass
+    assert floor.group_cpu(os.getpgid(0)) - before >= 0.25
+    assert floor.group_cpu(None) == 0.0
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_every_stage_sees_each_record_once_and_the_floor_is_reported(kafka_broker, topic):
+    floor = _benchmark()
+    name = topic(partitions=floor.PARTITIONS)
+    pgid = kafka_broker.proc.pid if kafka_broker.proc else None
+    doc = floor.measure(kafka_broker.bootstrap, pgid, name, RECORDS, 0.8)
+    assert doc["read"]["records"] == doc["transform"]["rows"] == RECORDS
+    assert doc["write"]["rows"] == doc["write"]["distinct_ids"] == doc["write"]["ids"] == RECORDS
+    for stage in ("raw", "read", "transform", "write"):
+        assert doc[stage]["wall_s"] > 0 and doc[stage]["cpu_s"] >= 0, stage
+    assert set(doc["cpu_s_per_1m"]) == {"raw_client", "reader", "transform", "write", "broker_raw",
+                                        "broker_reader"}
+    assert doc["floor_seconds"] > 0 and doc["floor_seconds_raw_client"] > 0 and doc["goal_seconds"] > 0
+    assert doc["goal_reachable"] == (doc["floor_seconds_raw_client"] <= doc["goal_seconds"])
