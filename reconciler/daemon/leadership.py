@@ -132,10 +132,13 @@ class Leadership:
         if self.lease_token is not None:
             log.error("leader lease lost (token %d); stopping runtimes: their publishes are fenced", self.lease_token)
             self.stop_runtimes(wait=False)
+            # Who holds it, before the token goes: the status line (read from other threads)
+            # names the leader from the moment it says standby, never "unknown". Taken again
+            # by this daemon (it ran out unseen), it is this one, starting a new term.
             if token is None:
-                # Who took it, before the token goes: the status line (read from other threads)
-                # names the new leader from the moment it says standby, never "unknown".
                 self._note_standby()
+            else:
+                self.leader_seen = self.holder
             self.lease_token = None
         if token is not None:
             try:
@@ -143,9 +146,9 @@ class Leadership:
             except ReconcilerError as exc:
                 log.error("cannot start leading (will retry): %s", exc)
                 token = None
-        if token is not None:
-            self.leader_seen = None
         self.lease_token = token
+        if token is not None:  # after the token: a reader never sees neither
+            self.leader_seen = None
         self._metrics.set_role("leader" if token is not None else "standby")
 
     def _become_leader(self, token: int) -> None:

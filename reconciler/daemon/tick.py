@@ -216,7 +216,8 @@ class CatchUp:
             self._targets = targets
             log.info("--until-caught-up targets: %s", targets)
         manager = self._leadership.manager
-        return not self._pending(actual) and (manager is None or manager.idle())
+        # idle_or_notify: a step still in flight rings the loop when it ends (not at the next check)
+        return not self._pending(actual) and (manager is None or manager.idle_or_notify())
 
     def _pending(self, actual) -> list[str]:
         """What keeps ``--until-caught-up`` waiting, one phrase per supervisor."""

@@ -82,7 +82,7 @@ class RuntimeManager:
         self.due: dict[str, float] = {}
         self._versions: dict[str, tuple] = {}  # (spec hash, epoch) each runtime last saw
         self.running: dict[str, _Step] = {}  # steps in flight, abandoned ones included
-        self._moving: set[str] = set()  # supervisors whose last step read records
+        self._ring_when_idle = False  # someone waits for "no step in flight" (idle_or_notify)
         self._poke = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="runtime-manager", daemon=True)
@@ -99,6 +99,18 @@ class RuntimeManager:
     def idle(self) -> bool:
         with self._lock:
             return not self.running
+
+    def idle_or_notify(self) -> bool:
+        """True when no step is in flight; else False, and ``on_progress`` rings once when the
+        last step in flight ends, whatever it read. ``--until-caught-up`` asks this once the
+        targets are reached: the step in flight then is often one that reads nothing (the
+        next cut, due at once after a batch longer than ``taskDuration``, or another
+        supervisor's), and without the ring the loop would sleep until its next check."""
+        with self._lock:
+            if not self.running:
+                return True
+            self._ring_when_idle = True
+            return False
 
     def stuck(self) -> list[str]:
         """Supervisors whose step overstayed its time limit and has not come back."""
@@ -226,14 +238,9 @@ class RuntimeManager:
             if (outcome.done or self._stop.is_set()) and sid in self.runtimes:
                 self.runtimes.pop(sid).close()
                 self.due.pop(sid, None)
-            # The first step after a batch that read nothing: the supervisor has settled (caught
-            # up, or failing). A batch's step often ends when the next is already due (batches
-            # are cut on a cadence), so "caught up and no step in flight" comes true only here.
-            settled = not progressed and sid in self._moving
-            if progressed and not outcome.done:
-                self._moving.add(sid)
-            else:
-                self._moving.discard(sid)
+            now_idle = self._ring_when_idle and not self.running
+            if now_idle:
+                self._ring_when_idle = False
         if step is not None:
             if step.abandoned:
                 log.warning("the step that overstayed its limit came back after %.0fs",
@@ -241,7 +248,7 @@ class RuntimeManager:
             step.finished.set()
         if progressed:
             self._poke.set()
-        if (progressed or settled) and self._on_progress is not None:
+        if (progressed or now_idle) and self._on_progress is not None:
             # only then: idle steps of many supervisors would keep the loop awake
             self._on_progress()
 

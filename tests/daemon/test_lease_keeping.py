@@ -26,6 +26,7 @@ import pytest
 from reconciler.control.apply import Applier
 from reconciler.control.reconcile import reconcile_once
 from reconciler.daemon.leadership import Leadership
+from reconciler.errors import ReconcilerError
 from reconciler.observe.metrics import Metrics
 from reconciler.spec import loader
 from reconciler.store.store import Store
@@ -218,6 +219,53 @@ def test_a_deposed_leader_names_the_new_leader_from_the_moment_it_steps_down(tmp
         assert me.hold() is False
         assert me.lease_token is None and me.leader_seen == "other"
         assert (None, None) not in seen, f"a reader could see 'leader is unknown': {seen}"
+    finally:
+        store.close()
+
+
+def _status(token, seen_holder) -> str:
+    """``Daemon.status_line`` from a role's two fields (leader or standby)."""
+    return f"standby: leader is {seen_holder or 'unknown'}" if token is None else f"leader (token {token})"
+
+
+def _retaking(store, s, seen: list, fail: bool) -> Leadership:
+    """A leader of term 1 whose ``_become_leader`` records what a reader sees meanwhile."""
+
+    class Retaking(Leadership):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name in ("lease_token", "leader_seen") and "leader_seen" in self.__dict__:
+                seen.append((self.lease_token, self.leader_seen))
+
+        def _become_leader(self, token):
+            seen.append((self.lease_token, self.leader_seen))  # while the new term's recovery runs
+            if fail:
+                raise ReconcilerError("database went away during recovery")
+            self.manager = None
+
+    me = Retaking(store, lambda: s, "me", Metrics(), ping=lambda: None)
+    assert store.acquire_lease("me", TTL) == 1
+    me.lease_token, me._renewed = 1, time.monotonic()
+    seen.clear()
+    store.release_lease("me")  # ran out while this one was paused; nobody else took it
+    return me
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["new-term", "start-fails"])
+def test_a_leader_retaking_its_own_lost_lease_never_reads_unknown(tmp_path, fail):
+    """From the review: the lease ran out unseen and this daemon took it again (a new token);
+    between the two terms, or after a new term that failed to start, a reader must not see
+    "leader is unknown"."""
+    s = helpers.make_settings(tmp_path, lease_ttl=TTL)
+    store = Store(s.db_url)
+    store.migrate()
+    seen: list = []
+    try:
+        me = _retaking(store, s, seen, fail)
+        assert me.hold() is (not fail)
+        assert me.lease_token == (None if fail else 2)
+        statuses = [_status(*x) for x in seen]
+        assert "standby: leader is unknown" not in statuses, statuses
     finally:
         store.close()
 

@@ -143,31 +143,74 @@ def test_batches_are_cut_on_a_fixed_cadence(store, tmp_path, monkeypatch, cadenc
         assert median >= 0.78, gaps
 
 
-def test_the_bell_rings_when_a_supervisor_settles_after_a_batch(store, tmp_path, monkeypatch):
-    """``--until-caught-up`` ends when no step is in flight and every target is reached. A
-    batch longer than ``taskDuration`` leaves the next step due at once (a fixed cadence),
-    so that step, which finds nothing to read, is in flight when the batch's bell rings: it
-    must ring too, or the loop sleeps on (0.5 s per run, every cold ``reconciler run``).
-    Idle steps after that ring nothing (many idle supervisors must not keep the loop awake)."""
-    answers = [400_000, 0, 0, 0, 0, 0, 0]
+def test_a_step_in_flight_rings_once_when_it_ends_if_the_loop_waits_for_idle(store, tmp_path, monkeypatch):
+    """``--until-caught-up`` ends when the targets are reached and no step is in flight. A
+    step that reads nothing (the next cut, due at once after a batch longer than
+    ``taskDuration``; a warm run's first step) rings nothing by itself: once the loop asked
+    ``idle_or_notify`` while it ran, its end rings the bell once; later idle steps do not."""
+    release = threading.Event()
+    started = threading.Event()
     steps: list[int] = []
-    rings: list[int] = []
+    rings: list[float] = []
 
     def step(self: SupervisorRuntime) -> StepOutcome:
         if self.supervisor_id != "good":
             return StepOutcome(60.0)
-        records = answers.pop(0) if answers else 0
-        steps.append(records)
-        return StepOutcome(0.01, records=records, cadence=True)
+        steps.append(0)
+        started.set()
+        if len(steps) == 1:
+            release.wait(10)
+        return StepOutcome(0.01, cadence=True)
 
     monkeypatch.setattr(SupervisorRuntime, "step", step)
     ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
-    manager = RuntimeManager(ctx, workers=2, refresh=0.01, on_progress=lambda: rings.append(len(steps)))
+    manager = RuntimeManager(ctx, workers=2, refresh=0.01, on_progress=lambda: rings.append(time.monotonic()))
     manager.start()
     try:
-        _wait(lambda: len(steps) >= 6, 10, "six steps")
+        assert started.wait(10)
+        assert manager.idle_or_notify() is False  # the first step is in flight
+        assert manager.idle_or_notify() is False  # asked twice: still one ring
+        released = time.monotonic()
+        release.set()
+        _wait(lambda: rings, 10, "the ring when the step ended")
+        _wait(lambda: len(steps) >= 8, 10, "more idle steps")
     finally:
         manager.stop(wait=True)
-    # one ring after the batch, one after the first step that read nothing, none after
-    assert len(rings) == 2, f"rings after steps {rings} of {steps}"
-    assert rings[1] >= 2, rings  # the second came after the second step
+    assert len(rings) == 1 and rings[0] >= released, rings
+
+
+def test_the_last_step_to_end_rings_while_another_supervisor_settles(tmp_path, monkeypatch):
+    """From the review: ``busy`` publishes a batch (a ring) and then reads nothing, while
+    ``quiet``, already caught up, has a slow idle step in flight at every ring. The loop, as
+    ``CatchUp`` does, asks ``idle_or_notify`` at each ring: the step that ends last must ring,
+    or the loop learns "nothing in flight" only at its next check."""
+    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    s.migrate()
+    for sid in ("busy", "quiet"):
+        s.create_supervisor(_spec(sid), None, actor="test")
+    answers = {"busy": [(0.02, 1000), (0.0, 0)], "quiet": [(1.0, 0)]}
+    ended: Counter[str] = Counter()
+    seen: list[bool] = []
+    holder: dict[str, RuntimeManager] = {}
+
+    def step(self: SupervisorRuntime) -> StepOutcome:
+        queue = answers[self.supervisor_id]
+        if not queue:
+            return StepOutcome(60.0)
+        seconds, records = queue.pop(0)
+        time.sleep(seconds)
+        ended[self.supervisor_id] += 1
+        return StepOutcome(0.0 if queue else 60.0, records=records, cadence=True)
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    ctx = RuntimeContext(store=s, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = holder["m"] = RuntimeManager(ctx, workers=2, refresh=0.01,
+                                           on_progress=lambda: seen.append(holder["m"].idle_or_notify()))
+    manager.start()
+    try:
+        _wait(lambda: ended["busy"] == 2 and ended["quiet"] == 1 and manager.idle(), 20, "every step")
+        time.sleep(0.3)  # any ring still to come
+    finally:
+        manager.stop(wait=True)
+        s.close()
+    assert seen and seen[0] is False and seen[-1] is True, f"what each ring found (idle?): {seen}"
