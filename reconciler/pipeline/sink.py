@@ -86,13 +86,20 @@ class Files:
         index = table.schema.get_field_index(self.column)
         column = table.column(index)
         rows = table.remove_column(index)
-        values = pc.unique(column)
+        encoded = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+        values, codes = encoded.dictionary, encoded.indices
         if len(values) == 1:  # the usual case: a stream's records are close in time
             self._add_batches(values[0].as_py(), rows)
             return
-        for value in values:
-            self._add_batches(value.as_py(), rows.filter(pc.equal(column, value) if value.is_valid
-                                                          else pc.is_null(column)))
+        # One stable sort by chunk, then a slice per run: a filter per chunk read the whole
+        # table once per chunk (a backfill over a month of minute chunks: 40,000 passes).
+        order = pc.sort_indices(codes)
+        runs = pc.run_end_encode(codes.take(order))
+        rows = rows.take(order)
+        start = 0
+        for end, code in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
+            self._add_batches(values[code].as_py(), rows.slice(start, end - start))
+            start = end
 
     def _add_batches(self, value: Any, table: Any) -> None:
         for batch in table.to_batches():

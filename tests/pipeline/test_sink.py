@@ -28,6 +28,28 @@ def test_a_task_writes_one_file_per_chunk_without_the_chunk_column(tmp_path, mon
     assert [f.bytes for f in written] == [(tmp_path / f.name).stat().st_size for f in written]
 
 
+def test_rows_of_interleaved_chunks_and_nulls_reach_their_files_in_their_order(tmp_path):
+    """Chunks interleaved in a table (partitions read one after another, late records) and a
+    null chunk: every row in its chunk's file once, in the order it came, the chunk
+    column dropped; a chunked table is routed with one sort, not a pass per chunk."""
+    ids = [f"r{i:03d}" for i in range(300)]
+    chunks = [None if i % 97 == 0 else f"h{(i * 7) % 13:02d}" for i in range(300)]
+    files = sink.Files(tmp_path, "part-0", "time_chunk")
+    files.add_table(pa.Table.from_batches([batch(ids[:150], chunks[:150])]))
+    files.add_table(pa.Table.from_batches([batch(ids[150:], chunks[150:])]))
+    written = files.close()
+    expected: dict = {}
+    for i, c in zip(ids, chunks, strict=True):
+        expected.setdefault(c, []).append(i)
+    assert {f.value: f.rows for f in written} == {c: len(v) for c, v in expected.items()}
+    for f in written:
+        table = pq.read_table(tmp_path / f.name)
+        assert table.column_names == ["id"]
+        assert table.column("id").to_pylist() == expected[f.value], f.value
+    null_file = next(f for f in written if f.value is None)
+    assert null_file.name.startswith(f"time_chunk={sink.NO_VALUE}/")
+
+
 def test_a_table_without_a_partition_column_goes_to_one_file(tmp_path):
     files = sink.Files(tmp_path, "part-0", None)
     files.add_table(pa.table({"id": ["a", "b"]}))
