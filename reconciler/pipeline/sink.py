@@ -81,24 +81,29 @@ class Files:
             for batch in table.to_batches():
                 self.add(None, batch)
             return
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         index = table.schema.get_field_index(self.column)
         column = table.column(index)
         rows = table.remove_column(index)
-        encoded = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+        column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):  # its nulls would stay null codes: no run of their own
+            column = column.cast(column.type.value_type)
+        encoded = pc.dictionary_encode(column, null_encoding="encode")
         values, codes = encoded.dictionary, encoded.indices
         if len(values) == 1:  # the usual case: a stream's records are close in time
             self._add_batches(values[0].as_py(), rows)
             return
-        # One stable sort by chunk, then a slice per run: a filter per chunk read the whole
+        # One stable sort by chunk, then each run's rows: a filter per chunk read the whole
         # table once per chunk (a backfill over a month of minute chunks: 40,000 passes).
+        # Each run is taken on its own, so what waits for its file holds its own buffers,
+        # not a slice of a copy of the whole table (PENDING_BYTES bounds what is held).
         order = pc.sort_indices(codes)
         runs = pc.run_end_encode(codes.take(order))
-        rows = rows.take(order)
         start = 0
         for end, code in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
-            self._add_batches(values[code].as_py(), rows.slice(start, end - start))
+            self._add_batches(values[code].as_py(), rows.take(order.slice(start, end - start)))
             start = end
 
     def _add_batches(self, value: Any, table: Any) -> None:

@@ -50,6 +50,41 @@ def test_rows_of_interleaved_chunks_and_nulls_reach_their_files_in_their_order(t
     assert null_file.name.startswith(f"time_chunk={sink.NO_VALUE}/")
 
 
+def test_pending_rows_of_a_quiet_chunk_do_not_pin_whole_tables(tmp_path):
+    """From the review: each table crosses into a chunk that then gets no more rows (an hour
+    boundary, a late record). Its few pending rows must hold their own buffers, not a slice
+    of a copy of the whole table: the memory Arrow holds stays near the pending-bytes bound
+    (a slice per run of one reordered copy kept ~70 MB for a 1 MB bound)."""
+    import gc
+
+    limit = 1 << 20
+    n = 50_000
+    payload = pa.array(["x" * 40 + str(k) for k in range(n)])  # ~2.3 MB per table
+    files = sink.Files(tmp_path, "part-0", "time_chunk", pending_bytes=limit)
+    base = pa.total_allocated_bytes()
+    for t in range(30):
+        files.add_table(pa.table({"id": payload, "time_chunk": pa.array(["main"] * (n - 1) + [f"late{t:02d}"])}))
+        gc.collect()
+    held_by_arrow = pa.total_allocated_bytes() - base
+    assert files.held <= limit
+    assert held_by_arrow < 8 * limit, (files.held, held_by_arrow)
+    written = files.close()
+    assert sum(f.rows for f in written) == 30 * n
+
+
+@pytest.mark.parametrize(("chunks", "expected"), [
+    (["h1", None, "h1", None], {"h1": ["a", "c"], None: ["b", "d"]}),
+    (["h1", None, "h2", "h1"], {"h1": ["a", "d"], "h2": ["c"], None: ["b"]}),
+], ids=["one-value", "several-values"])
+def test_a_dictionary_typed_chunk_column_routes_nulls_to_the_null_file(tmp_path, chunks, expected):
+    """From the review: ``dictionary_encode`` passes a dictionary column through, with its
+    nulls as null codes: they went to the one value's file, or failed the task."""
+    files = sink.Files(tmp_path, "part-0", "time_chunk")
+    files.add_table(pa.table({"id": ["a", "b", "c", "d"], "time_chunk": pa.array(chunks).dictionary_encode()}))
+    written = files.close()
+    assert {f.value: pq.read_table(tmp_path / f.name).column("id").to_pylist() for f in written} == expected
+
+
 def test_a_table_without_a_partition_column_goes_to_one_file(tmp_path):
     files = sink.Files(tmp_path, "part-0", None)
     files.add_table(pa.table({"id": ["a", "b"]}))
