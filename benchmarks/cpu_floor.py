@@ -7,7 +7,7 @@ record costs wherever it runs, summed over every process, against the CPU the go
 On one Tansu topic (``--records`` over 4 partitions, the records of ``ingest.py``):
 
 a. ``raw``: ``_raw_consume.raw_kafka_consume_rate`` (it counts records and decodes no value):
-   wall, this process's CPU and the broker's CPU (its process group, from ``/proc``);
+   wall, this process's CPU and the broker's CPU (its process tree, from ``/proc``);
 b. ``read``: the product's reader (``streams.kafka.KafkaRangeReader``, as a task opens it)
    draining every partition into memory, one partition after another: this process's CPU
    and the broker's;
@@ -41,47 +41,35 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _raw_consume import raw_kafka_consume_rate  # noqa: E402
+from profile_batch import _tree_cpu  # noqa: E402
 
 import devservices  # noqa: E402
 
 PARTITIONS = 4
-TICK = os.sysconf("SC_CLK_TCK")
 
 
-def group_cpu(pgid: int | None) -> float:
-    """CPU seconds (user + system) of every live process in process group ``pgid``."""
-    if pgid is None:
-        return 0.0
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        if int(fields[2]) == pgid:  # field 5, the process group
-            total += int(fields[11]) + int(fields[12])  # fields 14 and 15, utime and stime
-    return total / TICK
+def broker_cpu(pid: int | None) -> float:
+    """CPU seconds of the broker's process tree (``profile_batch``'s reading of ``/proc``);
+    0 without a broker."""
+    return _tree_cpu(pid) if pid is not None else 0.0
 
 
 class Meter:
     """Wall, this process's CPU and the broker's CPU over a ``with`` block."""
 
-    def __init__(self, broker_pgid: int | None):
-        self.pgid = broker_pgid
+    def __init__(self, broker_pid: int | None):
+        self.pid = broker_pid
         self.out: dict[str, float] = {}
 
     def __enter__(self) -> Meter:
-        self._t = (time.perf_counter(), time.process_time(), group_cpu(self.pgid))
+        self._t = (time.perf_counter(), time.process_time(), broker_cpu(self.pid))
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall, cpu, broker = self._t
         self.out = {"wall_s": round(time.perf_counter() - wall, 3),
                     "cpu_s": round(time.process_time() - cpu, 3),
-                    "broker_cpu_s": round(group_cpu(self.pgid) - broker, 3)}
+                    "broker_cpu_s": round(broker_cpu(self.pid) - broker, 3)}
 
 
 def _data_schema():
@@ -93,7 +81,7 @@ def _data_schema():
                       segment_granularity="hour", query_granularity="none", rollup=False)
 
 
-def measure(bootstrap: str, broker_pgid: int | None, topic: str, n: int, goal: float) -> dict[str, Any]:
+def measure(bootstrap: str, broker_pid: int | None, topic: str, n: int, goal: float) -> dict[str, Any]:
     """Produce ``n`` records to ``topic`` (``PARTITIONS`` partitions, empty) and measure a to d."""
     import pyarrow.dataset as ds
 
@@ -105,13 +93,13 @@ def measure(bootstrap: str, broker_pgid: int | None, topic: str, n: int, goal: f
     res: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "cores": os.cpu_count(), "goal": goal}
     ends = devservices.produce_kafka(bootstrap, topic, devservices.make_records(n))
     assert sum(ends.values()) == n, ends
-    with Meter(broker_pgid) as m:
+    with Meter(broker_pid) as m:
         rate = raw_kafka_consume_rate(bootstrap, topic, ends, timeout=600)
     res["raw"] = {**m.out, "records_per_s": rate["records_per_s"]}
 
     source = {"type": "kafka", "bootstrapServers": bootstrap, "topic": topic}
     batches = []
-    with Meter(broker_pgid) as m:
+    with Meter(broker_pid) as m:
         reader = open_reader(source)
         try:
             for p, end in sorted(ends.items()):
@@ -170,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with devservices.TansuBroker() as broker:
         broker.create_topic("floor", PARTITIONS)
-        pgid = broker.proc.pid if broker.proc else None  # started in a process group of its own
-        doc = measure(broker.bootstrap, pgid, "floor", args.records, args.goal)
+        doc = measure(broker.bootstrap, broker.proc.pid if broker.proc else None, "floor", args.records, args.goal)
     print(json.dumps(doc, indent=2))
     return 0
 

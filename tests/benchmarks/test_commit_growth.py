@@ -6,25 +6,14 @@ first few commits, the current metadata file stays under 256 KiB, and ``verify``
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmarks.load import benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMITS = 300
-
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("commit_growth", ROOT / "benchmarks" / "commit_growth.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("commit_growth", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_metadata_stays_bounded_after_every_commit(db_url, tmp_path):
     kept = 25  # snapshotsKept's default
-    doc = _benchmark().run(db_url, tmp_path, commits=COMMITS, window=1, records=1, kept=kept)
+    doc = benchmark("commit_growth").run(db_url, tmp_path, commits=COMMITS, window=1, records=1, kept=kept)
     windows = doc["windows"]
     assert [w["commits"] for w in windows] == list(range(1, COMMITS + 1))  # one measure per commit
     late = windows[kept + 10:]  # past the first few: the history has reached its steady size
@@ -47,4 +36,4 @@ def test_the_current_metadata_file_is_the_highest_version_past_five_digits(tmp_p
     (tmp_path / "99999-a.metadata.json").write_bytes(b"x" * 2048)
     (tmp_path / "100000-b.metadata.json").write_bytes(b"x" * 100)
     (tmp_path / "snap-1-m0.avro").write_bytes(b"x")
-    assert _benchmark()._metadata_dir(tmp_path) == (3, 100)
+    assert benchmark("commit_growth")._metadata_dir(tmp_path) == (3, 100)

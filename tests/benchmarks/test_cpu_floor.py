@@ -5,44 +5,33 @@ speed threshold: the figures are read from the benchmark's JSON, not asserted he
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.load import benchmark
+
 RECORDS = 20_000
 
 
-def _benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("cpu_floor", ROOT / "benchmarks" / "cpu_floor.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cpu_floor", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_group_cpu_counts_a_process_group():
-    floor = _benchmark()
-    before = floor.group_cpu(os.getpgid(0))
+def test_broker_cpu_counts_a_process_tree():
+    floor = benchmark("cpu_floor")
+    before = floor.broker_cpu(os.getpid())
     deadline = time.process_time() + 0.3
-    while time.process_time() < deadline:  # burn CPU in this group
+    while time.process_time() < deadline:  # burn CPU in this process: the body is the work
         pass
-    assert floor.group_cpu(os.getpgid(0)) - before >= 0.25
-    assert floor.group_cpu(None) == 0.0
+    assert floor.broker_cpu(os.getpid()) - before >= 0.25
+    assert floor.broker_cpu(None) == 0.0
 
 
 @pytest.mark.integration
 @pytest.mark.kafka
 def test_every_stage_sees_each_record_once_and_the_floor_is_reported(kafka_broker, topic):
-    floor = _benchmark()
+    floor = benchmark("cpu_floor")
     name = topic(partitions=floor.PARTITIONS)
-    pgid = kafka_broker.proc.pid if kafka_broker.proc else None
-    doc = floor.measure(kafka_broker.bootstrap, pgid, name, RECORDS, 0.8)
+    pid = kafka_broker.proc.pid if kafka_broker.proc else None
+    doc = floor.measure(kafka_broker.bootstrap, pid, name, RECORDS, 0.8)
     assert doc["read"]["records"] == doc["transform"]["rows"] == RECORDS
     assert doc["write"]["rows"] == doc["write"]["distinct_ids"] == doc["write"]["ids"] == RECORDS
     for stage in ("raw", "read", "transform", "write"):

@@ -273,17 +273,10 @@ def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batc
     counted a failed batch (UNHEALTHY after three), the batch's metrics and timings were lost,
     and the fence had to find out that it committed. A deletion is best effort: what is left
     is orphan clean-up's."""
-    import importlib.util
-    import pathlib
-    import sys
-
     from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
+    from tests.benchmarks.load import benchmark
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "commit_growth.py"
-    spec = importlib.util.spec_from_file_location("commit_growth", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("commit_growth", bench)
-    spec.loader.exec_module(bench)
+    bench = benchmark("commit_growth")
     store = Store(db_url)
     store.migrate()
     store.create_supervisor(SupervisorSpec.from_document({
@@ -321,7 +314,7 @@ def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batc
         assert len(phases.publish) == KEPT + 6
         assert store.checkpoints(bench.SID) == {"0": 3 * (KEPT + 6)}
         assert store.get(bench.SID).state not in ("UNHEALTHY_SUPERVISOR", "UNHEALTHY_TASKS")
-        assert all(pathlib.Path(p).exists() for p in refused)  # left for orphan clean-up
+        assert all(Path(p).exists() for p in refused)  # left for orphan clean-up
         table = ctx.tables().load(bench.SID)
         assert sorted(table.scan().to_arrow()["id"].to_pylist()) == sorted(f"k{o}" for o in range(3 * (KEPT + 6)))
     finally:
