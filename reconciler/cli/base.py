@@ -60,6 +60,16 @@ class Context:
 
     @property
     def store(self):
+        """The store of a command that acts on what exists (a reset, a suspension, a backfill's
+        control, compaction): the database must be there already. Such a command never creates
+        a database, nor migrates one: a typo in --state-dir, or a dry run, must not leave an empty
+        database behind that `status` then reads as "no supervisors"."""
+        return self.read_store
+
+    @property
+    def creating_store(self):
+        """The store of the commands that create the database when there is none (`apply`,
+        `db upgrade`), migrated to this version's schema."""
         if self._store is None:
             from reconciler.store.schema import is_current
             from reconciler.store.store import Store

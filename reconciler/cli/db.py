@@ -43,7 +43,7 @@ def import_all(c, *, dry_run: bool = False, echo=click.echo) -> list:
 
     if c.settings.remote_warehouse:  # the old layout was only ever written to a directory
         return []
-    store = c.store
+    store = c.creating_store
     segments_dir = c.settings.segments_dir
     names = old_layout_datasources(segments_dir)
     if not names:

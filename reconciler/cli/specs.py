@@ -112,8 +112,8 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
 
     desired = desired_from_directory(directory or _directory(c))
     if actual is None:
-        actual = c.store.read_actual()
-        lag = c.store.lag_states()
+        actual = c.creating_store.read_actual()
+        lag = c.creating_store.lag_states()
     now = datetime.now(UTC)  # lag policies act on what the daemon observed (``lag``), measured against now
     ps = PlanSettings(max_termination_share=c.settings.max_termination_share, confirm_terminations=confirm)
     first = plan(desired, actual, settings=ps, now=now, lag=lag)
@@ -196,7 +196,7 @@ def apply(c: Context, confirm_terminations, output):
 
     try:
         p = compute_plan(c, confirm=confirm_terminations, with_positions=False)
-        results = Applier(c.store, actor=f"cli:{_user()}", state_dir=c.settings.state_path).apply(p.actions)
+        results = Applier(c.creating_store, actor=f"cli:{_user()}", state_dir=c.settings.state_path).apply(p.actions)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if output == "json":

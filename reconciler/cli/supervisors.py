@@ -164,7 +164,10 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     from reconciler.control.resets import compute_reset, fill_from
 
     position = parse_position(to)
-    rec = c.store.get(supervisor_id)
+    try:
+        rec = c.store.get(supervisor_id)
+    except click.ClickException as exc:  # no database yet: -o json still answers in JSON
+        _refuse(exc.message, output)
     if rec is None or rec.kind != "main":
         _refuse(f"no main supervisor '{supervisor_id}' (see `reconciler status`)", output)
     req = from_cli(supervisor_id, position, operation_id=uuid.uuid4().hex[:12], backfill=backfill,

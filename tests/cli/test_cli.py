@@ -291,14 +291,32 @@ def test_segments_of_an_empty_datasource(run: Cli):
     assert run.json("segments", "clicks", "-o", "json") == []
 
 
-@pytest.mark.parametrize("command", [("status",), ("status", "clicks"), ("history", "clicks"),
-                                     ("segments", "clicks")])
-def test_read_only_commands_never_create_a_database(tmp_path, specs, command):
+@pytest.mark.parametrize("command", [
+    ("status",), ("status", "clicks"), ("history", "clicks"), ("segments", "clicks"),
+    ("verify", "clicks"), ("compact", "clicks", "--dry-run"), ("maintain", "--dry-run"), ("backfill", "list"),
+    # a dry run, and the commands that act on a supervisor, need one: none of them may leave an
+    # empty database behind that `status` would then read as "no supervisors" (issue 46)
+    ("reset", "clicks", "--to", "latest", "--dry-run"), ("reset", "clicks", "--to", "latest"),
+    ("suspend", "clicks", "--reason", "x"), ("resume", "clicks", "--reason", "x"),
+    ("backfill", "cancel", "clicks-backfill-1", "--reason", "x")])
+def test_read_only_commands_and_dry_runs_never_create_a_database(tmp_path, specs, command):
     db = tmp_path / "absent" / "dir" / "x.db"
-    result = Cli(specs, tmp_path / "state", f"sqlite:///{db}")(*command)
-    assert result.exit_code == 1
+    state = tmp_path / "state"
+    result = Cli(specs, state, f"sqlite:///{db}")(*command)
+    assert result.exit_code == 1, result.stdout + result.stderr
     assert f"no database at {db}" in result.stderr
     assert not db.exists() and not db.parent.exists()
+    assert not state.exists()  # nor the state directory, nor segments under it
+
+
+def test_a_dry_run_reset_without_a_database_answers_json_with_json(tmp_path, specs):
+    db = tmp_path / "x.db"
+    result = Cli(specs, tmp_path / "state", f"sqlite:///{db}")(
+        "reset", "clicks", "--to", "latest", "--dry-run", "-o", "json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and doc["error"].startswith(f"no database at {db}")
+    assert not db.exists()
 
 
 def _tables(db_url: str) -> list[str]:
@@ -365,6 +383,7 @@ def test_an_older_schema_is_neither_migrated_nor_read_by_plan_and_status(run: Cl
 
 
 def test_reset_dry_run_of_unknown_supervisor(run: Cli):
+    assert run("apply").exit_code == 0  # the database exists (without one: "no database at")
     result = run("reset", "nope", "--to", "latest", "--dry-run")
     assert result.exit_code == 1
     assert "Error: no main supervisor 'nope' (see `reconciler status`)" in result.stderr
