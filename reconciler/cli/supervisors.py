@@ -30,11 +30,37 @@ from reconciler.observe import render
 @click.option("--no-lag", is_flag=True, help="Do not ask brokers for latest offsets.")
 @pass_ctx
 def status(c: Context, supervisor_id, output, no_lag):
-    """State, detailed state, per-partition checkpoint, latest and lag of supervisors."""
+    """State, detailed state, per-partition checkpoint, latest and lag of supervisors.
+
+    \b
+    The words it uses:
+      RUNNING        batches are being cut and published
+      IDLE           running, caught up: nothing new to read since the last batch
+      PENDING        created; a daemon (`reconciler run`) has not started it yet
+      SUSPENDED      no batches (the file says suspended: true, or `reconciler suspend`)
+      COMPLETED      a bounded (backfill) supervisor read its whole range
+      UNHEALTHY_SUPERVISOR  the supervisor's own step fails: read its error. It is retried
+                     with a back-off; the detail says why (UNABLE_TO_CONNECT_TO_STREAM: the
+                     broker has not answered since the start; LOST_CONTACT_WITH_STREAM: it
+                     answered, then stopped: both recover by themselves once it answers)
+      UNHEALTHY_TASKS  batches fail (a Spark or write error); retried with a back-off
+    \b
+      checkpoint     per partition, the next offset to ingest (everything before it is in the table)
+      latest         the broker's end of the partition now (asked by this command)
+      end            a bounded supervisor's last offset (exclusive): where a backfill stops
+      lag            latest (or end) minus checkpoint, in records; lag age: how old the oldest
+                     record not yet ingested is
+      (as of HH:MM)  no daemon leads now: states are as the last one left them
+      leader: none   the last daemon's lease ran out: after a clean stop too (it is not an error)
+
+    Without a daemon running, states are as last seen; lag is still asked of the brokers
+    (--no-lag skips that). A broker that cannot be reached is said once, under the table.
+    """
     from reconciler.observe.status import all_status
 
     try:
-        items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
+        with _quiet("reconciler.streams.kafka.librdkafka"):  # a broker that is down is said once, below
+            items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
         lease = c.read_store.lease()
         daemons = c.read_store.daemons()
         webhooks = _webhooks(c)
@@ -55,7 +81,8 @@ def status(c: Context, supervisor_id, output, no_lag):
         if lease and live:
             click.echo(f"\nleader: {lease.holder} (token {lease.token}, lease until {lease.expires_at:%H:%M:%S}Z)")
         elif lease:
-            click.echo(f"\nleader: none (lease of {lease.holder} expired at {lease.expires_at:%H:%M:%S}Z)")
+            click.echo(f"\nleader: none: no daemon is running, or none has renewed its lease (the last, "
+                       f"{lease.holder}, held it until {lease.expires_at:%H:%M:%S}Z; a clean stop ends it too)")
         for d in daemons:
             click.echo(f"daemon: {d.daemon} {d.role}")
         if webhooks:

@@ -88,6 +88,7 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
     if not items:
         return "No supervisors. Add a spec to the spec directory and run `reconciler apply`."
     rows = []
+    notes: dict[str, list[str]] = {}  # one stream error (a broker down) is said once, under the table
     for s in items:
         lag = "?" if s["lag"] is None else s["lag"]
         progress = ""
@@ -104,10 +105,16 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         if s.get("override"):
             state += " (by operator)"
         age = "?" if s.get("lagSeconds") is None else _age(s["lagSeconds"])
-        rows.append([s["id"], state, s["detailedState"], lag, age, s["records"], s["unparseable"], progress,
-                     s["lastError"] or s["streamError"] or ""])
+        error = s["lastError"] or ""
+        if not error and s["streamError"]:
+            notes.setdefault(s["streamError"], []).append(s["id"])
+            error = f"lag unknown: see [{list(notes).index(s['streamError']) + 1}] below"
+        rows.append([s["id"], state, s["detailedState"], lag, age, s["records"], s["unparseable"], progress, error])
     out = [table(["supervisor", "state", "detail", "lag", "lag age", "records", "unparseable", "backfill", "error"],
                  rows, wrap_last=80)]
+    for n, (message, ids) in enumerate(notes.items(), 1):
+        who = ids[0] if len(ids) == 1 else f"{len(ids)} supervisors ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
+        out.append(f"[{n}] {who}: {printable(message)}")
     for s in items:  # a policy that has something to say (breached, pending, acting) stays in view
         d = s.get("lagPolicy")
         if d and d["status"] not in ("ok", "unobserved", "suspended"):

@@ -103,3 +103,17 @@ def test_the_log_escapes_in_text_and_stays_exact_in_json(fmt):
     else:
         assert json.loads(out)["msg"] == f"reset clicks: reason {FORGED}"
     assert datetime.now(UTC)  # (the line carries its own timestamp)
+
+
+def test_a_broker_that_is_down_is_said_once_under_the_table():
+    from reconciler.observe.render import status_text
+
+    down = "cannot reach Kafka at 127.0.0.1:9092 within 1s"
+    items = [{"id": sid, "state": "RUNNING", "detailedState": "RUNNING", "lag": None, "lagSeconds": None,
+              "records": 0, "unparseable": 0, "lastError": None, "streamError": down, "kind": "main",
+              "parent": None, "backfill": None} for sid in ("a", "b", "c")]
+    items[2]["streamError"] = "other"
+    text = status_text(items, detail=False)
+    assert text.count(down) == 1 and text.count("other") == 1
+    assert "[1] 2 supervisors (a, b): " + down in text and "[2] c: other" in text
+    assert text.splitlines()[2].endswith("lag unknown: see [1] below")
