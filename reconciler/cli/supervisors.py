@@ -78,6 +78,12 @@ def status(c: Context, supervisor_id, output, no_lag):
                     "webhooks": webhooks})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
+        if not supervisor_id:
+            from reconciler.spec.loader import nested_hint
+
+            hint = nested_hint(c.settings.specs)
+            if hint:
+                click.echo(f"\nnote: {render.printable(hint)}")
         if lease and live:
             click.echo(f"\nleader: {lease.holder} (token {lease.token}, lease until {lease.expires_at:%H:%M:%S}Z)")
         elif lease:

@@ -140,6 +140,7 @@ class Desired:
     rejected_markers: Mapping[str, str] = field(default_factory=dict)  # path -> error text
     marker_ids: Mapping[str, str] = field(default_factory=dict)  # path of a rejected marker -> supervisor id
     invalid_paths: Mapping[str, str] = field(default_factory=dict)  # every invalid spec file -> error text
+    hint: str | None = None  # no spec here, but YAML files one level down (the loader's nested_hint)
 
     @property
     def empty(self) -> bool:
@@ -156,7 +157,7 @@ def desired_from_directory(state) -> Desired:
     invalid_paths = {path: str(err) for path, err in state.invalid.items()}
     return Desired(ok=state.ok, error=getattr(state, "error", None), specs=specs, invalid=invalid,
                    markers=markers, rejected_markers=rejected, marker_ids=marker_ids,
-                   invalid_paths=invalid_paths)
+                   invalid_paths=invalid_paths, hint=getattr(state, "hint", None))
 
 
 def plan(
@@ -194,6 +195,7 @@ def plan(
                                       path=path, error=error))
 
     notes += _shared_sources(desired)
+    notes += [desired.hint] if desired.hint else []
     notes += [f"{sid}: {ov.describe()}; drift from the file until `reconciler resume {sid}`"
               for sid, ov in sorted(actual.overrides.items()) if sid in mains]
     terminate, held, why = _terminations(desired, mains, settings, invalid)

@@ -98,6 +98,7 @@ def _report(specs_dir: str, state) -> None:
     found = [state.error] if not state.ok and state.error else []
     found += [f"invalid: {p}" for p in state.problems]
     found += [f"warning: {w}" for w in getattr(state, "warnings", ())]
+    found += [state.hint] if getattr(state, "hint", None) else []
     before = _reported.get(specs_dir, frozenset())
     for message in found:
         if message not in before:

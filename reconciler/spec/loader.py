@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 
@@ -69,6 +69,7 @@ class DirectoryState:
     warnings: tuple[SpecProblem, ...] = ()
     bad_markers: Mapping[str, str] = field(default_factory=dict)  # shown path -> real path (not UTF-8)
     grants_checked: bool = False  # references were checked against the operator's grants
+    hint: str | None = None  # no spec at the top level, but YAML files in subdirectories (nested_hint)
 
     def by_id(self) -> dict[str, SupervisorSpec]:
         """The valid specs by supervisor id (ids are unique among them)."""
@@ -151,7 +152,32 @@ def load_directory(
     id_pattern = re.compile(load_schema("spec")["properties"]["id"]["pattern"])
     known = {r.id for r in results if r.id and id_pattern.search(r.id)}  # '../x' names no marker
     markers, rejected = load_markers(marker_entries, shown_dir, known, now, check_permissions)
-    return _directory_state(shown_dir, results, markers, rejected, bad_markers, grants is not None)
+    state = _directory_state(shown_dir, results, markers, rejected, bad_markers, grants is not None)
+    return state if results else replace(state, hint=nested_hint(shown_dir))
+
+
+def nested_hint(directory: str | os.PathLike[str], *, most: int = 200) -> str | None:
+    """When the directory holds no spec at its top level (the only level watched) but its
+    subdirectories hold YAML files, what to do about it: the usual cause is a config repo cloned
+    whole into the spec directory, its specs one level down. None otherwise. Reads at most
+    ``most`` entries per subdirectory, and never a dot-directory (``.git``)."""
+    found: dict[str, int] = {}
+    try:
+        subdirs = sorted(e.path for e in os.scandir(directory) if not e.name.startswith(".") and _is_dir(e))
+        for sub in subdirs:
+            with os.scandir(sub) as it:
+                names = [e.name for _, e in zip(range(most), it, strict=False)]
+            count = sum(1 for n in names if classify(n) == "spec")
+            if count:
+                found[sub] = count
+    except OSError:
+        return None  # what cannot be read is reported by the load itself
+    if not found:
+        return None
+    where = ", ".join(f"{path} ({n} YAML file{'s' if n != 1 else ''})" for path, n in found.items())
+    return (f"no spec at the top level of {os.fspath(directory)}, which is the only level read, but its "
+            f"subdirectories hold some: {where}; point the specs setting (--specs, RECONCILER_SPECS) "
+            "at the directory that holds the spec files")
 
 
 def load_files(

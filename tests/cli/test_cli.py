@@ -557,3 +557,19 @@ def test_bad_log_level_from_the_environment_is_a_clear_error(tmp_path, specs):
     result = Cli(specs, tmp_path / "state", None)("validate", env={"RECONCILER_LOG_LEVEL": "verbose"})
     assert result.exit_code == 2  # a configuration error
     assert "Error: logLevel must be DEBUG, INFO, WARNING or ERROR, not 'verbose'" in result.stderr
+
+
+def test_status_says_when_the_specs_sit_one_level_down(tmp_path):
+    """Issue 46: a config repo cloned whole into the watched directory gave zero supervisors,
+    silently. status (and plan) name the folder to point --specs at."""
+    repo = tmp_path / "repo"
+    copy_examples(repo / "specs")
+    run = Cli(repo, tmp_path / "state", f"sqlite:///{tmp_path / 'x.db'}")
+    applied = run("apply")
+    assert applied.exit_code == 0 and "No changes." in applied.stdout
+    assert f"its subdirectories hold some: {repo / 'specs'}" in applied.stdout
+    status = run("status", "--no-lag")
+    assert status.exit_code == 0
+    assert "No supervisors." in status.stdout
+    assert f"note: no spec at the top level of {repo}" in status.stdout and "--specs" in status.stdout
+    assert "note:" not in Cli(repo / "specs", tmp_path / "state", run.db)("status", "--no-lag").stdout

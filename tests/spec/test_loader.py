@@ -617,3 +617,33 @@ def test_ambiguous_markers_are_planned_as_rejections(specs):
     assert sorted(a.path for a in rejections) == ["specs/clicks.reset.yaml", "specs/clicks.reset.yml"]
     assert all(a.supervisor_id == "clicks" and "ambiguous" in (a.error or "") for a in rejections)
     assert not [a for a in p.actions if a.kind in (ActionKind.RESET, ActionKind.RESET_AND_BACKFILL)]
+
+
+def test_a_config_repo_cloned_whole_says_where_its_specs_are(tmp_path):
+    """Issue 46: `git clone <config repo> <specs>` put the specs one level down, where the
+    watcher never looks: zero supervisors, silently. The load says where they are."""
+    from reconciler.control.plan import ActualState, desired_from_directory, plan
+    from reconciler.spec.loader import load_directory
+
+    repo = tmp_path / "repo"
+    (repo / "specs").mkdir(parents=True)
+    (repo / ".git").mkdir()
+    (repo / ".git" / "config.yaml").write_text("x: 1\n")  # a dot-directory is never looked into
+    (repo / "specs" / "clicks.yaml").write_text("id: clicks\n")
+    (repo / "README.md").write_text("config\n")
+    state = load_directory(repo, check_permissions=False)
+    assert not state.specs and state.hint is not None
+    assert f"{repo / 'specs'} (1 YAML file)" in state.hint and ".git" not in state.hint
+    assert "--specs" in state.hint
+    assert state.hint in plan(desired_from_directory(state), ActualState()).notes
+    (repo / "top.yaml").write_text("id: top\n")  # a spec at the top level: the layout is the operator's choice
+    assert load_directory(repo, check_permissions=False).hint is None
+
+
+def test_no_hint_for_an_empty_directory_or_one_without_yaml_below(tmp_path):
+    from reconciler.spec.loader import load_directory
+
+    assert load_directory(tmp_path, check_permissions=False).hint is None
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("x")
+    assert load_directory(tmp_path, check_permissions=False).hint is None
