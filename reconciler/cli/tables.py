@@ -40,7 +40,9 @@ Read the same rows anywhere: pyiceberg's SqlCatalog on the metadata database (se
 @pass_ctx
 def segments(c, datasource, output):
     """The data files of DATASOURCE's Iceberg table (its current snapshot): time interval,
-    rows, size, the batch that committed each and that batch's offset ranges."""
+    rows, size, the batch that committed each, and the offsets each file holds: the batch's
+    ranges narrowed by the file's own __partition/__offset statistics (marked "the batch's"
+    when the table has no such columns)."""
     from reconciler.table.files import data_files
 
     table = open_tables(c).load(datasource)

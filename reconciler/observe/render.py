@@ -196,6 +196,8 @@ def segments_text(rows: list[dict[str, Any]]) -> str:
     out = []
     for r in rows:
         ranges = ", ".join(f"{p}:[{s},{e})" for p, s, e in json.loads(r["ranges"]))
+        if ranges and r.get("rangesFrom") == "batch":  # no __partition/__offset statistics to narrow them
+            ranges += " (the batch's)"
         out.append([f"{r['interval_start']}/{r['interval_end']}", r["rows"], r["bytes"], r["batch_id"][:12], ranges, r["path"]])
     return table(["interval", "rows", "bytes", "batch", "offsets", "path"], out)
 

@@ -66,8 +66,10 @@ class TableFile:
     snapshot_id: int | None  # the snapshot that added it
     batch_id: str | None
     supervisor_id: str | None
-    ranges: tuple[tuple[str, int, int], ...] = field(default=())
+    ranges: tuple[tuple[str, int, int], ...] = field(default=())  # what this file holds (see own_ranges)
     committed_at: datetime | None = None
+    batch_ranges: tuple[tuple[str, int, int], ...] = field(default=())  # the committing batch's, all files
+    exact: bool = False  # ``ranges`` narrowed by the file's own statistics, not the batch's
 
     def to_dict(self, datasource: str) -> dict:
         return {
@@ -78,6 +80,8 @@ class TableFile:
             "snapshot_id": self.snapshot_id, "batch_id": self.batch_id, "supervisor_id": self.supervisor_id,
             "created_at": self.committed_at.isoformat() if self.committed_at else None,
             "ranges": [{"partition": p, "start": s, "end": e} for p, s, e in self.ranges],
+            "rangesFrom": "file statistics" if self.exact else "batch",
+            "batchRanges": [{"partition": p, "start": s, "end": e} for p, s, e in self.batch_ranges],
         }
 
 
@@ -172,6 +176,7 @@ def data_files(table: Table) -> list[TableFile]:
         return []
     snapshots = {s.snapshot_id: s for s in table.metadata.snapshots}
     specs = table.specs()
+    bounds = _BoundsReader(table.schema())
     out = []
     for manifest in current.manifests(table.io):
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
@@ -186,8 +191,47 @@ def data_files(table: Table) -> list[TableFile]:
             snap = snapshots.get(entry.snapshot_id) if entry.snapshot_id is not None else None
             props = _summary(snap) if snap is not None else {}
             ranges = tuple((str(p), int(s), int(e)) for p, s, e in json.loads(props[RANGES])) if RANGES in props else ()
+            own = bounds.own_ranges(df, ranges)
             out.append(TableFile(path, df.record_count, df.file_size_in_bytes, segment, start, end,
                                  entry.snapshot_id, props.get(BATCH) or _batch_of(path), props.get(SUPERVISOR),
-                                 ranges, _when(snap) if snap is not None else None))
+                                 ranges if own is None else own, _when(snap) if snap is not None else None,
+                                 ranges, own is not None))
     out.sort(key=lambda f: (f.interval_start or EPOCH_START, f.path))
     return out
+
+
+class _BoundsReader:
+    """A batch commits one set of offset ranges for all its files; each file holds part of it.
+    With ``__partition`` and ``__offset`` among the columns, a file's own lower and upper
+    bounds (Iceberg's column statistics) say which partitions, and which offsets of them, it
+    holds: exact for a file of one partition, the batch's ranges within the file's bounds for
+    a file of several."""
+
+    def __init__(self, schema) -> None:
+        self._partition = self._field(schema, "__partition")
+        self._offset = self._field(schema, "__offset")
+
+    @staticmethod
+    def _field(schema, name):
+        try:
+            return schema.find_field(name)
+        except ValueError:
+            return None
+
+    def own_ranges(self, df, ranges) -> tuple[tuple[str, int, int], ...] | None:
+        if self._partition is None or self._offset is None or not ranges:
+            return None
+        from pyiceberg.conversions import from_bytes
+
+        lower, upper = df.lower_bounds or {}, df.upper_bounds or {}
+        try:
+            p_lo, p_hi = (from_bytes(self._partition.field_type, b[self._partition.field_id]) for b in (lower, upper))
+            o_lo, o_hi = (from_bytes(self._offset.field_type, b[self._offset.field_id]) for b in (lower, upper))
+        except (KeyError, TypeError, ValueError):
+            return None  # no statistics kept for the columns (a truncated bound, another writer)
+        if p_lo is None or o_lo is None:
+            return None
+        # bounds compare as the column's type does: a string column's ("10" < "9") like its statistics
+        key = str if isinstance(p_lo, str) else int
+        return tuple((p, max(s, o_lo), min(e, o_hi + 1)) for p, s, e in ranges
+                     if key(p_lo) <= key(p) <= key(p_hi) and max(s, o_lo) < min(e, o_hi + 1))
