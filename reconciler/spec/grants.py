@@ -19,6 +19,16 @@ credentials. A spec may therefore read only what the operator granted:
   the whole daemon, not one step. ``ssl.ca.location: probe`` (the system's CAs) stays
   allowed. Properties that run a command, load a library or write files are refused outright.
 
+* per spec (``secretGrants``): which specs may use which of those secrets. A key names
+  secrets (``file:GLOB``, a path under the secrets directory, or ``env:GLOB``; a bare GLOB is
+  ``file:``), its value the ids of the specs that may use them (ids or id globs, comma-
+  separated: ``team-b-*``). The directory and the variables are the daemon's, shared by
+  every team; without a per-spec grant, Team A's ``client.id: ${file:team-b-password}``
+  sent Team B's password to a broker Team A chose. Once ``secretGrants`` names anything,
+  every secret a spec uses must be granted to it there (strict). Left empty, the old form
+  stands: every spec may use every secret of the directory and the variables, and a
+  warning says so once per process (deprecated: it will become strict).
+
 ``check_file``, ``check_env`` and ``check_property`` say why a spec's reference is
 refused (validation names file:line, and every pass checks again, so a grant withdrawn by
 SIGHUP counts at once); ``read_file`` and ``read_env`` hold to the same rules when a client
@@ -33,12 +43,14 @@ every batch whatever the workers were told.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from reconciler.errors import PermanentError
 
@@ -48,6 +60,9 @@ MAX_SECRET_BYTES = 64 << 10  # a password, a key or a keystore; not a data file
 MAX_CLIENT_FILE_BYTES = 4 << 20  # a file the client reads itself: a CA bundle may hold a few hundred certificates
 HOW_DIR = "secretsDir, --secrets-dir, RECONCILER_SECRETS_DIR; under systemd LoadCredential= sets it"
 HOW_ENV = "secretEnv, --secret-env, RECONCILER_SECRET_ENV"
+HOW_SPECS = "secretGrants, --secret-grants, RECONCILER_SECRET_GRANTS"
+_SELECTOR = re.compile(r"^[a-z0-9*?\[\]_-]{1,63}$")  # an id (schema: ^[a-z0-9][a-z0-9_-]{0,62}$) or a glob of ids
+log = logging.getLogger(__name__)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREDENTIALS = "$CREDENTIALS_DIRECTORY"
 
@@ -79,10 +94,14 @@ class Grants:
 
     secrets_dir: str | None = None
     env: frozenset[str] = frozenset()
+    # secretGrants: ((kind, secret glob), spec id globs); empty: every spec may use every secret (old form)
+    per_spec: tuple[tuple[tuple[str, str], tuple[str, ...]], ...] = ()
 
     @classmethod
-    def of(cls, secrets_dir: str | None, names: str | Iterable[str] | None) -> Grants:
-        """From the settings' values: ``names`` is a comma-separated string or a list."""
+    def of(cls, secrets_dir: str | None, names: str | Iterable[str] | None,
+           per_spec: Mapping[str, str | Iterable[str]] | None = None) -> Grants:
+        """From the settings' values: ``names`` is a comma-separated string or a list;
+        ``per_spec`` maps ``[file:|env:]GLOB`` to spec ids or id globs (comma-separated or a list)."""
         if isinstance(names, str):
             names = names.split(",")
         listed = frozenset(str(n).strip() for n in (names or ()) if str(n).strip())
@@ -90,12 +109,15 @@ class Grants:
         if bad:
             raise PermanentError(f"setting secretEnv: {', '.join(map(repr, bad))} is not an environment "
                                  "variable name (letters, digits and _, comma-separated)")
-        return cls(os.path.abspath(secrets_dir) if secrets_dir else None, listed)
+        return cls(os.path.abspath(secrets_dir) if secrets_dir else None, listed, _per_spec(per_spec or {}))
 
     @classmethod
     def from_settings(cls, settings) -> Grants:
         """From ``reconciler.settings.Settings`` (``secretsDir`` already defaulted)."""
-        return cls.of(settings.secrets_dir or None, settings.secret_env)
+        granted = cls.of(settings.secrets_dir or None, settings.secret_env, getattr(settings, "secret_grants", None))
+        if granted.given and not granted.per_spec:
+            _warn_shared()
+        return granted
 
     @classmethod
     def from_environment(cls, env: dict[str, str] | None = None) -> Grants:
@@ -105,7 +127,56 @@ class Grants:
     @property
     def given(self) -> bool:
         """Whether anything is granted: ``validate`` checks grants only then."""
-        return bool(self.secrets_dir or self.env)
+        return bool(self.secrets_dir or self.env or self.per_spec)
+
+    def spec_may_use(self, spec_id: object, kind: str, name: str) -> str | None:
+        """Why spec ``spec_id`` may not use secret ``name`` (``kind`` file: its path under the
+        secrets directory; env: the variable), or None. Without ``secretGrants`` every spec may."""
+        if not self.per_spec:
+            return None
+        sid = str(spec_id) if isinstance(spec_id, str) else ""
+        for (k, pattern), selectors in self.per_spec:
+            if k == kind and fnmatchcase(name, pattern) and sid and any(fnmatchcase(sid, s) for s in selectors):
+                return None
+        what = f"file {name} of the secrets directory" if kind == "file" else f"environment variable {name}"
+        return (f"uses {what}, which is not granted to spec {sid or '(no id)'}: the operator grants it with "
+                f"{HOW_SPECS} ({kind}:{name}: {sid or 'ID'})")
+
+    def file_name(self, path: str) -> str:
+        """A granted file's name as ``secretGrants`` matches it: its path under the secrets directory."""
+        return os.path.relpath(path, self.secrets_dir) if self.secrets_dir else path
+
+
+def _per_spec(value: Mapping[str, str | Iterable[str]]) -> tuple[tuple[tuple[str, str], tuple[str, ...]], ...]:
+    out = []
+    for key, selectors in value.items():
+        kind, sep, pattern = str(key).strip().partition(":")
+        if not sep:
+            kind, pattern = "file", str(key).strip()
+        pattern = os.path.normpath(pattern) if kind == "file" and pattern else pattern
+        if kind not in ("file", "env") or not pattern or pattern.startswith(("/", "..")):
+            raise PermanentError(f"setting secretGrants: {str(key)!r} does not name secrets: use file:GLOB (a path "
+                                 "under secretsDir) or env:GLOB (a variable of secretEnv); a bare GLOB is file:")
+        items = selectors.split(",") if isinstance(selectors, str) else list(selectors or ())
+        specs = tuple(str(x).strip() for x in items if str(x).strip())
+        wrong = [x for x in specs if not _SELECTOR.match(x)]
+        if wrong or not specs:
+            raise PermanentError(f"setting secretGrants: {key}: {', '.join(map(repr, wrong)) or 'nothing'} does not "
+                                 "name specs: give spec ids or id globs, comma-separated (e.g. team-b-*); specs "
+                                 "are read from the spec directory's top level only, so there are no subdirectories")
+        out.append(((kind, pattern), specs))
+    return tuple(out)
+
+
+_warned = False
+
+
+def _warn_shared() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("secrets are granted to the daemon, not per spec: every spec may use every file of secretsDir "
+                    "and every variable of secretEnv (deprecated); grant them per spec with %s", HOW_SPECS)
 
 
 _lock = threading.Lock()

@@ -7,7 +7,8 @@ Two kinds of check, both as ``SpecProblem``s with file:line:
   librdkafka property that runs a command or loads code is set (``grants.REFUSED_PROPERTIES``).
 * ``grant_findings`` applies the operator's grants (``grants``): every ``${env:}`` names a
   granted and set variable, every ``${file:}`` (and every librdkafka property that reads a
-  file) names a readable regular file of bounded size under the secrets directory.
+  file) names a readable regular file of bounded size under the secrets directory, and
+  each of them is granted to this spec's id (``secretGrants``, when the operator set it).
   The daemon and ``plan`` run it on every pass (grants may change with SIGHUP; a spec's
   parse is cached, its grants are not); ``validate`` runs it when grants are given.
 """
@@ -72,20 +73,32 @@ def grant_findings(data: Any, grants: Grants) -> list[tuple[YamlPath, str]]:
     """(field, message) of every reference and file property ``grants`` do not allow, naming
     the setting that would grant it (positions are added by the caller, only when needed)."""
     parsed = ParsedYaml(path="", data=data)
+    spec_id = data.get("id") if isinstance(data, Mapping) else None
     out = []
     for at, value in _strings(_source(parsed), ("source",)):
         for kind, arg in references(value):
             if kind == "env":
                 if not grants_mod.ENV_NAME.match(arg):
                     continue  # syntax_problems says so
-                why = grants_mod.check_env(arg, grants)
+                why = grants_mod.check_env(arg, grants) or grants.spec_may_use(spec_id, "env", arg)
             else:
-                why = grants_mod.check_file(arg, grants)
+                why = grants_mod.check_file(arg, grants) or _file_for_spec(arg, spec_id, grants)
             if why:
                 out.append((at, f"${{{kind}:{arg}}} is refused: it {why}"))
     for at, key, value in _properties(parsed):
         if grants_mod.reads_file(key, value) and not any(True for _ in references(value)):
             why = grants_mod.check_property(key, value, grants)
+            if not why:
+                why = _file_for_spec(value, spec_id, grants)
+                why = f"{key} reads a file and {why}" if why else None
             if why:
                 out.append((at, why))
     return out
+
+
+def _file_for_spec(arg: str, spec_id: Any, grants: Grants) -> str | None:
+    """Why this spec may not read the (already granted) file ``arg`` names, or None."""
+    path, why = grants_mod._target(arg, grants)
+    if why or path is None:
+        return why
+    return grants.spec_may_use(spec_id, "file", grants.file_name(path))

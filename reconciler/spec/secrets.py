@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -107,18 +108,30 @@ def _userinfo_span(uri: str) -> tuple[int, int] | None:
     if head < 0:
         return None
     start = head + 3
-    end = len(masked)
-    for sep in "/?#":
-        i = masked.find(sep, start)
-        if i >= 0:
-            end = min(end, i)
-    at = masked.rfind("@", start, end)
+    at = _last_at(masked, start, _first(masked, start, "/?#"))
+    if at < 0:  # a '/' in an unencoded password ends the authority early: look up to the query
+        at = _last_at(masked, start, _first(masked, start, "?#"))
     if at < 0:
         return None
     colon = masked.find(":", start, at)
     if colon < 0 or colon + 1 == at:
         return None
     return colon + 1, at
+
+
+def _first(text: str, start: int, separators: str) -> int:
+    found = [i for i in (text.find(c, start) for c in separators) if i >= 0]
+    return min(found, default=len(text))
+
+
+def _last_at(text: str, start: int, end: int) -> int:
+    """The last ``@`` in ``text[start:end]``, or a character that NFKC-normalizes to one (a
+    fullwidth ＠: a parser that normalizes splits there), or -1."""
+    for i in range(end - 1, start - 1, -1):
+        c = text[i]
+        if c == "@" or (not c.isascii() and "@" in unicodedata.normalize("NFKC", c)):
+            return i
+    return -1
 
 
 def uri_password(uri: str) -> str | None:

@@ -10,6 +10,7 @@ validates is one the client can open, and the planner never reads a secret.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
@@ -47,8 +48,8 @@ def split_stream_uri(uri: str) -> StreamUri:
         parts = urlsplit(masked)
         port = parts.port
         host = parts.hostname
-    except ValueError as exc:  # "Invalid IPv6 URL", a port out of range or not a number
-        raise UriInvalid(str(exc)) from None
+    except ValueError as exc:
+        raise UriInvalid(parse_problem(exc)) from None
     if parts.scheme not in SCHEMES:
         raise UriInvalid("the scheme must be rabbitmq-stream:// or rabbitmq-stream+tls://")
     if not host:
@@ -59,6 +60,25 @@ def split_stream_uri(uri: str) -> StreamUri:
                      tls=tls, username=parts.username, password=parts.password, references=tuple(refs))
 
 
+def parse_problem(exc: BaseException) -> str:
+    """What is wrong with a URI urllib refused, in words of our own. urllib's own text quotes
+    the URI's parts: the whole ``user:password@host`` for a character that NFKC-normalizes to
+    a delimiter (a fullwidth ＠ in a password), a piece of the password as the "port" when the
+    password holds a ``/``. Its text is never shown, whatever its wording."""
+    text = str(exc)
+    if "IPv6" in text:
+        return "Invalid IPv6 URL: a '[' host without its ']'"
+    if "out of range" in text:
+        return "the port is out of range 0-65535"
+    if "could not be cast" in text:
+        return ("the port could not be cast to a number (a '/', '?' or '#' in the user or password must be "
+                "percent-encoded)")
+    if "NFKC" in text:
+        return ("the user information or host holds a character that stands for a delimiter under NFKC "
+                "normalization (such as a fullwidth ＠ or ／): percent-encode it, or use a ${file:} reference")
+    return "it cannot be parsed"
+
+
 def identity(uri: str) -> tuple[str, str]:
     """(host, vhost) of a stream URI, the same for every spelling of one server (the port and
     the credentials are not part of it); a URI that cannot be split at all is its own
@@ -66,9 +86,14 @@ def identity(uri: str) -> tuple[str, str]:
     try:
         parts = urlsplit("//" + _REF.sub("x", uri).split("://", 1)[-1])
         host = (parts.hostname or "").lower()
-    except ValueError:  # "Invalid IPv6 URL"
-        from reconciler.spec.secrets import redact_uri
-
-        return (f"unparseable {redact_uri(uri)}", "")
+    except ValueError:  # refused by validation before it is planned; shown without its user information
+        scheme, _, rest = uri.partition("://")
+        return (f"unparseable {scheme}://***@{_after_userinfo(rest)}", "")
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     return host, unquote(path) if path else "/"
+
+
+def _after_userinfo(rest: str) -> str:
+    """What follows the last character that is, or normalizes to, an ``@``: never a password."""
+    at = max((i for i, c in enumerate(rest) if "@" in unicodedata.normalize("NFKC", c)), default=-1)
+    return rest[at + 1:]

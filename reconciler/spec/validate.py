@@ -38,7 +38,6 @@ from referencing import Registry, Resource
 from reconciler.errors import SpecProblem
 from reconciler.model import parse_duration
 from reconciler.spec import columns, references
-from reconciler.spec.secrets import redact_uri
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.uris import UriInvalid, split_stream_uri
 from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
@@ -69,7 +68,10 @@ def schema_registry() -> Registry:
 
 
 MIN_TASK_DURATION = 0.1  # seconds: below this a supervisor would spin on batch overhead alone
-_DURATION_PATHS: tuple[YamlPath, ...] = (("taskDuration",),)
+# Every duration the schema allows: each is bounded by ``model.MAX_DURATION`` (a pattern cannot
+# say "at most 10 years"; a larger one overflowed the date it was added to, issue 41.1).
+_DURATION_PATHS: tuple[YamlPath, ...] = (("taskDuration",), ("lagPolicy", "maxLag"), ("lagPolicy", "for"),
+                                         ("lagPolicy", "cooldown"))
 _COLUMN_PATHS: tuple[YamlPath, ...] = (("dataSchema", "dimensions"), ("dataSchema", "metrics"),
                                        ("dataSchema", "granularity"))
 
@@ -142,7 +144,12 @@ def _duration_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[Spe
         value = _get(parsed.data, at)
         if not isinstance(value, str) or any(_within(p.field, at) for p in found):
             continue
-        if parse_duration(value) < MIN_TASK_DURATION:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            problems.append(_problem(parsed, parsed.value_position(at), at, str(exc)))
+            continue
+        if at == ("taskDuration",) and seconds < MIN_TASK_DURATION:
             problems.append(_problem(parsed, parsed.value_position(at), at,
                                      f"{value!r} is too short: at least {MIN_TASK_DURATION * 1000:.0f}ms"))
     return problems
@@ -163,7 +170,7 @@ def _static_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecP
             except UriInvalid as exc:
                 at = ("source", "uri")
                 out.append(_problem(parsed, parsed.value_position(at), at,
-                                    f"invalid RabbitMQ stream URI {redact_uri(source['uri'])!r}: {exc}"))
+                                    f"invalid RabbitMQ stream URI: {exc}"))  # never the URI: see parse_problem
     return out
 
 

@@ -205,3 +205,84 @@ def test_validate_checks_grants_when_given_and_says_when_it_cannot(vault, tmp_pa
     plan = runner.invoke(cli, ["--specs", str(specs), "--state-dir", str(tmp_path / "state"), "plan",
                                "--no-positions"], env=CLEAN_ENV)  # plan always enforces: nothing granted here
     assert plan.exit_code == 1 and "no secrets directory is granted" in plan.stdout
+
+
+# --------------------------------------------------------------------------- per spec (issue 41.6)
+
+
+@pytest.fixture
+def teams(tmp_path, monkeypatch):
+    """Two teams' secrets in one secrets directory, and Team A's spec naming Team B's password."""
+    monkeypatch.chdir(tmp_path)
+    vault = tmp_path / "credentials"
+    vault.mkdir()
+    (vault / "team-a-kafka-password").write_text("TEAM-A-s3cret\n")
+    (vault / "team-b-kafka-password").write_text("TEAM-B-s3cret\n")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "team-a-clicks.yaml").write_text(spec_text("team-a-clicks", {
+        "sasl.password": "${file:team-a-kafka-password}", "client.id": "${file:team-b-kafka-password}"}))
+    (specs / "team-b-orders.yaml").write_text(spec_text("team-b-orders", {
+        "sasl.password": "${file:team-b-kafka-password}"}))
+    return vault, specs
+
+
+PER_SPEC = ["--secret-grants", "team-a-*=team-a-*", "--secret-grants", "file:team-b-kafka-password=team-b-*"]
+
+
+def test_a_spec_using_a_secret_granted_to_another_team_is_refused_by_validate_and_plan(teams, tmp_path):
+    vault, specs = teams
+    runner = CliRunner()
+    base = ["--secrets-dir", str(vault), *PER_SPEC]
+    where = f"{specs / 'team-a-clicks.yaml'}:8:16: source.consumerProperties[\"client.id\"]: "
+    text = runner.invoke(cli, [*base, "validate", str(specs)], env=CLEAN_ENV)
+    assert text.exit_code == 1, text.output
+    [line] = [x for x in text.stderr.splitlines() if "team-a-clicks.yaml" in x]
+    assert line.startswith(where) and "team-b-kafka-password of the secrets directory" in line
+    assert "not granted to spec team-a-clicks" in line and "secretGrants" in line
+    assert "team-b-orders" not in text.stderr  # Team B's own use of it is granted
+    as_json = runner.invoke(cli, [*base, "validate", "-o", "json", str(specs)], env=CLEAN_ENV)
+    assert as_json.exit_code == 1 and '"field": "source.consumerProperties[\\"client.id\\"]"' in as_json.stdout
+    plan = runner.invoke(cli, [*base, "--specs", str(specs), "--state-dir", str(tmp_path / "state"), "plan",
+                               "--no-positions"], env=CLEAN_ENV)
+    assert "not granted to spec team-a-clicks" in plan.stdout, plan.output
+    assert "create team-b-orders" in plan.stdout or "team-b-orders" in plan.stdout
+    for r in (text, as_json, plan):
+        assert "s3cret" not in r.output + r.stderr
+
+
+def test_per_spec_grants_cover_environment_variables_and_file_properties(teams, monkeypatch):
+    vault, _ = teams
+    (vault / "team-b.key").write_text("KEY")
+    monkeypatch.setenv("TEAM_B_TOKEN", "tok")
+    g = Grants.of(str(vault), "TEAM_B_TOKEN", {"env:TEAM_B_*": "team-b-*", "*.key": ["team-b-orders"]})
+    from reconciler.spec.references import grant_findings
+
+    doc = {"id": "team-a-clicks", "source": {"type": "kafka", "consumerProperties": {
+        "sasl.username": "${env:TEAM_B_TOKEN}", "ssl.key.location": str(vault / "team-b.key")}}}
+    found = dict((at[-1], why) for at, why in grant_findings(doc, g))
+    assert "environment variable TEAM_B_TOKEN, which is not granted to spec team-a-clicks" in found["sasl.username"]
+    assert found["ssl.key.location"].startswith("ssl.key.location reads a file and uses file team-b.key")
+    assert grant_findings({**doc, "id": "team-b-orders"}, g) == []
+
+
+def test_without_per_spec_grants_every_spec_may_use_every_secret_with_a_warning(teams, caplog):
+    vault, specs = teams
+    grants._warned = False
+    settings = settings_mod.load({"secrets_dir": str(vault)}, env={})
+    with caplog.at_level("WARNING"):
+        granted = Grants.from_settings(settings)
+    assert "deprecated" in caplog.text and "secretGrants" in caplog.text
+    state = load_directory(str(specs), check_permissions=False, grants=granted)
+    assert not state.invalid and len(state.specs) == 2
+
+
+@pytest.mark.parametrize("grant, why", [
+    ({"../etc/passwd": "x"}, "does not name secrets"),
+    ({"token:x": "x"}, "does not name secrets"),
+    ({"x": "team-a/"}, "no subdirectories"),
+    ({"x": ""}, "nothing"),
+])
+def test_a_malformed_per_spec_grant_is_a_setting_error(grant, why):
+    with pytest.raises(PermanentError, match=why):
+        Grants.of("/run/credentials", "", grant)
