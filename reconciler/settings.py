@@ -104,6 +104,11 @@ class Settings:
     secret_env: str = _opt("", "RECONCILER_SECRET_ENV", "secretEnv",
                            "the only environment variables ${env:} references may read, comma-separated "
                            "(default: none)")
+    secret_grants: str = _opt("", "RECONCILER_SECRET_GRANTS", "secretGrants",
+                              "which specs may use which secrets, SECRET=SPECS;...: SECRET is file:GLOB (a path under "
+                              "secretsDir; a bare GLOB too) or env:GLOB, SPECS spec ids or id globs, comma-separated "
+                              "(config file: a map). Once set, a spec may use only what is granted to it; unset, "
+                              "every spec may use every secret (deprecated)", shown="none (every spec, every secret)")
     step_timeout: float = _opt(600.0, "RECONCILER_STEP_TIMEOUT", "stepTimeout",
                                "seconds one step of a supervisor (a batch) may take before the supervisor is "
                                "reported UNHEALTHY and its runtime thread replaced, so the others keep theirs")
@@ -173,6 +178,9 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _seconds_or_float(name, values[name])
     for name in _BOOLS & values.keys():
         values[name] = _bool(name, values[name])
+    if isinstance(values.get("secret_grants"), dict):  # the config file's map: secret -> spec ids (a list or a string)
+        values["secret_grants"] = ";".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                                           for k, v in values["secret_grants"].items())
     if isinstance(values.get("webhook"), list | tuple):  # the config file may list them
         values["webhook"] = ",".join(str(u) for u in values["webhook"])
     for name in _INTS & values.keys():

@@ -99,7 +99,7 @@ class Grants:
 
     @classmethod
     def of(cls, secrets_dir: str | None, names: str | Iterable[str] | None,
-           per_spec: Mapping[str, str | Iterable[str]] | None = None) -> Grants:
+           per_spec: str | Mapping[str, str | Iterable[str]] | None = None) -> Grants:
         """From the settings' values: ``names`` is a comma-separated string or a list;
         ``per_spec`` maps ``[file:|env:]GLOB`` to spec ids or id globs (comma-separated or a list)."""
         if isinstance(names, str):
@@ -147,7 +147,14 @@ class Grants:
         return os.path.relpath(path, self.secrets_dir) if self.secrets_dir else path
 
 
-def _per_spec(value: Mapping[str, str | Iterable[str]]) -> tuple[tuple[tuple[str, str], tuple[str, ...]], ...]:
+def _per_spec(value: str | Mapping[str, str | Iterable[str]]) -> tuple[tuple[tuple[str, str], tuple[str, ...]], ...]:
+    if isinstance(value, str):  # the setting: SECRET=SPECS;SECRET=SPECS
+        pairs = [item.partition("=") for item in value.split(";") if item.strip()]
+        bad = [n for n, (k, sep, _) in enumerate(pairs, 1) if not sep or not k.strip()]
+        if bad:
+            raise PermanentError(f"setting secretGrants: entry {bad[0]} is not SECRET=SPECS, e.g. "
+                                 "team-b-*=team-b-*;env:TEAM_A_TOKEN=team-a-clicks")
+        value = {k: v for k, _, v in pairs}
     out = []
     for key, selectors in value.items():
         kind, sep, pattern = str(key).strip().partition(":")

@@ -227,7 +227,7 @@ def teams(tmp_path, monkeypatch):
     return vault, specs
 
 
-PER_SPEC = ["--secret-grants", "team-a-*=team-a-*", "--secret-grants", "file:team-b-kafka-password=team-b-*"]
+PER_SPEC = ["--secret-grants", "team-a-*=team-a-*;file:team-b-kafka-password=team-b-*"]
 
 
 def test_a_spec_using_a_secret_granted_to_another_team_is_refused_by_validate_and_plan(teams, tmp_path):
@@ -282,7 +282,19 @@ def test_without_per_spec_grants_every_spec_may_use_every_secret_with_a_warning(
     ({"token:x": "x"}, "does not name secrets"),
     ({"x": "team-a/"}, "no subdirectories"),
     ({"x": ""}, "nothing"),
+    ("team-a-pw", "entry 1 is not SECRET=SPECS"),
 ])
 def test_a_malformed_per_spec_grant_is_a_setting_error(grant, why):
     with pytest.raises(PermanentError, match=why):
         Grants.of("/run/credentials", "", grant)
+
+
+def test_per_spec_grants_from_the_config_file_map(teams, tmp_path):
+    vault, specs = teams
+    config = tmp_path / "config.yaml"
+    config.write_text(f"secretsDir: {vault}\nsecretGrants:\n  team-a-*: [team-a-*]\n"
+                      "  file:team-b-kafka-password: team-b-*\n")
+    granted = Grants.from_settings(settings_mod.load({}, config=str(config), env={}))
+    state = load_directory(str(specs), check_permissions=False, grants=granted)
+    assert list(state.specs) == [str(specs / "team-b-orders.yaml")]
+    assert "not granted to spec team-a-clicks" in str(state.invalid[str(specs / "team-a-clicks.yaml")])
