@@ -124,6 +124,9 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         if s.get("lostRecords"):
             out.append(f"{s['id']}: LOST {s['lostRecords']} records deleted by the broker's retention before "
                        f"they were ingested (`reconciler history {s['id']}` has the ranges)")
+        if s.get("sourceRestarts"):
+            out.append(f"{s['id']}: its source started over below the checkpoint {s['sourceRestarts']} time(s) "
+                       f"(re-created or truncated; `reconciler history {s['id']}` has what was re-read and lost)")
     if detail:
         for s in items:
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "

@@ -44,7 +44,8 @@ _LAG_THREADS = 16
 def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[str, int], *,
                       with_latest: bool = True, now: datetime | None = None,
                       positions: tuple | None = None,
-                      totals: BatchTotals | None = None, lost: int | None = None) -> dict[str, Any]:
+                      totals: BatchTotals | None = None, lost: int | None = None,
+                      restarts: Mapping[str, int] | None = None) -> dict[str, Any]:
     """``positions``: (latest offsets, stream error[, record times]) already asked for; else asked
     here. ``totals`` and ``lost``: its batch totals and records lost to retention, already read;
     else read here."""
@@ -74,6 +75,8 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
         "lagSeconds": _max_seconds(parts, times is not None),
         "records": totals.records, "unparseable": totals.unparseable, "batches": totals.batches,
         "lostRecords": lost if lost is not None else store.lost_records(rec.id),
+        # a topic re-created or truncated below the checkpoint (runtime.truncation): in `history`
+        "sourceRestarts": (restarts if restarts is not None else store.source_restarts()).get(rec.id, 0),
         "updatedAt": rec.updated_at.isoformat() if rec.updated_at else None,
     }
     if rec.kind == Kind.BACKFILL:
@@ -188,6 +191,7 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
     every = supervisor_id is None  # one query for all rather than one per supervisor
     totals = store.all_batch_totals() if every else {}
     lost = store.all_lost_records() if every else {}
+    restarts = store.source_restarts()
     now = datetime.now(UTC)
     items = []
     for r in recs:
@@ -195,7 +199,7 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
             items.append(supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest,
                                            now=now, positions=positions.get(r.id, ({}, None)),
                                            totals=totals.get(r.id, NO_BATCHES) if every else None,
-                                           lost=lost.get(r.id, 0) if every else None))
+                                           lost=lost.get(r.id, 0) if every else None, restarts=restarts))
         except ReconcilerError:
             raise  # the database: the whole report fails, as it must
         except Exception as exc:  # noqa: BLE001 - one record that cannot be reported is shown as such

@@ -25,6 +25,7 @@ from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
+from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
@@ -90,6 +91,7 @@ class SupervisorRuntime:
     _adapter_hash: str | None = None
     _reported: tuple | None = None
     _retention_checked: float = 0.0
+    _identity: tuple[int, str | None] | None = None  # (source generation, identity recorded for it)
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
     _record_bytes: float | None = None  # mean key + value bytes of the records read so far
 
@@ -131,6 +133,9 @@ class SupervisorRuntime:
         else:
             target = adapter.latest()
             checkpoint = self._init_checkpoints(rec, spec, adapter, checkpoint, target)
+            restarted = self._source_restarted(rec, spec, adapter, checkpoint, target)
+            if restarted:
+                return restarted
         if self.ctx.metrics:
             self.ctx.metrics.observe_positions(rec.id, checkpoint, target)
         if caught_up(checkpoint, target):
@@ -165,6 +170,38 @@ class SupervisorRuntime:
         # First start: startFrom. Partitions added later start at earliest: none of their records is lost.
         offsets = start_offsets(adapter, spec, now, latest=latest) if not checkpoint else adapter.earliest()
         return self.ctx.store.init_checkpoints(rec.id, {p: offsets[p] for p in missing if p in offsets})
+
+    def _source_restarted(self, rec, spec, adapter, checkpoint, target) -> StepOutcome | None:
+        """A topic deleted and created again, or a partition truncated below its checkpoint
+        (``runtime.truncation``): handled like retention loss, before anything is called caught
+        up. With ``onRetentionLoss: continue`` the new records are read from the new earliest
+        offset in a new source generation; by default UNHEALTHY with the way out."""
+        known = self._known_identity(rec)
+        identity, found = truncation.detect(adapter, checkpoint, target, known)
+        if found is None:
+            if identity is not None and identity != known:  # first seen for this source generation
+                self.ctx.store.note_identity(rec.id, identity, rec.generation, actor="reconciler")
+                self._identity = (rec.generation, identity)
+            return None
+        if found.moves and spec.on_retention_loss != "continue":
+            message = found.unhealthy_message(rec.id)
+            self.failures = max(self.failures, UNHEALTHY_AFTER)
+            self._report(rec, State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR, message)
+            log.error("%s", message, extra={"supervisor": rec.id})
+            return StepOutcome(MAX_BACKOFF)
+        generation = self.ctx.store.restart_source(rec.id, rec.epoch, found.moves, identity=found.identity,
+                                                   previous=found.previous, reason=found.reason, actor="reconciler")
+        self._identity = (generation, found.identity or known)
+        self._retention_checked = 0.0
+        log.warning("%s (source generation %d)", found.reason, generation, extra={"supervisor": rec.id})
+        return StepOutcome(0.0)  # the record is read again: the next batch carries the new generation
+
+    def _known_identity(self, rec: SupervisorRecord) -> str | None:
+        """The source identity recorded for the supervisor's current source generation."""
+        if self._identity is None or self._identity[0] != rec.generation:
+            seen = self.ctx.store.source_identity(rec.id)
+            self._identity = (rec.generation, seen[0] if seen and seen[1] == rec.generation else None)
+        return self._identity[1]
 
     def _past_retention(self, rec, spec, adapter, checkpoint, target):
         """A checkpoint behind the broker's retention can never be read: say so, never retry it.

@@ -3,8 +3,9 @@
 Every SQL statement of the product lives in this package, one module per aggregate, each
 a mixin of ``Store``: ``supervisors`` (lifecycle and checkpoints), ``batches`` (the
 publish and what committed), ``requests`` (the reset transaction and request tokens),
-``audit`` (the audit log), ``leases`` (the leader lease and heartbeats), ``writes`` (the
-fences that keep a clean-up from deleting the files of a write that may still commit),
+``audit`` (the audit log), ``sources`` (the source identity seen, a source that started
+over), ``leases`` (the leader lease and heartbeats), ``writes`` (the fences that keep a
+clean-up from deleting the files of a write that may still commit),
 ``freshness`` (lag observations, backfill milestones, health transitions, webhook cursors).
 Each public method is one transaction (``base``).
 """
@@ -17,6 +18,7 @@ from reconciler.store.batches import BatchesMixin, SegmentFile, TableConflict
 from reconciler.store.freshness import FreshnessStore
 from reconciler.store.leases import LeasesMixin
 from reconciler.store.requests import RequestsMixin, ResetResult
+from reconciler.store.sources import SourcesMixin
 from reconciler.store.supervisors import SupervisorsMixin
 from reconciler.store.writes import WriteFenced, WriteIntent, WritesMixin
 
@@ -24,7 +26,7 @@ __all__ = ["MIGRATIONS", "ResetResult", "SegmentFile", "Store", "TableConflict",
            "utcnow"]
 
 
-class Store(SupervisorsMixin, BatchesMixin, WritesMixin, RequestsMixin, AuditMixin, LeasesMixin, FreshnessStore,
-            StoreBase):
+class Store(SupervisorsMixin, BatchesMixin, WritesMixin, RequestsMixin, AuditMixin, SourcesMixin, LeasesMixin,
+            FreshnessStore, StoreBase):
     """Actual state: supervisors, checkpoints, batches, segments, audit log, tokens, leases
     (and, from ``FreshnessStore``, lag observations and webhook cursors)."""

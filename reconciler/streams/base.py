@@ -82,6 +82,15 @@ class StreamAdapter(Protocol):
         the offset; None when the partition ends there; absent when not known in time. One
         fetch per partition, bounded by the adapter's timeout (``streams.lagtime``)."""
 
+    def identity(self) -> str | None:
+        """An id that a source deleted and created again never shares with the old one
+        (Kafka's topic id); None when the system gives none."""
+
+    def holds(self, partition: str, offset: int) -> bool:
+        """Whether the partition still holds a record at ``offset`` or after it. Asked only
+        when a checkpoint is above the reported end, to tell a truncated or re-created
+        partition (False) from a broker that under-reports its end (True)."""
+
     def close(self) -> None: ...
 
 

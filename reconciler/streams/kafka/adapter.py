@@ -32,6 +32,7 @@ class KafkaAdapter:
         self._consumer: Consumer | None = None
         self._partitions: list[str] | None = None
         self._times = None  # times.RecordTimes, built on first use
+        self._admin = None  # an AdminClient for the topic id, built on first use
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -133,6 +134,20 @@ class KafkaAdapter:
             probe.close()
         return out
 
+    def identity(self) -> str | None:
+        """The topic id (changes when the topic is deleted and created again): ``kafka.identity``."""
+        from reconciler.streams.kafka.identity import admin_client, topic_id
+
+        if self._admin is None:
+            self._admin = admin_client(self._config)
+        return topic_id(self._admin, self._config, self.source.topic, self.timeout)
+
+    def holds(self, partition: str, offset: int) -> bool:
+        """Whether the partition still holds a record at ``offset`` or after it: ``kafka.identity``."""
+        from reconciler.streams.kafka.identity import PROBE_TIMEOUT, holds
+
+        return holds(self._config, self.source.topic, int(partition), int(offset), min(self.timeout, PROBE_TIMEOUT))
+
     def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
         """The timestamp of the record at each offset: see ``kafka.times``."""
         if self._times is None:
@@ -142,6 +157,7 @@ class KafkaAdapter:
         return self._times.at(offsets)
 
     def close(self) -> None:
+        self._admin = None  # an AdminClient has no close: dropping it ends its connections
         if self._times is not None:
             self._times.close()
             self._times = None

@@ -227,5 +227,18 @@ class RabbitStreamAdapter:
 
         return self._run("reading record times", work) if wanted else {}
 
+    def identity(self) -> str | None:
+        """RabbitMQ gives a stream no id that survives a look from outside: None, and the end
+        below a checkpoint (``holds``) is the sign of a stream deleted and declared again."""
+        return None
+
+    def holds(self, partition: str, offset: int) -> bool:
+        """A stream's committed end is exact (never under-reported): an offset at or past it
+        is not held, which below a checkpoint means the stream was deleted and declared again."""
+        async def end(conns: Connections) -> int:
+            return await self._latest(conns, partition)
+
+        return int(offset) < self._run("reading the committed end", end)
+
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own connections."""
