@@ -112,9 +112,12 @@ def _stem() -> str:
 
 
 def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from reconciler.pipeline import sink
     from reconciler.pipeline.sources import conform, open_reader
-    from reconciler.pipeline.transform import SEGMENT, Transformer
+    from reconciler.pipeline.transform import DEAD_SCHEMA, SEGMENT, Transformer
 
     stem = _stem()
     rows = sink.Files(plan.data_dir, stem, SEGMENT, storage=sink.task_storage(plan.data_dir, plan.store))
@@ -127,6 +130,12 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
         for rng in ranges:
             for batch in reader.read(rng, plan.max_batch_rows):
                 if not batch.num_rows:
+                    continue
+                if "reason" in batch.schema.names:  # records the reader could not decode, as dead letters
+                    counts = read.setdefault(rng.partition, [0, 0])
+                    counts[0] += batch.num_rows
+                    counts[1] += pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+                    dead.add_table(pa.Table.from_batches([batch]).cast(DEAD_SCHEMA))
                     continue
                 out = transformer(conform(batch))
                 counts = read.setdefault(rng.partition, [0, 0])

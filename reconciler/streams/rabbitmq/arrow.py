@@ -2,8 +2,11 @@
 
 ``chunk_arrays`` is the measured fast path: a chunk of at least ``VECTOR_MIN_RECORDS``
 messages of one common shape is cut out with numpy, keys and values as slices of the
-chunk's own buffer. Smaller or odd chunks go through ``amqp.decode_chunk`` into lists.
-``Columns`` collects both kinds and cuts batches of the size the reader asks for.
+chunk's own buffer. Smaller or odd chunks go through ``amqp.decode_chunk`` into lists,
+chunks with sub-entry batches through ``codecs.chunk_messages``.
+``Columns`` collects both kinds and cuts batches of the size the reader asks for; the
+records of an entry that cannot be decoded are collected apart, as dead letters
+(``DEAD_LETTER_SCHEMA``: one per offset, the reason naming the entry's offset range).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from rstream import schema
 
 from reconciler.streams.base import RECORD_SCHEMA
 from reconciler.streams.rabbitmq.amqp import U32, decode_chunk, decode_message
+from reconciler.streams.rabbitmq.codecs import Undecodable, chunk_messages
 
 VECTOR_MIN_RECORDS = 32  # chunks at least this large are cut out with numpy
 
@@ -122,6 +126,13 @@ def chunk_arrays(
 
 _TS = pa.timestamp("ms", tz="UTC")
 
+# What the reader yields for records it cannot decode: the pipeline's dead-letter columns
+# (``pipeline.transform.DEAD_COLUMNS``), told from record batches by ``reason``.
+DEAD_LETTER_SCHEMA = pa.schema(
+    [("partition", pa.string()), ("offset", pa.int64()), ("key", pa.binary()),
+     ("value", pa.binary()), ("reason", pa.string())]
+)
+
 
 class Columns:
     """Records not yet handed out: Arrow pieces, plus lists for small chunks."""
@@ -135,6 +146,7 @@ class Columns:
         self._values: list[bytes] = []
         self._stamps: list[int] = []
         self._part_cache: dict[int, pa.Array] = {}
+        self.dead: list[tuple[int, bytes | None, str]] = []  # (offset, value, reason)
 
     def __len__(self) -> int:
         return self.rows
@@ -162,14 +174,45 @@ class Columns:
                 self.rows += k
                 return
         decoded = decode_chunk(frame.data, frame.num_entries, lo, hi)
-        if decoded is None:  # sub-entry batches (possibly compressed): rstream unpacks them
-            pairs = [decode_message(m) for m in frame.get_messages()[lo:hi]]
+        if decoded is None:  # sub-entry batches (possibly compressed)
+            index, messages, dead = chunk_messages(
+                frame.data, frame.num_entries, frame.num_records, lo, hi
+            )
+            for entry in dead:
+                self._dead_letters(first, entry, lo, hi)
+            pairs = [decode_message(m) for m in messages]
             decoded = [p[0] for p in pairs], [p[1] for p in pairs]
+            offsets = [first + i for i in index]
+        else:
+            offsets = list(range(first + lo, first + hi))
         self._keys.extend(decoded[0])
         self._values.extend(decoded[1])
-        self._offsets.extend(range(first + lo, first + hi))
-        self._stamps.extend([frame.timestamp] * k)
-        self.rows += k
+        self._offsets.extend(offsets)
+        self._stamps.extend([frame.timestamp] * len(offsets))
+        self.rows += len(offsets)
+
+    def _dead_letters(self, first: int, entry: Undecodable, lo: int, hi: int) -> None:
+        """One dead letter per offset of ``entry`` in ``[lo, hi)``; the first of them
+        carries the entry's bytes, so what the producer wrote is kept once."""
+        start, stop = first + entry.first, first + entry.first + entry.count
+        reason = f"undecodable {entry.what} at offsets [{start}, {stop}): {entry.reason}"
+        offsets = range(first + max(entry.first, lo), first + min(entry.first + entry.count, hi))
+        for n, offset in enumerate(offsets):
+            self.dead.append((offset, entry.raw if n == 0 else None, reason))
+
+    def dead_batch(self) -> pa.RecordBatch:
+        """The dead letters collected so far (``DEAD_LETTER_SCHEMA``), handed over once."""
+        dead, self.dead = self.dead, []
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(self.partition, pa.string()), len(dead)),
+                pa.array([d[0] for d in dead], pa.int64()),
+                pa.nulls(len(dead), pa.binary()),
+                pa.array([d[1] for d in dead], pa.binary()),
+                pa.array([d[2] for d in dead], pa.string()),
+            ],
+            schema=DEAD_LETTER_SCHEMA,
+        )
 
     def _flush_lists(self) -> None:
         if self._offsets:

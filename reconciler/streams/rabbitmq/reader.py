@@ -5,6 +5,11 @@ ever sent (each ``store_offset`` of an application writes a tracking entry that 
 an offset), so offsets may skip, a range may hold fewer records than its size and a
 checkpoint or range boundary may sit on such an entry (the reader then starts at the
 next record). ``latest`` is the end of the last record, not of the last entry.
+
+Records that cannot be decoded (a sub-entry batch whose data is corrupt, of an unknown
+codec or larger than ``codecs.MAX_SUB_ENTRY_BYTES``) come as batches of
+``arrow.DEAD_LETTER_SCHEMA`` instead, one row per offset with the reason; the records
+around them are read as usual.
 """
 
 from __future__ import annotations
@@ -149,6 +154,8 @@ class RabbitRangeReader:
                     position = max(position, min(chunk_end, end))
                     if position >= end:
                         break
+                if cols.dead:
+                    yield cols.dead_batch()
                 while len(cols) >= max_batch_rows:
                     yield cols.batch(max_batch_rows)
             if len(cols):

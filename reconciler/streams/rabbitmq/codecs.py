@@ -1,0 +1,280 @@
+"""A chunk's entries as messages: sub-entry batches unpacked and decompressed, within a bound.
+
+A chunk entry whose first bit is set is a sub-entry batch (the stream protocol's
+``SubEntry``): a type byte (the top bit, then the codec in the next three bits), the
+record count (u16), the uncompressed length (u32), the data length (u32) and the data,
+which once decompressed is ``[size u32][message]`` per record. The codecs are the
+protocol's: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd. What the Java and .NET clients write
+is the format each codec's stream classes write: a gzip member, Snappy's framing format
+(``sNaPpY``), an LZ4 frame, a zstd frame (which may not state its content size).
+
+rstream decodes only none and gzip (the others raise ``TypeError`` from its codec
+registry) and gunzips without a limit, so we do it ourselves:
+
+* Every codec decompresses at most the uncompressed length the header declares, plus one
+  byte to see that it would go on; that length itself may not exceed
+  ``MAX_SUB_ENTRY_BYTES``. A few bytes on the wire that claim or inflate to gigabytes
+  cost no more than that.
+* An entry that cannot be decoded (unknown codec, corrupt data, a size that does not
+  match, a record list that does not fill the data) is returned as an ``Undecodable``
+  with its records' positions in the chunk and the reason: the reader makes them dead
+  letters and goes on with the next entry. An entry whose own length runs past the
+  chunk leaves nothing to walk by, so the chunk's remaining records are one
+  ``Undecodable``.
+* Entries wholly outside the records asked for are skipped, not decompressed.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+MAX_SUB_ENTRY_BYTES = 64 * 1024 * 1024  # what one sub-entry may decompress to
+
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+_U16 = struct.Struct(">H").unpack_from
+_U32 = struct.Struct(">I").unpack_from
+_SUB_HEADER = 11  # type, record count, uncompressed length, data length
+_SNAPPY_ID = b"sNaPpY"
+_SNAPPY_MAX_CHUNK = 65536  # the framing format's limit on one chunk's uncompressed data
+
+
+class Refused(ValueError):
+    """The data of one sub-entry cannot be decoded; the message says why."""
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Records ``first .. first + count - 1`` of a chunk, which could not be decoded."""
+
+    first: int  # counted from the chunk's first record
+    count: int
+    what: str  # "sub-entry (zstd)", "entry", "chunk"
+    reason: str
+    raw: bytes  # the entry as it is in the chunk (header included), for the dead letter
+
+
+def codec_name(entry_type: int) -> str:
+    code = (entry_type >> 4) & 0x7
+    return CODECS.get(code, f"unknown codec {code}")
+
+
+def _over(size: int, codec: str) -> Refused:
+    return Refused(f"{codec} data decompresses to more than the {size} bytes its header declares")
+
+
+def _streamed(decompress, data: bytes, size: int, codec: str) -> bytes:
+    """Concatenated frames (gzip members, LZ4 frames) through ``decompress(data, limit)``,
+    which returns ``(output, the input after its frame or b"")``."""
+    out: list[bytes] = []
+    got = 0
+    rest = data
+    while rest:
+        part, rest = decompress(rest, size + 1 - got)
+        out.append(part)
+        got += len(part)
+        if got > size:
+            raise _over(size, codec)
+    return b"".join(out)
+
+
+def _gzip(data: bytes, size: int) -> bytes:
+    def one(chunk: bytes, limit: int) -> tuple[bytes, bytes]:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        part = d.decompress(chunk, limit)
+        if len(part) < limit and not d.eof:
+            raise Refused("gzip data is cut short")
+        return part, d.unused_data
+
+    try:
+        return _streamed(one, data, size, "gzip")
+    except zlib.error as exc:
+        raise Refused(f"gzip: {exc}") from None
+
+
+def _lz4(data: bytes, size: int) -> bytes:
+    import lz4.frame
+
+    def one(chunk: bytes, limit: int) -> tuple[bytes, bytes]:
+        d = lz4.frame.LZ4FrameDecompressor()
+        part = d.decompress(chunk, max_length=limit)
+        if len(part) < limit and not d.eof:
+            raise Refused("lz4 frame is cut short")
+        return part, d.unused_data or b""
+
+    try:
+        return _streamed(one, data, size, "lz4")
+    except RuntimeError as exc:  # lz4's error for a corrupt frame
+        raise Refused(f"lz4: {exc}") from None
+
+
+def _zstd(data: bytes, size: int) -> bytes:
+    import zstandard
+
+    out: list[bytes] = []
+    got = 0
+    try:
+        # the window is what a frame makes the decoder allocate: no more than the bound either
+        dctx = zstandard.ZstdDecompressor(max_window_size=MAX_SUB_ENTRY_BYTES)
+        with dctx.stream_reader(data, read_across_frames=True) as r:
+            while got <= size:
+                part = r.read(size + 1 - got)
+                if not part:
+                    break
+                out.append(part)
+                got += len(part)
+    except zstandard.ZstdError as exc:
+        raise Refused(f"zstd: {exc}") from None
+    if got > size:
+        raise _over(size, "zstd")
+    return b"".join(out)
+
+
+def _varint(data: bytes) -> int:
+    n = shift = 0
+    for b in data[:5]:
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n
+        shift += 7
+    raise Refused("snappy chunk: bad length prefix")
+
+
+def _snappy(data: bytes, size: int) -> bytes:
+    """Snappy's framing format, chunk by chunk: each chunk states its length, so nothing
+    is decompressed beyond ``size``. The chunks' CRC-32C is not checked: the chunk's own
+    CRC-32, which the client checks, already covers these bytes."""
+    import snappy
+
+    out: list[bytes] = []
+    got = pos = 0
+    seen_id = False
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise Refused("snappy frame is cut short")
+        kind = data[pos]
+        length = int.from_bytes(data[pos + 1 : pos + 4], "little")
+        body = data[pos + 4 : pos + 4 + length]
+        pos += 4 + length
+        if len(body) < length:
+            raise Refused("snappy frame is cut short")
+        if kind == 0xFF:
+            if body != _SNAPPY_ID:
+                raise Refused("not Snappy's framing format (bad stream identifier)")
+            seen_id = True
+            continue
+        if not seen_id:
+            raise Refused("not Snappy's framing format (no stream identifier)")
+        if kind in (0x00, 0x01):
+            if length < 4:
+                raise Refused("snappy chunk is cut short")
+            n = _varint(body[4:]) if kind == 0x00 else length - 4
+            if n > _SNAPPY_MAX_CHUNK:
+                raise Refused(f"snappy chunk of {n} bytes (the format allows {_SNAPPY_MAX_CHUNK})")
+            if got + n > size:
+                raise _over(size, "snappy")
+            try:
+                part = snappy.uncompress(body[4:]) if kind == 0x00 else body[4:]
+            except Exception as exc:  # noqa: BLE001 - the binding raises several kinds
+                raise Refused(f"snappy: {exc}") from None
+            if len(part) != n:
+                raise Refused("snappy chunk is not the length it states")
+            out.append(bytes(part))
+            got += n
+        elif kind <= 0x7F:
+            raise Refused(f"snappy frame holds a chunk of unknown type {kind:#04x}")
+        # 0x80 .. 0xfe: padding and skippable chunks
+    return b"".join(out)
+
+
+_DECOMPRESS = {0: None, 1: _gzip, 2: _snappy, 3: _lz4, 4: _zstd}
+
+
+def decompress(entry_type: int, data: bytes, size: int) -> bytes:
+    """A sub-entry's data, decompressed to exactly ``size`` bytes, or ``Refused``."""
+    code = (entry_type >> 4) & 0x7
+    if code not in _DECOMPRESS:
+        raise Refused(f"compression type {code} is not one the stream protocol defines")
+    if size > MAX_SUB_ENTRY_BYTES:
+        raise Refused(
+            f"its header declares {size} bytes uncompressed, more than the "
+            f"{MAX_SUB_ENTRY_BYTES} one sub-entry may hold"
+        )
+    fn = _DECOMPRESS[code]
+    out = data if fn is None else fn(data, size)
+    if len(out) != size:
+        raise Refused(f"{CODECS[code]} data is {len(out)} bytes uncompressed, its header declares {size}")
+    return out
+
+
+def split_records(data: bytes, count: int) -> list[bytes]:
+    """``count`` messages of ``[size u32][message]``, which must fill ``data`` exactly."""
+    out: list[bytes] = []
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(data) or pos + 4 + _U32(data, pos)[0] > len(data):
+            raise Refused(f"record {i} of {count} runs past the uncompressed data")
+        end = pos + 4 + _U32(data, pos)[0]
+        out.append(data[pos + 4 : end])
+        pos = end
+    if pos != len(data):
+        raise Refused(f"{len(data) - pos} bytes follow its {count} records")
+    return out
+
+
+def chunk_messages(
+    data: bytes, num_entries: int, num_records: int, lo: int, hi: int
+) -> tuple[list[int], list[bytes], list[Undecodable]]:
+    """Records ``lo .. hi-1`` of a chunk: (their positions, their messages) for those that
+    decode, and the entries that do not (which may reach outside ``lo .. hi-1``)."""
+    index: list[int] = []
+    messages: list[bytes] = []
+    dead: list[Undecodable] = []
+    pos = rec = 0
+    for e in range(num_entries):
+        if rec >= hi:
+            break
+        kind = data[pos] if pos < len(data) else 0
+        header = _SUB_HEADER if kind & 0x80 else 4
+        if pos + header > len(data):
+            dead.append(_rest(data, pos, rec, num_records, f"entry {e} is cut short"))
+            return index, messages, dead
+        if not kind & 0x80:
+            end = pos + 4 + _U32(data, pos)[0]
+            count = 1
+        else:
+            count = _U16(data, pos + 1)[0]
+            end = pos + _SUB_HEADER + _U32(data, pos + 7)[0]
+        if end > len(data):
+            dead.append(_rest(data, pos, rec, num_records, f"entry {e} runs past the chunk's end"))
+            return index, messages, dead
+        if not kind & 0x80:
+            if rec >= lo:
+                index.append(rec)
+                messages.append(data[pos + 4 : end])
+        elif rec + count > lo:
+            try:
+                raw = decompress(kind, data[pos + _SUB_HEADER : end], _U32(data, pos + 3)[0])
+                records = split_records(raw, count)
+            except Refused as exc:
+                dead.append(Undecodable(rec, count, f"sub-entry ({codec_name(kind)})", str(exc),
+                                        data[pos:end]))
+            else:
+                for j, message in enumerate(records):
+                    if lo <= rec + j < hi:
+                        index.append(rec + j)
+                        messages.append(message)
+        rec += count
+        pos = end
+    if rec < min(hi, num_records):
+        dead.append(Undecodable(rec, num_records - rec, "chunk", (
+            f"the chunk's entries hold {rec} records, its header {num_records}"), b""))
+    return index, messages, dead
+
+
+def _rest(data: bytes, pos: int, rec: int, num_records: int, why: str) -> Undecodable:
+    kind = data[pos] if pos < len(data) else 0
+    what = f"sub-entry ({codec_name(kind)})" if kind & 0x80 else "entry"
+    return Undecodable(rec, max(0, num_records - rec), what, why, data[pos:])
