@@ -13,7 +13,6 @@ import devservices
 from reconciler.streams.rabbitmq.codecs import MAX_SUB_ENTRY_BYTES
 from tests.e2e import helpers as h
 from tests.streams import subentries as se
-from tests.streams.test_rabbitmq_codecs import _gzip_of_zeros
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.spark]
 
@@ -28,7 +27,7 @@ def test_every_codec_once_and_undecodable_entries_as_dead_letters(spark, rabbit_
     entries: list = [next(good)]
     for kind in KINDS:
         entries += [(kind, [next(good) for _ in range(40)]) for _ in range(3)]
-    bomb = _gzip_of_zeros(512 << 20)
+    bomb = se.gzip_of_zeros(512 << 20)
     entries += [
         se.Forged(code=4, payload=b"\x28\xb5\x2f\xfd corrupt", declared=100, count=3),
         se.Forged(code=1, payload=bomb, declared=512 << 20, count=2),

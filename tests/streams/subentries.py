@@ -44,21 +44,25 @@ def zstd_streamed(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
-COMPRESS = {
-    CompressionType.No: lambda d: d,
-    CompressionType.Gzip: zlib.compress,  # replaced below: gzip, not zlib
-    CompressionType.Snappy: snappy_framed,
-    CompressionType.Lz4: lz4_frame,
-    CompressionType.Zstd: zstd_streamed,
-}
-
-
 def gzip_member(data: bytes) -> bytes:
     c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     return c.compress(data) + c.flush()
 
 
-COMPRESS[CompressionType.Gzip] = gzip_member
+def gzip_of_zeros(n: int) -> bytes:
+    """A gzip bomb: ``n`` zero bytes (a multiple of 1 MiB) in about n / 1000 bytes."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    return b"".join(c.compress(block) for _ in range(n >> 20)) + c.flush()
+
+
+COMPRESS = {
+    CompressionType.No: lambda d: d,
+    CompressionType.Gzip: gzip_member,
+    CompressionType.Snappy: snappy_framed,
+    CompressionType.Lz4: lz4_frame,
+    CompressionType.Zstd: zstd_streamed,
+}
 
 
 class Codec(ICompressionCodec):

@@ -60,13 +60,6 @@ def _read(frame: schema.Deliver, start: int, end: int) -> tuple[list[dict], list
     return rows, cols.dead_batch().to_pylist()
 
 
-def _gzip_of_zeros(n: int) -> bytes:
-    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    block = bytes(1 << 20)
-    parts = [c.compress(block) for _ in range(n >> 20)]
-    return b"".join(parts) + c.flush()
-
-
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_every_codec_of_the_protocol_is_decoded(kind):
     a, b = _records("a", 40), _records("b", 3)
@@ -127,7 +120,7 @@ def test_a_gzip_bomb_is_refused_within_bounded_memory(declared):
     """256 MiB of zeros in ~250 KiB on the wire: decompression stops one byte past what the
     header declares, so the peak stays within twice the bound (zlib's output buffer and its
     trimmed copy), not near 256 MiB (rstream's gunzip took it all, then failed the read)."""
-    bomb = _gzip_of_zeros(256 << 20)
+    bomb = se.gzip_of_zeros(256 << 20)
     assert len(bomb) < 1 << 20
     frame = _frame([_sub_entry(1, 1, declared, bomb), _entry("after", b"v")], 2)
     tracemalloc.start()
@@ -144,7 +137,7 @@ def test_a_gzip_bomb_is_refused_within_bounded_memory(declared):
 
 def test_a_header_beyond_the_bound_is_refused_before_decompressing():
     with pytest.raises(Refused, match="more than the 67108864 one sub-entry may hold"):
-        decompress(0x90, _gzip_of_zeros(1 << 20), MAX_SUB_ENTRY_BYTES + 1)
+        decompress(0x90, se.gzip_of_zeros(1 << 20), MAX_SUB_ENTRY_BYTES + 1)
 
 
 def test_each_codec_stops_at_the_declared_size():
@@ -185,7 +178,7 @@ def test_real_undecodable_entries_become_dead_letters_and_reading_goes_on(rabbit
     """A corrupt zstd sub-entry, one of an unknown codec and two gzip bombs (one honest
     about its 512 MiB, one claiming 1 KiB), published between good records."""
     name = stream()
-    bomb = _gzip_of_zeros(512 << 20)
+    bomb = se.gzip_of_zeros(512 << 20)
     entries = [
         ("k0", b"v0"),
         se.Forged(code=4, payload=b"\x28\xb5\x2f\xfd corrupt", declared=100, count=3),
