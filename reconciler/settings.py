@@ -92,7 +92,7 @@ class Settings:
                      "address of the status page /, /metrics and /healthz ('' to disable)")
     webhook: str = _opt("", "RECONCILER_WEBHOOK", "webhook",
                         "URL(s) receiving every audit event as a JSON POST: one, or several separated by commas "
-                        "(config file: a string or a list); http or https", shown="none")
+                        "(config file: a string or a list); http or https, without user:password@", shown="none")
     lag_interval: float = _opt(5.0, "RECONCILER_LAG_INTERVAL", "lagInterval",
                                "seconds between the leader's lag observations (lag in records and time, lag "
                                "policies, the status page's charts); 0 disables them")
@@ -224,6 +224,9 @@ def webhook_urls(text: str) -> tuple[str, ...]:
             shown = f"{parts.scheme}://{parts.hostname or ''}" if parts else "a URL"
             raise PermanentError(f"webhook: {shown}... is not an http(s) URL with a host "
                                  "(set --webhook / RECONCILER_WEBHOOK / webhook: one URL or several separated by commas)")
+        if "@" in parts.netloc:  # never sent as Basic auth; urllib put the password in a traceback
+            raise PermanentError(f"webhook: {parts.scheme}://{parts.hostname}... carries credentials (user:password@): "
+                                 "refused; put a token in the URL's path (--webhook / RECONCILER_WEBHOOK / webhook)")
     return urls
 
 

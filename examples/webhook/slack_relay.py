@@ -13,6 +13,10 @@ the daemon 502 when Slack does not take a message, so the daemon retries it (del
 least once; ``id`` is the audit entry's id, the same on a retry). ``--only`` keeps some types,
 e.g. ``--only reset.applied,backfill.completed,lag.breach,health.unhealthy``.
 
+Every value taken from an event (a reason is whatever an operator or a marker file wrote) has
+``&``, ``<`` and ``>`` escaped as Slack asks, so ``<!channel>``, ``<@U123>`` or a ``<url|link>``
+in it reaches the channel as text, not as a mention or a link.
+
 An event (see ``reconciler/observe/events.py``)::
 
     {"type": "reset.applied", "supervisor": "clicks", "time": "2026-11-20T10:00:00+00:00", "id": 42,
@@ -40,12 +44,19 @@ ICONS = {
 }
 
 
+def escape(value: Any) -> str:
+    """``value`` as Slack text that stays text: Slack reads ``<...>`` as a mention, a channel
+    ping or a link, and ``&`` starts an entity (https://api.slack.com/reference/surfaces/formatting#escaping)."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_message(event: dict[str, Any]) -> dict[str, Any]:
     """The Slack message (``text`` for notifications, ``blocks`` for the channel) of one event."""
-    kind, sid, d = event["type"], event["supervisor"], event.get("details") or {}
-    icon = ICONS.get(kind, ":information_source:")
+    kind, sid = escape(event["type"]), escape(event["supervisor"])
+    d = {k: escape(v) if isinstance(v, str) else v for k, v in (event.get("details") or {}).items()}
+    icon = ICONS.get(event["type"], ":information_source:")
     headline = {
-        "reset.applied": f"*{sid}* reset to latest by *{event.get('actor')}*",
+        "reset.applied": f"*{sid}* reset to latest by *{escape(event.get('actor'))}*",
         "backfill.completed": f"backfill *{sid}* completed",
         "backfill.progress": f"backfill *{sid}* at {d.get('percent')}% ({d.get('done', 0):,} of {d.get('total', 0):,})",
         "lag.breach": f"*{sid}* breaches its lag policy",
@@ -53,18 +64,19 @@ def slack_message(event: dict[str, Any]) -> dict[str, Any]:
         "health.unhealthy": f"*{sid}* is {d.get('state', 'UNHEALTHY')}",
         "health.recovered": f"*{sid}* recovered ({d.get('state')})",
         "retention.loss": f"*{sid}* LOST {d.get('lostRecords', 0):,} records to the broker's retention",
-    }.get(kind, f"*{sid}*: {kind}")
+    }.get(event["type"], f"*{sid}*: {kind}")
     lines = [f"{icon} {headline}"]
-    if kind == "reset.applied" and d.get("backfill"):
+    if event["type"] == "reset.applied" and d.get("backfill"):
         lines.append(f"backfill `{d['backfill']}` ingests the {d.get('backfillRecords', 0):,} records skipped")
     if event.get("reason"):
-        lines.append(f"> {event['reason']}")
+        lines.append("> " + escape(event["reason"]).replace("\n", "\n> "))
     return {
         "text": f"{icon} {headline}".replace("*", ""),
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}},
             {"type": "context", "elements": [{"type": "mrkdwn", "text":
-                                              f"{kind} · {event.get('time')} · audit entry {event.get('id')}"}]},
+                                              f"{kind} · {escape(event.get('time'))} · audit entry "
+                                              f"{escape(event.get('id'))}"}]},
         ],
     }
 

@@ -155,11 +155,12 @@ def webhooks_text(hooks: list[dict[str, Any]]) -> str:
     out = []
     for h in hooks:
         if h["failing"]:
-            out.append(f"webhook {h['endpoint']}: FAILING since {_hhmmss(h['failingSince'])}: {h['lastError']}; "
+            out.append(f"webhook {printable(h['endpoint'])}: FAILING since {_hhmmss(h['failingSince'])}: "
+                       f"{printable(h['lastError'])}; "
                        f"{h['pending']} event(s) waiting")
         else:
             when = f", last delivered at {_hhmmss(h['deliveredAt'])}" if h.get("deliveredAt") else ""
-            out.append(f"webhook {h['endpoint']}: ok{when}; {h['pending']} event(s) waiting")
+            out.append(f"webhook {printable(h['endpoint'])}: ok{when}; {h['pending']} event(s) waiting")
     return "\n".join(out)
 
 

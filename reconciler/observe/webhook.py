@@ -13,8 +13,10 @@ that made it had no webhook: one follower per endpoint reads the entries after i
   endpoint that is down makes its thread wait, not its memory grow: the rest stays in the
   database until delivered.
 * **Retried with backoff** (0.5 s doubling to ``MAX_BACKOFF``) while the endpoint fails (no
-  answer within ``TIMEOUT``, a refused connection, HTTP 5xx, 408, 429). An event refused for
-  good (any other 4xx) is dropped after logging: retrying it would hold every later one.
+  complete answer within ``webhook_post.TIMEOUT``, a refused connection, a garbled answer, a
+  redirect, HTTP 5xx, 408, 429: whatever an attempt raises, the thread goes on and the failure
+  shows). An event refused for good (any other 4xx) is dropped after logging: retrying it
+  would hold every later one. How one POST is bounded: ``webhook_post``.
 * **The cursor is in the database** (``webhook_cursors``: the last entry delivered, and since
   when the endpoint fails, for ``reconciler status``): a new leader goes on where the last one
   stopped, so delivery is at least once (a receiver deduplicates by ``id``). A new endpoint
@@ -34,26 +36,24 @@ host and port, and a hash to tell two endpoints on one host apart.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.errors import ReconcilerError
+from reconciler.observe import webhook_post
 from reconciler.observe.events import event
+from reconciler.observe.webhook_post import DeliveryFailed, describe, post, short
 from reconciler.store.freshness import WebhookCursor
 from reconciler.store.store import Store
 
 log = logging.getLogger(__name__)
 
 QUEUE = 100  # audit entries read ahead per endpoint
-TIMEOUT = 5.0  # seconds for one POST
 MAX_BACKOFF = 60.0
 POLL = 0.25  # seconds between looks at the audit log while idle
 GAP_WAIT = 10.0  # seconds a hole in the audit ids is waited for
@@ -73,28 +73,7 @@ def endpoint_label(url: str) -> str:
     return f"{parts.scheme}://{host}{port}#{endpoint_key(url)[:6]}"
 
 
-class DeliveryFailed(Exception):
-    def __init__(self, message: str, *, permanent: bool = False):
-        super().__init__(message)
-        self.permanent = permanent
-
-
-def post(url: str, doc: dict[str, Any], timeout: float = TIMEOUT) -> None:
-    """POST one event; ``DeliveryFailed`` (permanent for a 4xx other than 408 and 429)."""
-    data = json.dumps(doc, default=str).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "stream-reconciler",
-        "X-Reconciler-Event": str(doc.get("type")), "X-Reconciler-Delivery": str(doc.get("id"))})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only (settings check)
-            resp.read(1 << 16)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
-        raise DeliveryFailed(f"HTTP {exc.code} {exc.reason}", permanent=permanent) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise DeliveryFailed(f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason) from None
+__all__ = ["DeliveryFailed", "Endpoint", "WebhookDelivery", "endpoint_key", "endpoint_label", "post"]
 
 
 class Endpoint:
@@ -152,7 +131,7 @@ class Endpoint:
 
     def join(self) -> None:
         if self._thread is not None:
-            self._thread.join(timeout=max(0.0, (self._deadline or 0) - time.monotonic()) + TIMEOUT + 1)
+            self._thread.join(timeout=max(0.0, (self._deadline or 0) - time.monotonic()) + webhook_post.TIMEOUT + 1)
             self._thread = None
 
     # -- the thread ----------------------------------------------------------------------------
@@ -172,19 +151,24 @@ class Endpoint:
     def _run(self) -> None:
         while not self._leaving():
             try:
-                entries = self._next()
+                self._step()
             except ReconcilerError as exc:
                 log.debug("webhook %s: cannot read the audit log now: %s", self.label, exc)
                 self._wait(1.0)
-                continue
-            if not entries:
-                self._pending()
-                self._wait(POLL)
-                continue
-            for entry in entries:
-                if not self._deliver(entry):
-                    break
+            except Exception as exc:  # noqa: BLE001 - a thread that dies stops delivery for good, unseen
+                self._failed(describe(exc, self.url))
+                self._wait(1.0)
+
+    def _step(self) -> None:
+        entries = self._next()
+        if not entries:
             self._pending()
+            self._wait(POLL)
+            return
+        for entry in entries:
+            if not self._deliver(entry):
+                break
+        self._pending()
 
     def _next(self) -> list:
         entries = self.store.audit_after(self.cursor.last_id, QUEUE)
@@ -216,7 +200,9 @@ class Endpoint:
             try:
                 self.attempts += 1
                 self.send(self.url, doc)
-            except DeliveryFailed as exc:
+            except Exception as exc:  # noqa: BLE001 - any failed attempt is retried and shown (webhook_post)
+                if not isinstance(exc, DeliveryFailed):
+                    exc = DeliveryFailed(describe(exc, self.url))
                 self._failed(str(exc))
                 if exc.permanent:
                     log.warning("webhook %s refused event %d (%s) for good: %s; dropped", self.label, doc["id"],
@@ -232,6 +218,7 @@ class Endpoint:
             return True
 
     def _failed(self, error: str) -> None:
+        error = short(error)  # the receiver's words, shown in a terminal: no escapes, not a page of them
         if self.metrics is not None:
             self.metrics.webhook_failures.labels(self.label).inc()
             self.metrics.webhook_failing.labels(self.label).set(1)

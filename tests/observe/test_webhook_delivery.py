@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconciler.observe import webhook
+from reconciler.observe import webhook, webhook_post
 from reconciler.observe.events import TYPES, event, event_type
 from reconciler.observe.metrics import Metrics
 from reconciler.observe.webhook import Endpoint, WebhookDelivery, endpoint_label
@@ -87,7 +87,7 @@ def test_the_cursor_survives_a_restart_and_shutdown_flushes(store, receiver):
 
 
 def test_an_endpoint_that_does_not_answer_holds_nobody(store, receiver, monkeypatch):
-    monkeypatch.setattr(webhook, "TIMEOUT", 0.5)
+    monkeypatch.setattr(webhook_post, "TIMEOUT", 0.5)
     receiver.hang = True
     other = Receiver()
     delivery = WebhookDelivery(store, [receiver.url, other.url])
