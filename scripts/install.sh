@@ -38,11 +38,16 @@ umask 022  # what it installs is read by the service user; a root umask of 077 w
 usage() {
     cat >&2 <<'EOF'
 usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--root DIR]
-                          [--no-user] [--no-systemctl] [--no-start] [--no-spark-archive]
+                          [--operator USER]... [--no-user] [--no-systemctl] [--no-start]
+                          [--no-spark-archive]
        scripts/install.sh --uninstall [--purge] [--root DIR] [--no-systemctl]
   --from WHEEL|DIR    what to install: a wheel, or a source checkout (default: this script's checkout)
   --specs DIR         the watched directory (default /srv/stream-reconciler/specs)
   --segments DIR      the tables' warehouse (default <state directory>/segments)
+  --operator USER     let USER operate the service: membership of the group stream-reconciler
+                      (to write specs and markers; effective at USER's next login) and a sudoers
+                      drop-in (checked by visudo -c) to run `reconciler` as the service user
+                      without a password; repeat for several users. Root needs neither.
   --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR,
                       systemctl --root DIR, nothing started; the virtualenv runs in place there
   --no-user           do not create the user (it must exist)
@@ -64,6 +69,7 @@ DEFAULT_SPECS=/srv/stream-reconciler/specs
 UNIT_DIR=/etc/systemd/system
 WRAPPER=/usr/local/bin/reconciler
 INSTALL_LOG=/var/log/stream-reconciler-install.log
+SUDOERS=/etc/sudoers.d/stream-reconciler
 SERVICE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # systemd's, so the archive finds the daemon's java
 # The system's Python, not the first on PATH: the virtualenv links to it, and one in root's
 # home (pyenv) is out of the service user's reach.
@@ -75,6 +81,7 @@ FROM=$CHECKOUT
 SPECS=$DEFAULT_SPECS
 SEGMENTS=
 ROOT=
+OPERATORS=()
 NO_USER=0 NO_SYSTEMCTL=0 NO_START=0 NO_ARCHIVE=0 UNINSTALL=0 PURGE=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -82,6 +89,7 @@ while [ $# -gt 0 ]; do
         --specs) SPECS=${2:?--specs needs a directory}; shift ;;
         --segments) SEGMENTS=${2:?--segments needs a directory}; shift ;;
         --root) ROOT=${2:?--root needs a directory}; shift ;;
+        --operator) OPERATORS+=("${2:?--operator needs a user name}"); shift ;;
         --no-user) NO_USER=1 ;;
         --no-systemctl) NO_SYSTEMCTL=1 ;;
         --no-start) NO_START=1 ;;
@@ -128,6 +136,14 @@ for path in "$SPECS" ${SEGMENTS:+"$SEGMENTS"}; do
     esac
 done
 [ "$PURGE" -eq 0 ] || [ "$UNINSTALL" -eq 1 ] || die "--purge goes with --uninstall"
+for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do
+    case "$op" in
+        root) die "--operator root: root runs \`reconciler\` as the service user already (through runuser); name the operators' own users" ;;
+        "$SERVICE_USER") die "--operator $op: that is the service user itself" ;;
+        [a-z_]*) [[ "$op" =~ ^[a-z_][a-z0-9_-]*[$]?$ ]] || die "--operator $op: not a user name" ;;
+        *) die "--operator $op: not a user name" ;;
+    esac
+done
 if [ "$UNINSTALL" -eq 0 ] && [ ! -d "$FROM" ] && { [ ! -f "$FROM" ] || [[ "$FROM" != *.whl ]]; }; then
     die "--from $FROM: not a wheel (.whl) nor a source directory"
 fi
@@ -176,6 +192,10 @@ host_knows_service_user() {
     [ -z "$ROOT" ] || [ "$(getent passwd "$SERVICE_USER" | cut -d: -f3)" = "$SVC_UID" ]
 }
 
+for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do  # before anything is installed
+    lookup passwd "$op" >/dev/null || die "--operator $op: no such user${ROOT:+ in $ROOT/etc/passwd} (create it first)"
+done
+
 # =============================================================== uninstall
 if [ "$UNINSTALL" -eq 1 ]; then
     if systemd_running; then
@@ -183,7 +203,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
     elif [ "$NO_SYSTEMCTL" -eq 0 ] && [ -f "$UNIT" ]; then
         systemctl --root="${ROOT:-/}" disable "$SERVICE.service" >/dev/null 2>&1 || true
     fi
-    rm -f "$UNIT" "$ROOT$WRAPPER"
+    rm -f "$UNIT" "$ROOT$WRAPPER" "$ROOT$SUDOERS"  # the operators' rule names the command removed here
     rm -rf "$ROOT$UNIT_DIR/$SERVICE.service.d" "$VENV"
     if systemd_running; then
         systemctl daemon-reload
@@ -398,6 +418,32 @@ else
 fi
 EOF
 install -m 0755 "$BUILD/reconciler" "$ROOT$WRAPPER"
+
+# --------------------------------------------------------------- the operators
+# An operator writes specs and markers (the group owns the watched directory, setgid) and runs
+# `reconciler` as the service user through the wrapper's sudo: a rule for exactly that command.
+if [ ${#OPERATORS[@]} -gt 0 ]; then
+    if ! command -v visudo >/dev/null 2>&1; then
+        apt_install sudo
+    fi
+    rule="$BUILD/sudoers"
+    # the operators named before stay: an upgrade that names one more does not drop the others
+    kept=$(awk -v u="ALL=($SERVICE_USER)" '$2 == u { print $1 }' "$ROOT$SUDOERS" 2>/dev/null || true)
+    mapfile -t OPERATORS < <(printf '%s\n' ${kept:+$kept} "${OPERATORS[@]}" | awk 'NF && !seen[$0]++')
+    {
+        echo "# Written by scripts/install.sh --operator: these users run stream-reconciler's command"
+        echo "# line as the service user (/usr/local/bin/reconciler does, through sudo), nothing else."
+        for op in "${OPERATORS[@]}"; do
+            echo "$op ALL=($SERVICE_USER) NOPASSWD: $PREFIX/bin/reconciler"
+        done
+    } > "$rule"
+    visudo -c -q -f "$rule" >/dev/null || die "the sudoers rule for --operator did not pass visudo -c: $(visudo -c -f "$rule" 2>&1 | tail -n 1)"
+    install -D -m 0440 "$rule" "$ROOT$SUDOERS"
+    for op in "${OPERATORS[@]}"; do
+        usermod ${ROOT:+--prefix "$ROOT"} -a -G "$SERVICE_USER" "$op"
+        say "operator $op: in the group $SERVICE_USER (writes specs; from $op's next login on), runs \`reconciler\` as $SERVICE_USER through sudo ($SUDOERS)"
+    done
+fi
 
 # --------------------------------------------------------------- the unit
 install -D -m 0644 systemd/$SERVICE.service "$UNIT"

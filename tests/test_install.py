@@ -192,6 +192,45 @@ def test_specs_and_segments_elsewhere_get_a_drop_in(tmp_path, staged, wheel):
     assert not (root / "etc" / "systemd" / "system" / "multi-user.target.wants").exists()  # --no-systemctl
 
 
+def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, wheel):
+    """Issue 46: `usermod -aG` by hand did nothing under root, and a non-root operator's
+    `reconciler status` needed a sudoers rule that install.sh did not write. --operator USER
+    writes both (visudo -c checked); a later run naming another operator keeps the first."""
+    root = Path(tempfile.mkdtemp(prefix="reconciler-operators-", dir="/var/tmp"))  # the service user enters it
+    root.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    (root / "opt").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(staged[0] / "opt" / "stream-reconciler"), str(root / "opt")], check=True)
+    (root / "etc").mkdir()
+    for name in ("passwd", "group", "shadow", "gshadow"):  # with the service user the staged install made
+        shutil.copy2(staged[0] / "etc" / name, root / "etc" / name)
+    for user in ("alice", "bob"):
+        subprocess.run(["useradd", "--prefix", str(root), "--no-create-home", user], check=True)
+    common = ("--root", str(root), "--from", str(wheel), "--no-systemctl", "--no-spark-archive")
+    out = install(*common, "--operator", "alice")
+    assert "operator alice: in the group stream-reconciler" in out and "next login" in out
+    members = lambda: next(line.split(":")[3].split(",") for line in (root / "etc" / "group").read_text().splitlines()  # noqa: E731
+                           if line.split(":")[0] == USER)
+    assert "alice" in members()
+    sudoers = root / "etc" / "sudoers.d" / "stream-reconciler"
+    assert mode_owner(sudoers) == ("0440", 0, 0)
+    assert subprocess.run(["visudo", "-c", "-q", "-f", str(sudoers)]).returncode == 0
+    rules = [x for x in sudoers.read_text().splitlines() if x and not x.startswith("#")]
+    assert rules == ["alice ALL=(stream-reconciler) NOPASSWD: /opt/stream-reconciler/bin/reconciler"]
+    install(*common, "--operator", "bob")
+    assert {"alice", "bob"} <= set(members())
+    rules = [x for x in sudoers.read_text().splitlines() if x and not x.startswith("#")]
+    assert [r.split()[0] for r in rules] == ["alice", "bob"]
+    for bad, why in (("root", "root runs `reconciler` as the service user already"), ("nosuch", "no such user"),
+                     ("x;rm", "not a user name")):
+        r = subprocess.run(["bash", str(INSTALL), *common, "--operator", bad], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode != 0 and why in r.stderr, r.stderr
+    assert [r.split()[0] for r in sudoers.read_text().splitlines() if r and not r.startswith("#")] == ["alice", "bob"]
+    install("--root", str(root), "--uninstall", "--no-systemctl")
+    assert not sudoers.exists()  # its command is gone
+
+
 # --------------------------------------------------------------------------- on the host
 
 def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], timeout: float = 900) -> dict:
