@@ -13,7 +13,14 @@ closes the connection (HTTP/1.0, one request each). So:
 * at most ``MAX_CONNECTIONS`` connections wait for their heads: beyond that the one that
   waited longest is closed, so a flood of idle sockets never locks out the next real
   request (``/healthz`` answers beside them);
-* a worker writes with a ``SEND_TIMEOUT``: a client that does not read cannot hold it.
+* a worker writes the headers, then the body, each with ``sendall`` and a ``SEND_TIMEOUT``
+  on the whole write (a page larger than the socket's buffer is sent whole, never cut at
+  what one ``send`` took): a client that does not read cannot hold it longer;
+* complete requests wait in two queues: ``/healthz`` and ``/metrics`` (``URGENT``) ahead of
+  pages, and one worker serves nothing else, so a probe never waits behind pages being
+  rendered or sent to clients that do not read (400 of them once held ``/healthz`` for 92 s);
+* at most ``MAX_QUEUED`` page requests (four times as many urgent ones) wait for a worker:
+  the next one is answered ``503`` with ``Retry-After`` by the selector itself, at once.
 """
 
 from __future__ import annotations
@@ -22,12 +29,11 @@ import contextlib
 import io
 import logging
 import os
-import queue
 import selectors
 import socket
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
@@ -38,6 +44,8 @@ MAX_CONNECTIONS = 256
 REQUEST_DEADLINE = 10.0  # seconds from accept to a complete request head
 SEND_TIMEOUT = 10.0  # seconds one write of an answer may wait for the client
 MAX_HEAD = 16 << 10
+MAX_QUEUED = 32  # complete page requests waiting for a worker; more are answered 503 at once
+URGENT = ("/healthz", "/metrics")  # paths answered ahead of pages, by a worker of their own
 
 
 @dataclass
@@ -62,7 +70,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.connection = request.sock
         self.connection.settimeout(SEND_TIMEOUT)
         self.rfile = io.BytesIO(request.head)
-        self.wfile = self.connection.makefile("wb", buffering=0)
+        self.wfile = _SendAll(self.connection)
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):
@@ -78,12 +86,42 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.wfile = io.BytesIO()
 
 
+class _SendAll(io.RawIOBase):
+    """The handler's ``wfile``: each write is one ``sendall``. A raw socket file's ``write`` is
+    one ``send``, which takes only what fits in the socket's buffer, and ``http.server``
+    ignores the count it returns: a large page reached a slow reader cut short."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._sock.sendall(data)
+        return len(data)
+
+
+def _path(head: bytes) -> str:
+    """The path of a request head's first line ("GET /healthz?x HTTP/1.1" -> "/healthz")."""
+    parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
+    return parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) >= 2 else ""
+
+
+def _busy(head: bytes) -> bytes:
+    body = b"" if head.startswith(b"HEAD ") else b"busy: too many requests waiting; try again in a second\n"
+    return (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Retry-After: 1\r\nCache-Control: no-store\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
 class BoundedHTTPServer:
     """Serves ``handler`` (a ``RequestHandler``) on ``(host, port)``; ``serve_forever`` runs
     the selector (``start`` runs it on a daemon thread), ``shutdown`` stops it."""
 
     def __init__(self, address: tuple[str, int], handler: type[RequestHandler], *, workers: int = WORKERS,
-                 max_connections: int = MAX_CONNECTIONS, deadline: float = REQUEST_DEADLINE):
+                 max_connections: int = MAX_CONNECTIONS, deadline: float = REQUEST_DEADLINE,
+                 max_queued: int = MAX_QUEUED, urgent: tuple[str, ...] = URGENT):
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -100,12 +138,19 @@ class BoundedHTTPServer:
         self.max_connections = max_connections
         self.deadline = deadline
         self._waiting: OrderedDict[socket.socket, _Waiting] = OrderedDict()
-        self._ready: queue.SimpleQueue[tuple[socket.socket, bytes, object] | None] = queue.SimpleQueue()
+        self.max_queued = max_queued
+        self.urgent = urgent
+        self.shed = 0  # requests answered 503 because their queue was full
+        self._queued: dict[bool, deque[tuple[socket.socket, bytes, object]]] = {True: deque(), False: deque()}
+        self._cond = threading.Condition()
+        self._closed = False
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._workers = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True) for i in range(workers)]
+        # the first worker serves URGENT paths only: a probe finds it free whatever pages cost
+        self._workers = [threading.Thread(target=self._work, args=(i == 0,), name=f"http-{i}", daemon=True)
+                         for i in range(max(2, workers))]
         for t in self._workers:
             t.start()
 
@@ -155,7 +200,10 @@ class BoundedHTTPServer:
                 return
             conn.setblocking(False)
             while len(self._waiting) >= self.max_connections:
-                self._drop(sel, next(iter(self._waiting)))  # the one that waited longest
+                oldest = next(iter(self._waiting))  # the one that waited longest goes, unless
+                self._read(sel, oldest)  # its head came meanwhile, unread in a burst of accepts
+                if oldest in self._waiting:
+                    self._drop(sel, oldest)
             self._waiting[conn] = _Waiting(time.monotonic())
             sel.register(conn, selectors.EVENT_READ, addr)
 
@@ -177,7 +225,21 @@ class BoundedHTTPServer:
             addr = sel.get_key(conn).data
             sel.unregister(conn)
             del self._waiting[conn]
-            self._ready.put((conn, bytes(waiting.data), addr))
+            self._enqueue(conn, bytes(waiting.data), addr)
+
+    def _enqueue(self, conn: socket.socket, head: bytes, addr: object) -> None:
+        urgent = _path(head).startswith(self.urgent)
+        with self._cond:
+            full = len(self._queued[urgent]) >= self.max_queued * (4 if urgent else 1)
+            if not full:
+                self._queued[urgent].append((conn, head, addr))
+                self._cond.notify_all()
+                return
+        self.shed += 1
+        with contextlib.suppress(OSError):  # a few hundred bytes: the socket's buffer takes them
+            conn.send(_busy(head))
+        with contextlib.suppress(OSError):
+            conn.close()
 
     def _expire(self, sel: selectors.BaseSelector) -> None:
         now = time.monotonic()
@@ -196,9 +258,19 @@ class BoundedHTTPServer:
 
     # -- the workers ---------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _take(self, urgent_only: bool) -> tuple[socket.socket, bytes, object] | None:
+        with self._cond:
+            while not self._closed:
+                if self._queued[True]:
+                    return self._queued[True].popleft()
+                if not urgent_only and self._queued[False]:
+                    return self._queued[False].popleft()
+                self._cond.wait()
+            return None
+
+    def _work(self, urgent_only: bool) -> None:
         while True:
-            item = self._ready.get()
+            item = self._take(urgent_only)
             if item is None:
                 return
             conn, head, addr = item
@@ -222,8 +294,15 @@ class BoundedHTTPServer:
         self._stopped.wait(5)
 
     def server_close(self) -> None:
-        for _ in self._workers:
-            self._ready.put(None)
+        with self._cond:
+            self._closed = True
+            left = [item[0] for q in self._queued.values() for item in q]
+            for q in self._queued.values():
+                q.clear()
+            self._cond.notify_all()
+        for conn in left:
+            with contextlib.suppress(OSError):
+                conn.close()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

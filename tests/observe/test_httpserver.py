@@ -91,3 +91,86 @@ def test_beyond_the_cap_the_longest_waiting_connection_goes():
 def test_urllib_sees_the_same_health_as_before(server):
     with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/healthz", timeout=5) as r:
         assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+
+
+# -- issue 41.3: complete requests that nobody reads ---------------------------------------
+
+
+def _status_line(sock: socket.socket) -> bytes:
+    line = b""
+    while not line.endswith(b"\r\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
+def test_400_unread_page_requests_neither_hold_healthz_nor_queue_without_bound():
+    """400 complete ``GET /`` of a 0.5 MB page, sent at once and never read: /healthz and
+    /metrics still answer at once, and the page requests beyond the queue's bound get 503."""
+    renders = []
+
+    def page(path: str) -> str:
+        renders.append(path)
+        time.sleep(0.02)
+        return "<!doctype html>" + "x" * 500_000
+
+    metrics = Metrics()
+    metrics.loop_alive()
+    srv = serve(metrics, "127.0.0.1:0", page=page)
+    port = srv.server_address[1]
+    clients = []
+    try:
+        for _ in range(400):
+            c = socket.create_connection(("127.0.0.1", port), timeout=20)
+            c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            clients.append(c)
+        time.sleep(0.3)  # every head read by the selector
+        for path in ("/healthz", "/metrics", "/healthz"):
+            started = time.monotonic()
+            status, _, body = _get(port, path)
+            took = time.monotonic() - started
+            assert status == 200 and body, path
+            assert took < 2.0, f"{path} answered after {took:.1f}s behind unread pages"
+        # the page workers are stuck on clients that do not read (once the socket buffers are
+        # full), MAX_QUEUED wait, and the rest were answered 503 at once rather than queued
+        statuses = [_status_line(c).split(b" ")[1:2] for c in clients]
+        busy = statuses.count([b"503"])
+        assert busy == srv.shed and busy >= 200, (busy, len(renders))
+        assert statuses.count([b"200"]) == 400 - busy == len(renders)
+    finally:
+        for c in clients:
+            c.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_shed_request_is_told_to_retry(server, monkeypatch):
+    monkeypatch.setattr(server, "max_queued", 0)
+    status, headers, body = _get(server.server_address[1], "/")
+    assert (status, headers["Retry-After"]) == (503, "1") and b"busy" in body
+    status, headers, body = _get(server.server_address[1], "/", "HEAD")
+    assert (status, body) == (503, b"")
+    assert server.shed == 2
+
+
+def test_a_page_larger_than_the_socket_buffer_reaches_a_slow_reader_whole():
+    """One ``send`` takes what fits in the socket's buffer; the page used to be cut there."""
+    metrics = Metrics()
+    page = "<!doctype html>" + "y" * 8_000_000
+    srv = serve(metrics, "127.0.0.1:0", page=lambda path: page)
+    try:
+        c = socket.create_connection(srv.server_address, timeout=20)
+        c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        time.sleep(1.0)  # the reader is slow: the buffers fill first
+        data = bytearray()
+        while chunk := c.recv(1 << 20):
+            data += chunk
+        c.close()
+        head, _, body = bytes(data).partition(b"\r\n\r\n")
+        assert f"Content-Length: {len(page)}".encode() in head
+        assert len(body) == len(page)
+    finally:
+        srv.shutdown()
+        srv.server_close()
