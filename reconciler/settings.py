@@ -86,6 +86,10 @@ class Settings:
                                  "snapshots a table keeps at most: each publish expires the ones beyond, so a "
                                  "commit costs the same after a day of one-second batches (time travel reaches "
                                  "back this many commits; 0 keeps them until snapshotRetention)")
+    reader_grace: float = _opt(600.0, "RECONCILER_READER_GRACE", "readerGrace",
+                               "seconds a reader may keep reading a table version after a newer one replaced it: "
+                               "the files a commit unreferences (old metadata files, expired snapshots, a "
+                               "compaction's inputs) are deleted only this long after it (0: at once)")
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl",
                            "seconds a leader lease lasts without renewal: a standby takes over within this time")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http",
@@ -148,7 +152,7 @@ class Settings:
 
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
-           "maintain_interval", "snapshot_retention", "lag_interval", "step_timeout"}
+           "maintain_interval", "snapshot_retention", "lag_interval", "step_timeout", "reader_grace"}
 _INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf", "object_store"}  # options given once per value on the command line
 _BOOLS = {"allow_insecure_specs"}

@@ -14,7 +14,7 @@ def open_tables(c):
     """The output tables' catalog for a command that reads (never creates) the database."""
     from reconciler.table.catalog import Tables
 
-    return Tables(c.read_store.engine, c.settings.warehouse)
+    return Tables(c.read_store.engine, c.settings.warehouse, reader_grace=c.settings.reader_grace)
 
 
 def _no_table(c, datasource: str) -> str:

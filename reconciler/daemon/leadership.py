@@ -159,7 +159,7 @@ class Leadership:
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=settings.warehouse, spark=self._spark,
                              lease=lambda: (holder, token), metrics=self._metrics,
-                             snapshots_kept=settings.snapshots_kept)
+                             snapshots_kept=settings.snapshots_kept, reader_grace=settings.reader_grace)
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,

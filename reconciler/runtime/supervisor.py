@@ -50,6 +50,7 @@ class RuntimeContext:
     job: Any = None  # the batch job (runtime.jobs.BatchJob): Spark's, unless a test brings its own
     adapters: Callable[[Any], Any] = adapter_for  # source -> stream adapter (streams.adapter_for)
     snapshots_kept: int = 25  # settings.snapshotsKept: the publish expires the snapshots beyond
+    reader_grace: float = 600.0  # settings.readerGrace: what a commit unreferences goes this much later
     _tables: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -66,7 +67,8 @@ class RuntimeContext:
             if self._tables is None:
                 from reconciler.table.catalog import Tables
 
-                self._tables = Tables(self.store.engine, self.segments_dir, snapshots_kept=self.snapshots_kept)
+                self._tables = Tables(self.store.engine, self.segments_dir, snapshots_kept=self.snapshots_kept,
+                                      reader_grace=self.reader_grace)
             return self._tables
 
 

@@ -36,7 +36,7 @@ from pyiceberg.utils.properties import property_as_bool
 
 from reconciler import faults
 from reconciler.errors import PermanentError
-from reconciler.table import durable, retention, storage
+from reconciler.table import durable, grace, retention, storage
 from reconciler.table.datafiles import describe
 from reconciler.table.locations import NAMESPACE, local_path
 from reconciler.table.reach import _ManifestReader
@@ -57,7 +57,6 @@ from reconciler.table.summary import (  # noqa: F401  (the summary keys, where t
 from reconciler.table.writeids import (
     BATCH_DIR_PREFIX,
     is_write_id,
-    new_write_id,
     tag,
     write_id_of_name,
 )
@@ -193,7 +192,7 @@ class Tables:
     """The datasources' tables: create, evolve, stage appends, load for reading."""
 
     def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str], *,
-                 snapshots_kept: int = retention.DEFAULT_KEPT):
+                 snapshots_kept: int = retention.DEFAULT_KEPT, reader_grace: float = grace.DEFAULT_READER_GRACE):
         self.storage = storage.at(warehouse)
         if self.storage.remote:  # an object store: no directories to make, none to fsync
             root = str(warehouse).rstrip("/")
@@ -219,6 +218,7 @@ class Tables:
         # query says whether it moved.
         self._known: dict[str, tuple] = {}
         self.snapshots_kept = snapshots_kept
+        self.retired = grace.Retired(reader_grace, lambda files: _delete_quietly(self.storage, files))
 
     # -- tables -----------------------------------------------------------------------
 
@@ -304,8 +304,7 @@ class Tables:
             if tc.staged is not None:
                 self._known[tc.table] = (tc.new, tc.staged.metadata, tc.staged.io)
         faults.point("superseded-delete", None)
-        for tc in commits:
-            _delete_quietly(self.storage, tc.superseded)
+        self.retired.retire(f for tc in commits for f in tc.superseded)  # after readers' grace (grace.py)
 
     def data_dir(self, table: Table, batch_id: str) -> Path | str:
         """Where one batch's data files are written (unreferenced until the publish): a
@@ -316,15 +315,18 @@ class Tables:
 
     # -- the staged append (the publish) ----------------------------------------------
 
-    def stage(self, name: str, build: Callable[[Transaction], None], *, write_id: str | None = None,
+    def stage(self, name: str, build: Callable[[Transaction], None], *, write_id: str,
               attempt: int = 0, expected: str | None = None) -> TableCommit:
         """Stage one change of table ``name``: ``build(tx)`` adds updates to a transaction on
         the table's current version; its metadata files are written (named with the write's
         tag) and made durable, and the pointer move is returned for the commit's own
         transaction (``Store.publish`` or ``Store.commit_tables``). ``expected``: the
         version (metadata location) the change was planned on; when the table is at
-        another one now, ``TableConflict`` and nothing is written."""
-        write_id = write_id if write_id is not None and is_write_id(write_id) else new_write_id()
+        another one now, ``TableConflict`` and nothing is written. ``write_id`` is the write the
+        caller recorded (``Store.begin_write``) before staging: one made up here would be unknown
+        to the database, and orphan clean-up would delete its staged metadata once committed."""
+        if not isinstance(write_id, str) or not is_write_id(write_id):
+            raise ValueError(f"staging {name}: {write_id!r} is not a recorded write id (Store.begin_write)")
         table = self.current(name)
         if expected is not None and table.metadata_location != expected:
             raise TableConflict(f"table {name}: planned on {expected}, now at {table.metadata_location}")
@@ -343,7 +345,7 @@ class Tables:
 
     def stage_append(self, name: str, files: Sequence[str], properties: Mapping[str, str], *,
                      schema: pa.Schema | None = None, granularity: str | None = None,
-                     rollup: bool | None = None, write_id: str | None = None, attempt: int = 0) -> TableCommit:
+                     rollup: bool | None = None, write_id: str, attempt: int = 0) -> TableCommit:
         """Stage one snapshot appending ``files`` (written elsewhere) with ``properties`` in
         its summary, evolving the schema and partitioning first when the batch brings new
         columns or another segment granularity. Returns the pointer move for the publish.

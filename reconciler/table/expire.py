@@ -73,7 +73,9 @@ def expire_snapshots(
     The commit is a compare-and-swap on exactly the version the expiry was planned on
     (``Store.commit_tables``): a commit that landed meanwhile (a batch, a compaction,
     another expiry) makes it plan again, so two expiries never remove a snapshot twice
-    nor lose each other's folded ranges. Files are deleted only after the commit."""
+    nor lose each other's folded ranges. Files are deleted only after the commit, and only
+    once readers had their grace (``grace.py``): until then, and by orphan clean-up after a
+    restart."""
     if retain_last < 1:
         raise ValueError("retain_last must be at least 1")
     now = now or datetime.now(UTC)
@@ -141,9 +143,9 @@ def expire_snapshots(
         tables.committed([commit])
         result.committed = True
         faults.point("expire-delete", name)
-        for path in gone:
-            _unlink(path)
-        result.message = f"expired {len(expired)} snapshot(s), deleted {len(gone)} file(s)"
+        tables.retired.retire(gone)  # a reader may still be on a version that lists them (grace.py)
+        later = f" after the readers' grace of {tables.retired.grace:g}s" if tables.retired.grace > 0 else ""
+        result.message = f"expired {len(expired)} snapshot(s), {len(gone)} file(s) to delete{later}"
         log.info("maintenance of %s: %s", name, result.message)
         return result
     if write_id is not None:

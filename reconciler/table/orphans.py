@@ -16,6 +16,9 @@ that is
   never recorded as discarded, which its own process, resolving a commit whose outcome
   it did not learn, would take for "not committed".
 
+Nothing a version a reader may still hold references is deleted, for ``readerGrace`` after a
+newer version replaced it (``grace.held_by_readers``).
+
 Only files that carry no write id (an older version's compaction output, the metadata
 pyiceberg's own commits write when a table is created) fall back to their age
 (``older_than``). Files are listed BEFORE the metadata is read, so a file committed in
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import faults
-from reconciler.table import storage
+from reconciler.table import grace, storage
 from reconciler.table.catalog import Tables, local_path
 from reconciler.table.reach import _norm, _referenced
 from reconciler.table.reports import MaintenanceError, _camel
@@ -94,6 +97,9 @@ def remove_orphans(
     result.scanned_files = len(listed)
     faults.point("orphans-listed", name)
     referenced = _referenced_now(tables, name)  # after the listing: whatever committed meanwhile is referenced
+    # ... and whatever a version a reader may still be on references (grace.py)
+    referenced |= grace.held_by_readers(table.io, listed, now.timestamp(), tables.retired.grace,
+                                        table.metadata_location)
     candidates = {p: st for p, st in listed.items() if _norm(p) not in referenced}
     faults.point("orphans-judge", name)
     by_write: dict[str, list[str]] = defaultdict(list)

@@ -21,6 +21,7 @@ from reconciler.pipeline import segments as seg
 from reconciler.pipeline.batch import output_schemas, run_batch
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
 from reconciler.store.store import SegmentFile, Store
+from reconciler.table.writeids import new_write_id
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
@@ -71,7 +72,8 @@ def test_two_publishers_same_start_one_wins(spark, kafka_broker, topic, tmp_path
             st = staged[batch_id]
             summary = {"reconciler.supervisor": "race", "reconciler.batch-id": batch_id, "reconciler.epoch": "1",
                        "reconciler.ranges": json.dumps([[r.partition, r.start, r.end] for r in ranges])}
-            commit = h.open_tables(s).stage_append("race", [f.path for f in st.files], summary)
+            commit = h.open_tables(s).stage_append("race", [f.path for f in st.files], summary,
+                                                     write_id=new_write_id())
             files = [SegmentFile(f.segment or "", "", "", f.path, f.rows, f.bytes) for f in st.files]
             gate.wait()
             try:

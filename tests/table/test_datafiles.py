@@ -14,6 +14,7 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from reconciler.store.store import Store
 from reconciler.table import catalog as cat
 from reconciler.table.datafiles import describe
+from reconciler.table.writeids import new_write_id
 
 SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("user", pa.string()),
                     ("bytes", pa.int64()), ("score", pa.float64())])
@@ -75,7 +76,8 @@ def test_files_that_do_not_fit_the_schema_are_refused(tables):
 def test_a_staged_append_commits_the_batch_with_its_statistics(tables):
     table = tables.ensure("clicks", SCHEMA, "hour")
     paths = _write(tables, table, "b1", hours=4)
-    (commit,) = [tables.stage_append("clicks", paths, {cat.BATCH: "b1"}, schema=SCHEMA, granularity="hour")]
+    (commit,) = [tables.stage_append("clicks", paths, {cat.BATCH: "b1"}, schema=SCHEMA, granularity="hour",
+                                     write_id=new_write_id())]
     # the pointer move, as the publish does it inside its own transaction
     with tables._engine.begin() as c:
         moved = c.execute(cat.sa.text(

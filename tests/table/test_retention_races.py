@@ -43,7 +43,7 @@ def env(db_url, tmp_path):
         "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"},
                        "dimensions": ["id", "__partition", "__offset"]}}), None, actor="test")
     store.init_checkpoints("clicks", {"0": 0})
-    tables = cat.Tables(store.engine, tmp_path / "segments", snapshots_kept=KEPT)
+    tables = cat.Tables(store.engine, tmp_path / "segments", snapshots_kept=KEPT, reader_grace=0)
     tables.ensure("clicks", SCHEMA, "hour")
     yield store, tables
     store.close()
@@ -285,7 +285,7 @@ def test_a_deletion_that_fails_after_the_commit_does_not_fail_the_published_batc
                                              "dimensions": ["id", "__partition", "__offset"]}}), None, actor="test")
     phases = bench.Phases()
     ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None, metrics=phases,
-                         job=bench.TinyJob(), adapters=lambda source: counter, snapshots_kept=KEPT)
+                         job=bench.TinyJob(), adapters=lambda source: counter, snapshots_kept=KEPT, reader_grace=0)
     counter = bench.Counter(3)
     rt = SupervisorRuntime(bench.SID, ctx)
     try:
@@ -342,7 +342,7 @@ def test_two_compactions_of_one_partition_at_once_keep_every_key_once(env):
     outcome = {}
 
     def cli_compaction():
-        outcome["result"] = compact(cat.Tables(store.engine, tables.warehouse, snapshots_kept=KEPT), "clicks",
+        outcome["result"] = compact(cat.Tables(store.engine, tables.warehouse, snapshots_kept=KEPT, reader_grace=0), "clicks",
                                     store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30)
 
     faults.install(hook)

@@ -19,6 +19,7 @@ from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.table import catalog as cat
 from reconciler.table.files import BatchSnapshot, batch_snapshots, data_files
 from reconciler.table.verify import check_ranges, explanations
+from reconciler.table.writeids import new_write_id
 from tests.e2e import helpers as h
 
 T0 = datetime(2026, 11, 20, 10, tzinfo=UTC)
@@ -102,7 +103,8 @@ def _publish(store: Store, tables: cat.Tables, sid: str, batch: str, partition: 
     path = _write(tables, batch, partition, start, end)
     summary = {cat.SUPERVISOR: sid, cat.BATCH: batch, cat.EPOCH: "1",
                cat.RANGES: json.dumps([[partition, start, end]])}
-    commit = tables.stage_append("clicks", [path], summary, schema=SCHEMA, granularity="hour")
+    commit = tables.stage_append("clicks", [path], summary, schema=SCHEMA, granularity="hour",
+                                 write_id=new_write_id())
     store.publish(supervisor_id=sid, epoch=1, batch_id=batch, datasource="clicks",
                   ranges=[PartitionRange(partition, start, end)], files=[SegmentFile("x", "", "", path, end - start, 1)],
                   records=end - start, unparseable=0, table_commits=[commit])
@@ -157,8 +159,8 @@ def test_a_commit_staged_on_a_moved_table_conflicts_and_publishes_nothing(setup)
     s, store, tables = setup
     p1 = _write(tables, "a1", "0", 0, 5)
     p2 = _write(tables, "b1", "0", 0, 7)
-    c1 = tables.stage_append("clicks", [p1], {cat.RANGES: json.dumps([["0", 0, 5]])})
-    c2 = tables.stage_append("clicks", [p2], {cat.RANGES: json.dumps([["0", 0, 7]])})
+    c1 = tables.stage_append("clicks", [p1], {cat.RANGES: json.dumps([["0", 0, 5]])}, write_id=new_write_id())
+    c2 = tables.stage_append("clicks", [p2], {cat.RANGES: json.dumps([["0", 0, 7]])}, write_id=new_write_id())
     assert c1.expected == c2.expected
     store.publish(supervisor_id="clicks", epoch=1, batch_id="a1", datasource="clicks",
                   ranges=[PartitionRange("0", 0, 5)], files=[], records=5, unparseable=0, table_commits=[c1])
@@ -168,7 +170,7 @@ def test_a_commit_staged_on_a_moved_table_conflicts_and_publishes_nothing(setup)
     assert store.checkpoints("other") == {"0": 0}  # nothing of the loser moved
     assert tables.load("clicks").scan().to_arrow().num_rows == 5
     # staged again on the new metadata, it publishes
-    c2 = tables.stage_append("clicks", [p2], {cat.RANGES: json.dumps([["0", 0, 7]])})
+    c2 = tables.stage_append("clicks", [p2], {cat.RANGES: json.dumps([["0", 0, 7]])}, write_id=new_write_id())
     store.publish(supervisor_id="other", epoch=1, batch_id="b1", datasource="clicks",
                   ranges=[PartitionRange("0", 0, 7)], files=[], records=7, unparseable=0, table_commits=[c2])
     assert tables.load("clicks").scan().to_arrow().num_rows == 12
@@ -213,7 +215,8 @@ def test_two_writers_sharing_one_catalog_never_drop_a_committed_snapshot(setup):
                            cat.RANGES: json.dumps([["0", start, start + 10]])}
                 gate.wait()  # both stage at the same moment: the race the daemon runs into
                 while True:
-                    commit = tables.stage_append("clicks", [path], summary, schema=SCHEMA, granularity="hour")
+                    commit = tables.stage_append("clicks", [path], summary, schema=SCHEMA, granularity="hour",
+                                                 write_id=new_write_id())
                     try:
                         store.publish(supervisor_id=sid, epoch=1, batch_id=batch, datasource="clicks",
                                       ranges=[PartitionRange("0", start, start + 10)],
