@@ -37,12 +37,43 @@ _DURATION = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# The longest duration anything accepts (spec, settings): every duration is added to
+# ``datetime.now()`` or to a monotonic clock somewhere, and a ``for: 100000000h`` overflowed
+# the date (issue 41.1). Ten years is far beyond any useful wait and far inside what adds safely.
+MAX_DURATION = 10 * 365 * 86400.0  # seconds
+MAX_DURATION_TEXT = "87600h (10 years)"
+
+
+class DurationOutOfRange(ValueError):
+    """A well-formed duration longer than ``MAX_DURATION``."""
+
+
 def parse_duration(text: str) -> float:
-    """``"30s"`` -> 30.0 seconds; ``"500ms"`` -> 0.5."""
+    """``"30s"`` -> 30.0 seconds; ``"500ms"`` -> 0.5. At most ``MAX_DURATION``."""
     m = _DURATION.match(text.strip())
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
-    return float(m["n"]) * _UNIT_SECONDS[m["unit"]]
+    seconds = float(m["n"]) * _UNIT_SECONDS[m["unit"]]
+    if not seconds <= MAX_DURATION:  # also inf, from a number of hundreds of digits
+        raise DurationOutOfRange(f"{text.strip()!r} is too long: at most {MAX_DURATION_TEXT}")
+    return seconds
+
+
+def parse_seconds(value: Any) -> float:
+    """A setting's seconds: a number (``30``, ``0.5``) or a duration (``30s``), at most ``MAX_DURATION``."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        try:
+            return parse_duration(str(value))
+        except DurationOutOfRange:
+            raise
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number or duration like 30s") from None
+    if not abs(seconds) <= MAX_DURATION:  # also nan and inf
+        raise DurationOutOfRange(f"{value!r} is out of range: at most {MAX_DURATION:.0f} seconds "
+                                 f"({MAX_DURATION_TEXT})")
+    return seconds
 
 
 _SIZE = re.compile(r"^(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>B|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)?$")

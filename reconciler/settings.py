@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.errors import PermanentError, SparkMisconfigured
-from reconciler.model import parse_duration
+from reconciler.model import parse_seconds
 
 DEFAULT_CONFIG = Path("/etc/stream-reconciler/config.yaml")
 
@@ -467,12 +467,9 @@ def _int(name: str, value: Any) -> int:
 
 def _seconds_or_float(name: str, value: Any) -> float:
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        try:
-            return parse_duration(str(value))
-        except ValueError:
-            raise PermanentError(f"setting {name}: {value!r} is not a number or duration like 30s") from None
+        return parse_seconds(value)  # bounded: each is added to a clock (issue 41.1)
+    except ValueError as exc:
+        raise PermanentError(f"setting {name}: {exc}") from None
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -9,8 +9,15 @@ an ordinary reset request (``ResetRequest`` with trigger ``policy``) applied by 
 is ``policy:<supervisor>:<breach start>``. A daemon that crashes after the breach was recorded
 but before the reset committed finds the same breach start after its restart, plans the same
 token and applies it once; one that crashes after the commit finds the token handled and
-plans nothing. A breach ends when an observation is back under the thresholds, or when the
-supervisor's epoch moved (a reset, a re-create): a new breach after that is a new request.
+plans nothing. A breach ends when the supervisor's epoch moved (a reset, a re-create): a new
+breach after that is a new request. Otherwise, one not yet announced ends at the first
+observation back under the thresholds; one announced (``lag-breach``) ends only once the lag
+has stayed under them for ``recover_after`` (``for``, at least ``RECOVER_MIN``): a lag hovering
+at its threshold wrote a breach and its end every round, 24 audit entries and webhook events
+in two minutes (issue 41.7). Meanwhile the breach is ``recovering``, and never resets.
+
+One policy never stops another's: ``decide_all`` reports a policy whose evaluation raises as
+``error`` on its own supervisor and decides the others (issue 41.1).
 
 The rules, in the order they are checked once a breach has held for ``for``:
 
@@ -37,9 +44,10 @@ from typing import Any
 
 from reconciler.control.actual import ActualState, State, SupervisorRecord
 from reconciler.control.requests import ResetRequest, fit_token
-from reconciler.model import LagPolicy, Position
+from reconciler.model import MAX_DURATION_TEXT, LagPolicy, Position
 
 STALE_AFTER = 300.0  # seconds: an older observation is not acted on (the observer has stopped)
+RECOVER_MIN = 60.0  # seconds an announced breach stays under the thresholds before it ends, at least
 RESET_ACTION = "resetToLatestAndBackfill"
 
 
@@ -54,6 +62,9 @@ class LagObservation:
     seconds: float | None  # age of the oldest record not yet ingested, the partitions' maximum
     breach_since: datetime | None = None  # start of the current breach; the policy token derives from it
     fired_at: datetime | None = None  # when the breach had held for ``for`` (announced once)
+    # Since when an announced breach has been under the thresholds. Kept by the observer in
+    # memory, not stored: a new leader counts afresh, so its end comes later, never twice.
+    under_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,8 @@ class PolicyStatus(enum.StrEnum):
     BACKFILL_RUNNING = "backfill-running"  # the previous policy-made backfill still runs
     COOLING = "cooling"  # within the cooldown of the previous policy-made reset
     STALE = "stale"  # the observation is too old, or from before a reset: observe again first
+    RECOVERING = "recovering"  # an announced breach back under the thresholds, not yet for long enough
+    ERROR = "error"  # the policy could not be evaluated (the other supervisors' are, all the same)
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,11 @@ def below(policy: LagPolicy, records: int | None, seconds: float | None) -> bool
     return True
 
 
+def recover_after(policy: LagPolicy) -> float:
+    """Seconds an announced breach must stay under the thresholds to end."""
+    return max(policy.for_seconds, RECOVER_MIN)
+
+
 def policy_token(supervisor_id: str, breach_since: datetime) -> str:
     """``policy:<id>:<breach start, UTC, to the microsecond>`` (PostgreSQL hands times back in the
     session's zone: the token is of the instant, whatever the zone it is read in)."""
@@ -155,25 +173,30 @@ def advance(policy: LagPolicy, old: LagObservation | None, *, supervisor_id: str
             records: int | None, seconds: float | None, now: datetime) -> tuple[LagObservation, list[BreachEvent]]:
     """The next observation of one supervisor from the last one: a breach starts at the first
     observation over a threshold and keeps that start while it lasts (the token derives from
-    it); it ends when an observation is known to be under every threshold, or when the epoch
-    moved (a reset since: a breach after it is a new one). An unknown value changes nothing."""
-    since, fired = (old.breach_since, old.fired_at) if old is not None and old.epoch == epoch else (None, None)
+    it); it ends when the epoch moved (a reset since: a breach after it is a new one), or when
+    the lag is known to be under every threshold: at once if the breach was not announced yet,
+    else once it has stayed under for ``recover_after``. An unknown value changes nothing."""
+    same = old is not None and old.epoch == epoch
+    since, fired, under = (old.breach_since, old.fired_at, old.under_since) if same else (None, None, None)
     events: list[BreachEvent] = []
     over = breaches(policy, records, seconds)
     details = {"records": records, "seconds": seconds, "policy": dict(policy.document)}
     if over:
-        since = since or now
+        since, under = since or now, None
         if fired is None and (now - since).total_seconds() >= policy.for_seconds:
             fired = now
             held = f" (held {human_seconds((now - since).total_seconds())})" if policy.for_seconds else ""
             events.append(BreachEvent("lag-breach", "lag policy: " + " and ".join(over) + held,
                                       details | {"since": since.isoformat(), "action": policy.action}))
     elif below(policy, records, seconds):
+        under = under or now
+        if fired is not None and (now - under).total_seconds() < recover_after(policy):
+            return LagObservation(supervisor_id, now, epoch, records, seconds, since, fired, under), events
         if fired is not None:
             events.append(BreachEvent("lag-breach-end", f"lag back within the policy ({_lag_text_of(records, seconds)})",
                                       details | {"since": since.isoformat() if since else None}))
-        since = fired = None
-    return LagObservation(supervisor_id, now, epoch, records, seconds, since, fired), events
+        since = fired = under = None
+    return LagObservation(supervisor_id, now, epoch, records, seconds, since, fired, under), events
 
 
 def decide(rec: SupervisorRecord, policy: LagPolicy, state: LagState | None, actual: ActualState, now: datetime,
@@ -196,6 +219,9 @@ def decide(rec: SupervisorRecord, policy: LagPolicy, state: LagState | None, act
     held = (now - o.breach_since).total_seconds()
     over = ", ".join(breaches(policy, o.records, o.seconds)) or "breached"
     since = f"{o.breach_since.astimezone(UTC):%H:%M:%S}Z"
+    if o.fired_at is not None and below(policy, o.records, o.seconds):
+        return decision(PolicyStatus.RECOVERING, f"lag {lag}: back within the policy; the breach since {since} "
+                                                 f"ends once it stays there for {human_seconds(recover_after(policy))}")
     if held < policy.for_seconds:
         act = "reset to latest with a backfill" if policy.action == RESET_ACTION else "alert"
         at = (o.breach_since + timedelta(seconds=policy.for_seconds)).astimezone(UTC)
@@ -221,14 +247,23 @@ def decide(rec: SupervisorRecord, policy: LagPolicy, state: LagState | None, act
 
 def decide_all(specs: Mapping[str, tuple[Any, bool]], actual: ActualState, lag: Mapping[str, LagState],
                now: datetime) -> list[PolicyDecision]:
-    """``specs``: supervisor id -> (its spec, whether it is suspended) for the mains that run."""
+    """``specs``: supervisor id -> (its spec, whether it is suspended) for the mains that run.
+    A policy whose evaluation raises is reported as ``error`` on its supervisor, with no request:
+    the others are decided all the same (issue 29's rule for a pass, issue 41.1)."""
     out = []
     for sid, (spec, suspended) in sorted(specs.items()):
         rec = actual.supervisors.get(sid)
         if spec.lag_policy is None or rec is None or rec.state == State.TERMINATED:
             continue
-        out.append(decide(rec, spec.lag_policy, lag.get(sid), actual, now,
-                          suspended=suspended or rec.state == State.SUSPENDED))
+        state = lag.get(sid)
+        try:
+            out.append(decide(rec, spec.lag_policy, state, actual, now,
+                              suspended=suspended or rec.state == State.SUSPENDED))
+        except Exception as exc:  # noqa: BLE001 - one policy's surprise must not stop the pass of every other
+            out.append(PolicyDecision(sid, spec.lag_policy, PolicyStatus.ERROR,
+                                      f"cannot evaluate the lag policy: {type(exc).__name__}: {exc}; "
+                                      f"check its durations (at most {MAX_DURATION_TEXT}) with `reconciler validate`",
+                                      state.observation if state else None))
     return out
 
 

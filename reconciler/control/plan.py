@@ -221,7 +221,10 @@ def _policies(desired: Desired, actual: ActualState, lag: Mapping[str, LagState]
     its last valid spec's policy, as it keeps the rest of it)."""
     specs = {}
     for sid, rec in actual.mains().items():
-        spec = desired.specs[sid][1] if sid in desired.specs else rec.spec
+        try:
+            spec = desired.specs[sid][1] if sid in desired.specs else rec.spec
+        except Exception:  # noqa: BLE001 - a stored spec this version refuses: its file's mark-invalid says why
+            continue
         specs[sid] = (spec, spec.suspended or sid in actual.overrides)
     return decide_all(specs, actual, lag or {}, now)
 

@@ -62,7 +62,8 @@ class HttpEndpoint:
                                  self._metrics.health(), self._metrics.lag_by_supervisor(),
                                  observed={sid: _observed(o) for sid, o in seen.items()}, history=history,
                                  webhooks=[w.to_dict() for w in self.store.webhook_cursors()
-                                           if self._freshness is None or w.endpoint in self._freshness.endpoints()])
+                                           if self._freshness is None or w.endpoint in self._freshness.endpoints()],
+                                 alerts=self.store.recent_audit(statuspage.ALERT_ACTIONS, limit=20))
 
 
 def _observed(o, *, partitions: bool = False) -> dict | None:

@@ -16,7 +16,8 @@ a policy's ``for`` must be measured while they run. Each round:
    and writes the observations with the audit entries of breaches that held for ``for`` or
    ended, in one transaction; the breach start is persisted because the policy's reset token
    derives from it. It rings the reconcile pass when a policy's reset is due (the plan decides,
-   with the same rules, and applies it like a marker's reset);
+   with the same rules, and applies it like a marker's reset). A policy whose evaluation
+   raises is logged for its supervisor (once while it lasts) and the others go on (issue 41.1);
 3. audits each backfill's progress milestones (25, 50, 75 %) once;
 4. keeps the last hour per supervisor in memory (the status page's charts; a new leader starts
    them afresh) and sets ``reconciler_lag_seconds`` and the record lag gauges.
@@ -88,6 +89,8 @@ class _Seen:
     samples: deque = field(default_factory=deque)  # (at, records, seconds)
     milestones: set[int] | None = None
     times: dict[str, tuple[int, int]] = field(default_factory=dict)  # partition -> (checkpoint, record time)
+    under_since: datetime | None = None  # an announced breach under its thresholds since (not stored)
+    policy_error: str | None = None  # the last failure of its policy, logged once while it lasts
 
 
 class LagObserver:
@@ -230,8 +233,14 @@ class LagObserver:
                 continue
             keep.add(sid)
             old = states.get(sid).observation if sid in states else None
-            new, events = advance(policy, old, supervisor_id=sid, epoch=rec.epoch, records=o.records,
-                                  seconds=o.seconds, now=now)
+            seen = self._seen.setdefault(sid, _Seen())
+            try:
+                new, events = advance(policy, replace(old, under_since=seen.under_since) if old else None,
+                                      supervisor_id=sid, epoch=rec.epoch, records=o.records, seconds=o.seconds, now=now)
+            except Exception as exc:  # noqa: BLE001 - one policy's surprise must not end the round of every other
+                self._policy_failed(seen, sid, exc)
+                continue
+            seen.under_since = new.under_since
             rows.append(new)
             notes += [AuditNote(sid, e.action, "policy", e.reason, e.details, "lag policy") for e in events]
             if self.metrics is not None:
@@ -257,12 +266,26 @@ class LagObserver:
             rec = actual.supervisors[new.supervisor_id]
             state = states.get(new.supervisor_id)
             lag_state = replace(state, observation=new) if state is not None else LagState(observation=new)
-            d = decide(rec, _policy(rec), lag_state, actual, now, suspended=rec.suspended)
+            seen = self._seen.setdefault(rec.id, _Seen())
+            try:
+                d = decide(rec, _policy(rec), lag_state, actual, now, suspended=rec.suspended)
+            except Exception as exc:  # noqa: BLE001 - as above: the others are still rung for
+                self._policy_failed(seen, rec.id, exc)
+                continue
+            seen.policy_error = None
             if d.status == PolicyStatus.DUE:
                 due.append(d.supervisor_id)
         if due and self.on_due is not None:
             log.info("lag policy breached long enough: %s; reconciling now", ", ".join(due))
             self.on_due()
+
+    @staticmethod
+    def _policy_failed(seen: _Seen, sid: str, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if error != seen.policy_error:  # every round would repeat it: said once while it lasts
+            log.error("lag policy of %s cannot be evaluated: %s; skipped, the other supervisors' policies go on",
+                      sid, error, extra={"supervisor": sid})
+        seen.policy_error = error
 
     # -- backfill milestones -------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 What an operator opens during an incident: the daemon's health and its webhooks, every
 supervisor with its state, lag in records and in time with a chart of each over the last hour
 (inline SVG, ``charts``), the age of its table's last commit, its lag policy, backfill progress
-and ETA, its last error, and the recent resets from the audit log; each supervisor links to a
+and ETA, its last error, and the recent resets and, apart, the recent alerts from the audit log
+(a lag hovering at its threshold once pushed a team's reset off a shared list); each links to a
 page of its own (``supervisorpage``: partitions, recent batches, audit entries). It refreshes
 itself every ``REFRESH`` seconds. No scripts, no front-end build, nothing fetched from
 elsewhere; every value is HTML-escaped, sources are not shown (errors were scrubbed of secrets
@@ -26,9 +27,9 @@ from reconciler.observe.charts import duration, sparkline
 Samples = Sequence[tuple[datetime, int | None, float | None]]  # (time, records, seconds)
 
 REFRESH = 5  # seconds
-RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start", "lag-breach",
-                 "lag-breach-end", "unhealthy", "recovered",
+RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start",
                  "cancel-backfill", "suspend-backfill", "resume-backfill", "operator-suspend", "operator-resume")
+ALERT_ACTIONS = ("lag-breach", "lag-breach-end", "unhealthy", "recovered")  # a list of their own (issue 41.7)
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -44,11 +45,12 @@ a{color:#1a4f8b} .warn{color:#8a5a00;font-weight:600}
 def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any]], health: tuple[bool, Mapping],
            lag: Mapping[str, Mapping[str, float]], now: datetime | None = None, *,
            observed: Mapping[str, Mapping[str, Any]] | None = None, history: Mapping[str, Samples] | None = None,
-           webhooks: Sequence[Mapping[str, Any]] = ()) -> str:
+           webhooks: Sequence[Mapping[str, Any]] = (), alerts: Sequence[Mapping[str, Any]] = ()) -> str:
     """The page. ``items``: ``status.supervisor_status`` dicts; ``lag``: supervisor -> partition
     -> records behind, as the runtimes last observed it; ``observed``: the lag observer's last
     observation per supervisor (``records``, ``seconds``, ``at``); ``history``: its samples of
-    the last hour; ``webhooks``: the endpoints' delivery state."""
+    the last hour; ``webhooks``: the endpoints' delivery state; ``resets`` and ``alerts``: the
+    newest audit entries of ``RESET_ACTIONS`` and of ``ALERT_ACTIONS``, each its own list."""
     now = now or datetime.now(UTC)
     ok, body = health
     parts = [
@@ -58,8 +60,10 @@ def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any
         _webhooks(webhooks),
         "<h2>Supervisors</h2>",
         _supervisors(items, lag, observed or {}, history or {}, now),
-        "<h2>Recent resets and alerts</h2>",
+        "<h2>Recent resets</h2>",
         _resets(resets),
+        "<h2>Recent alerts</h2>",
+        _resets(alerts, table="alerts"),
         f'<p class=muted>Refreshes every {REFRESH}s. Machine-readable: <a href="/healthz">/healthz</a>, '
         '<a href="/metrics">/metrics</a>, <code>reconciler status -o json</code>.</p>',
         "</body></html>",
@@ -164,7 +168,7 @@ def policy_cell(d: Mapping[str, Any] | None) -> str:
         return ""
     status = str(d.get("status"))
     css = {"ok": "ok", "pending": "warn", "alert": "bad", "due": "bad", "backfill-running": "warn",
-           "cooling": "warn", "applied": "warn"}.get(status, "muted")
+           "cooling": "warn", "applied": "warn", "recovering": "warn", "error": "bad"}.get(status, "muted")
     return f'<span class={css}>{escape(status)}</span><br><span class=muted>{escape(str(d.get("message") or ""))}</span>'
 
 
@@ -200,7 +204,7 @@ def backfill_cell(b: Mapping[str, Any] | None) -> str:
             f"<br>{escape(text)}")
 
 
-def _resets(entries: Sequence[Mapping[str, Any]]) -> str:
+def _resets(entries: Sequence[Mapping[str, Any]], table: str = "resets") -> str:
     if not entries:
         return "<p class=muted>None recorded.</p>"
     rows = []
@@ -217,5 +221,5 @@ def _resets(entries: Sequence[Mapping[str, Any]]) -> str:
         rows.append(f"<tr><td>{escape(at)}</td><td>{escape(str(e['supervisor_id']))}</td>"
                     f"<td>{escape(str(e['action']))}</td><td>{escape(str(e.get('actor') or ''))}</td>"
                     f"<td>{escape('; '.join(what))}</td><td>{escape(str(e.get('reason') or ''))}</td></tr>")
-    return ("<table id=resets><thead><tr><th>at</th><th>supervisor</th><th>action</th><th>by</th><th>what</th>"
+    return (f"<table id={table}><thead><tr><th>at</th><th>supervisor</th><th>action</th><th>by</th><th>what</th>"
             "<th>reason</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")

@@ -5,12 +5,14 @@ gives. Named cases; no database, no broker, no clock.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from reconciler.control.actual import Override, State
 from reconciler.control.lagpolicy import (
+    RECOVER_MIN,
     LagObservation,
     LagState,
     PolicyStatus,
@@ -19,9 +21,10 @@ from reconciler.control.lagpolicy import (
     decide,
     human_seconds,
     policy_token,
+    recover_after,
 )
 from reconciler.control.plan import ActionKind, plan
-from reconciler.model import LagPolicy
+from reconciler.model import LagPolicy, SupervisorSpec
 from tests.control.test_plan import actual, backfill_record, desired, record, spec
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -83,8 +86,11 @@ def test_a_breach_starts_holds_fires_once_and_ends():
     unknown, ev = advance(p, again, supervisor_id="clicks", epoch=1, records=None, seconds=None,
                           now=fire_at + timedelta(seconds=10))
     assert ev == [] and unknown.breach_since == NOW  # a broker that did not answer ends nothing
-    over, ev = advance(p, unknown, supervisor_id="clicks", epoch=1, records=5, seconds=1.0,
-                       now=fire_at + timedelta(seconds=15))
+    under, ev = advance(p, unknown, supervisor_id="clicks", epoch=1, records=5, seconds=1.0,
+                        now=fire_at + timedelta(seconds=15))
+    assert ev == [] and under.under_since == fire_at + timedelta(seconds=15)  # under: not yet for `for`
+    over, ev = advance(p, under, supervisor_id="clicks", epoch=1, records=5, seconds=1.0,
+                       now=fire_at + timedelta(seconds=135))
     assert over.breach_since is None and [e.action for e in ev] == ["lag-breach-end"]
 
 
@@ -195,3 +201,78 @@ def test_an_invalid_file_keeps_its_last_valid_policy():
              lag={"clicks": state(BREACH)})
     assert [(a.kind, a.request.trigger if a.request else None) for a in p.actions] == [
         (ActionKind.MARK_INVALID, None), (ActionKind.RESET_AND_BACKFILL, "policy")]
+
+
+# --------------------------------------------------------------------------- issue 41: flapping and poison
+
+
+def test_a_lag_at_its_threshold_alternating_every_round_is_one_breach_not_a_flap_per_round():
+    """41.7: 20,001 / 19,999 records every 5 s for two minutes wrote 24 breach and recovery entries."""
+    p = policy(**{"for": "0s", "maxLag": None})
+    o, actions = None, []
+    for i in range(24):
+        o, ev = advance(p, o, supervisor_id="clicks", epoch=1, records=20_001 if i % 2 == 0 else 19_999,
+                        seconds=None, now=NOW + timedelta(seconds=5 * i))
+        actions += [e.action for e in ev]
+    assert actions == ["lag-breach"] and o.breach_since == NOW  # one breach, one token, still on
+    last = NOW + timedelta(seconds=5 * 23)
+    for i in range(1, 13):  # under for a whole minute (``for`` is 0s: RECOVER_MIN): it ends, once
+        o, ev = advance(p, o, supervisor_id="clicks", epoch=1, records=10, seconds=None,
+                        now=last + timedelta(seconds=5 * i))
+        actions += [e.action for e in ev]
+    assert actions == ["lag-breach", "lag-breach-end"] and o.breach_since is None and o.under_since is None
+
+
+def test_recovery_waits_for_for_and_a_breach_back_over_keeps_its_start():
+    p = policy(**{"for": "2m"})
+    assert recover_after(p) == 120.0 and recover_after(policy(**{"for": "0s"})) == RECOVER_MIN
+    fired = seen(30_000, 10.0, since=NOW - timedelta(minutes=5), fired=NOW - timedelta(minutes=3))
+    under, ev = advance(p, fired, supervisor_id="clicks", epoch=1, records=5, seconds=1.0, now=NOW)
+    assert ev == [] and under.under_since == NOW
+    back, ev = advance(p, under, supervisor_id="clicks", epoch=1, records=30_000, seconds=1.0,
+                       now=NOW + timedelta(seconds=119))
+    assert ev == [] and back.under_since is None and back.breach_since == fired.breach_since
+    again, ev = advance(p, back, supervisor_id="clicks", epoch=1, records=5, seconds=1.0,
+                        now=NOW + timedelta(seconds=125))
+    assert ev == [] and again.under_since == NOW + timedelta(seconds=125)  # the count starts afresh
+
+
+def test_a_recovering_breach_is_never_reset():
+    rec = record(spec("clicks", lagPolicy=RESET))
+    recovering = seen(5, 1.0, since=NOW - timedelta(hours=1), fired=NOW - timedelta(minutes=50))
+    d = decide(rec, policy(), state(recovering, last=NOW - timedelta(hours=5)), actual(rec), NOW, suspended=False)
+    assert d.status == PolicyStatus.RECOVERING and d.request is None, d.message
+    assert "back within the policy" in d.message and "2.0m" in d.message
+
+
+def poisoned(sid: str) -> SupervisorSpec:
+    """A spec whose policy carries a ``for`` no parser accepts any more (stored before issue 41.1)."""
+    return replace(spec(sid, lagPolicy=RESET), lag_policy=LagPolicy(max_records=10, for_seconds=100_000_000 * 3600.0,
+                                                                   action="resetToLatestAndBackfill"))
+
+
+def test_a_policy_whose_deadline_overflows_is_an_error_on_its_own_supervisor_only():
+    bad, good = poisoned("clicks"), spec("views", lagPolicy=RESET)
+    breach = seen(30_000, 5040.0, since=NOW - timedelta(minutes=3))
+    lag = {"clicks": state(breach), "views": state(replace(BREACH, supervisor_id="views"))}
+    p = plan(desired(bad, good), actual(record(bad), record(good)), now=NOW, lag=lag)
+    assert [(a.kind, a.supervisor_id) for a in p.actions] == [(ActionKind.RESET_AND_BACKFILL, "views")]
+    assert [(d.supervisor_id, d.status) for d in p.policies] == [("clicks", PolicyStatus.ERROR),
+                                                               ("views", PolicyStatus.DUE)]
+    assert "OverflowError" in p.policies[0].message and "87600h" in p.policies[0].message
+    assert p.to_dict()["policies"][0]["status"] == "error"
+
+
+def test_a_stored_spec_the_parser_now_refuses_does_not_stop_the_plan():
+    doc = {**spec("clicks").document, "lagPolicy": {"maxRecords": 10, "for": "100000000h"}}
+    stored = replace(record("clicks"), spec_document=doc)
+    with pytest.raises(ValueError, match="too long: at most 87600h"):
+        stored.spec  # noqa: B018 - what every reader of the stored spec meets
+    good = spec("views", lagPolicy=RESET)
+    lag = {"clicks": state(seen(30_000, 5040.0, since=NOW - timedelta(minutes=3))),
+           "views": state(replace(BREACH, supervisor_id="views"))}
+    p = plan(desired(good, invalid={"clicks": "specs/clicks.yaml:9:8: lagPolicy.for: too long"}),
+             actual(stored, record(good)), now=NOW, lag=lag)
+    assert [(a.kind, a.supervisor_id) for a in p.actions] == [(ActionKind.MARK_INVALID, "clicks"),
+                                                             (ActionKind.RESET_AND_BACKFILL, "views")]
+    assert [d.supervisor_id for d in p.policies] == ["views"]

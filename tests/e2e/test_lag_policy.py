@@ -192,7 +192,9 @@ def test_no_reset_while_the_policy_backfill_runs_nor_within_the_cooldown(tmp_pat
         run.wait("the backfill completed", lambda: backfills(store)[0].state == "COMPLETED", timeout=300)
         statuses.clear()
         burst(2_000)  # breached again, the backfill done, within the cooldown: no reset
-        run.wait("the third breach", lambda: len(breaches()) == 3, timeout=60)
+        # the second breach again if it is still recovering (under for less than a minute, issue
+        # 41.7), else a third one: either way over the threshold, and cooling
+        run.wait("the breach again", lambda: lag_policy_status(s) == "cooling", timeout=60)
         code, out = h.run_cli(s, "plan")
         run.wait("the main caught up by itself", caught_up_watching, timeout=300)
         assert len(policy_resets(store)) == 1 and "cooling" in statuses
@@ -216,7 +218,8 @@ def test_alert_changes_nothing_and_a_suspended_supervisor_is_never_reset(tmp_pat
         run.wait("the alert", lambda: any(e["action"] == "lag-breach" for e in store.history(SID)), timeout=60)
         head = {str(p): e for p, e in ends.items()}
         run.wait("the main caught up by itself", lambda: store.checkpoints(SID) == head, timeout=300)
-        run.wait("the alert's end", lambda: any(e["action"] == "lag-breach-end" for e in store.history(SID)), 30)
+        # the end once the lag has stayed under for a minute (issue 41.7: not at the first observation)
+        run.wait("the alert's end", lambda: any(e["action"] == "lag-breach-end" for e in store.history(SID)), 90)
         assert policy_resets(store) == [] and backfills(store) == []
 
         # suspended, with a policy that would reset: never reset while suspended

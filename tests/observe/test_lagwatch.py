@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -16,6 +18,7 @@ from reconciler.control.actual import State
 from reconciler.control.lagpolicy import policy_request
 from reconciler.control.resets import Positions, compute_reset
 from reconciler.model import PartitionRange, Position, SupervisorSpec
+from reconciler.observe import lagwatch
 from reconciler.observe.lagwatch import LagObserver
 from reconciler.observe.metrics import Metrics
 from reconciler.store.store import Store
@@ -119,3 +122,88 @@ def test_stale_rows_are_dropped_when_a_supervisor_stops_running(store, kafka_bro
     store.set_state("paused", State.SUSPENDED)
     observer.observe_once()
     assert "paused" not in store.lag_observations()  # not watched while suspended
+
+
+# --------------------------------------------------------------------------- issue 41
+
+
+class Clock:
+    """The observer's clock, moved by the test: rounds 5 s apart without waiting for them."""
+
+    def __init__(self):
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def tick(self, seconds: float = 5.0) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def test_a_lag_at_its_threshold_alternating_every_round_is_one_breach(store, kafka_broker, topic):
+    """41.7: 101 / 99 records behind a threshold of 100, round after round, for two minutes: one
+    breach (one audit entry, one webhook event), and its end once the lag stayed under."""
+    name = topic(partitions=1)
+    produced = devservices.produce_kafka(kafka_broker.bootstrap, name, [(f"k{i}", b"{}") for i in range(101)])[0]
+    create(store, "hover", kafka_broker.bootstrap, name, {"maxRecords": 100, "for": "0s", "action": "alert"})
+    store.init_checkpoints("hover", {"0": 0})
+    clock = Clock()
+    observer = LagObserver(store, interval=5.0, clock=clock)
+    checkpoint, lags = 0, []
+    for i in range(24):
+        if i % 2:  # a batch of 2 lands: 99 behind
+            store.publish(supervisor_id="hover", epoch=1, batch_id=f"b{i}", datasource="hover",
+                          ranges=[PartitionRange("0", checkpoint, checkpoint + 2)], files=[], records=2, unparseable=0)
+            checkpoint += 2
+        elif i:  # 2 more records arrive: 101 behind
+            produced = devservices.produce_kafka(kafka_broker.bootstrap, name, [("k", b"{}"), ("k", b"{}")])[0]
+        [seen] = observer.observe_once()
+        lags.append(seen.records)
+        clock.tick()
+    assert lags == [101, 99] * 12 and produced - checkpoint == 99
+    policy_entries = [e["action"] for e in store.history("hover") if e["action"].startswith("lag-breach")]
+    assert policy_entries == ["lag-breach"]
+    for _ in range(13):  # under for a minute (RECOVER_MIN, as for is 0s): the breach ends, once
+        observer.observe_once()
+        clock.tick()
+    policy_entries = [e["action"] for e in store.history("hover") if e["action"].startswith("lag-breach")]
+    assert policy_entries == ["lag-breach", "lag-breach-end"]
+    assert store.lag_observations()["hover"].breach_since is None
+
+
+@pytest.mark.parametrize("how", ["stored-for-beyond-the-bound", "evaluation-raises"])
+def test_one_poisoned_policy_does_not_end_the_round_for_the_others(store, kafka_broker, topic, monkeypatch,
+                                                                  caplog, how):
+    """41.1: a policy whose deadline overflowed ended the observer's round: the other supervisors'
+    due resets were never rung for, and the backfill milestones never recorded."""
+    name = topic(partitions=1)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, [(f"k{i}", b"{}") for i in range(300)])
+    if how == "stored-for-beyond-the-bound":  # stored before the bound existed: its document only
+        doc = {"id": "a-bad", "source": {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name},
+               "dataSchema": {"datasource": "a-bad", "timestamp": {"column": "ts"}}}
+        poisoned = {**doc, "lagPolicy": {"maxRecords": 10, "for": "100000000h"}}
+        store.create_supervisor(replace(SupervisorSpec.from_document(doc), document=poisoned), None, actor="test")
+        store.set_state("a-bad", State.RUNNING)
+    else:
+        create(store, "a-bad", kafka_broker.bootstrap, name)
+        real = lagwatch.decide
+
+        def decide(rec, *args, **kwargs):
+            if rec.id == "a-bad":
+                raise OverflowError("date value out of range")
+            return real(rec, *args, **kwargs)
+
+        monkeypatch.setattr(lagwatch, "decide", decide)
+    create(store, "b-good", kafka_broker.bootstrap, name)
+    store.init_checkpoints("a-bad", {"0": 0})
+    store.init_checkpoints("b-good", {"0": 0})
+    rung = []
+    observer = LagObserver(store, interval=5.0, on_due=lambda: rung.append(1))
+    observer.observe_once()
+    assert rung == [1]  # b-good's reset is due: the pass is rung all the same
+    assert store.lag_observations()["b-good"].fired_at is not None
+    observer.observe_once()
+    if how == "evaluation-raises":  # said for its supervisor, once while it lasts
+        said = [r.getMessage() for r in caplog.records if "cannot be evaluated" in r.getMessage()]
+        assert said == ["lag policy of a-bad cannot be evaluated: OverflowError: date value out of range; "
+                        "skipped, the other supervisors' policies go on"]

@@ -492,3 +492,27 @@ lagPolicy:
 )
 def test_lag_policy(text, expected):
     assert check(text) == expected
+
+
+# Issue 41.1: `for: 100000000h` passed, then overflowed the date it was added to and stopped every pass.
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(KAFKA + LAG_POLICY.replace("for: 2m", "for: 100000000h"),
+                     ["specs/clicks.yaml:12:8: lagPolicy.for: '100000000h' is too long: at most 87600h (10 years)"],
+                     id="for"),
+        pytest.param(KAFKA + LAG_POLICY.replace("cooldown: 1h", "cooldown: 87601h"),
+                     ["specs/clicks.yaml:14:13: lagPolicy.cooldown: '87601h' is too long: at most 87600h (10 years)"],
+                     id="cooldown"),
+        pytest.param(KAFKA + LAG_POLICY.replace("maxLag: 1h", "maxLag: " + "9" * 400 + "h"),
+                     ["specs/clicks.yaml:11:11: lagPolicy.maxLag: '" + "9" * 400 + "h' is too long: at most 87600h "
+                      "(10 years)"], id="maxLag-beyond-a-float"),
+        pytest.param(KAFKA + "taskDuration: 315360001s\n",
+                     ["specs/clicks.yaml:9:15: taskDuration: '315360001s' is too long: at most 87600h (10 years)"],
+                     id="taskDuration"),
+        pytest.param(KAFKA + LAG_POLICY.replace("for: 2m", "for: 87600h").replace("cooldown: 1h", "cooldown: 5256000m"),
+                     [], id="at-the-bound"),
+    ],
+)
+def test_every_duration_has_an_upper_bound(text, expected):
+    assert check(text) == expected
