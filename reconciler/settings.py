@@ -93,7 +93,7 @@ class Settings:
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl",
                            "seconds a leader lease lasts without renewal: a standby takes over within this time")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http",
-                     "address of the status page /, /metrics and /healthz ('' to disable)")
+                     "address of the status page /, /metrics and /healthz (off: none; taken: no start)")
     webhook: str = _opt("", "RECONCILER_WEBHOOK", "webhook",
                         "URL(s) receiving every audit event as a JSON POST: one, or several separated by commas "
                         "(config file: a string or a list); http or https, without user:password@", shown="none")
@@ -182,6 +182,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _seconds_or_float(name, values[name])
     for name in _BOOLS & values.keys():
         values[name] = _bool(name, values[name])
+    if values.get("http") is False:  # YAML reads `http: off` as false
+        values["http"] = "off"
     if isinstance(values.get("secret_grants"), dict):  # the config file's map: secret -> spec ids (a list or a string)
         values["secret_grants"] = ";".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                                            for k, v in values["secret_grants"].items())
@@ -299,13 +301,13 @@ def _object_store(cli: dict[str, Any], env: dict[str, str], file_values: dict[st
 
 
 def check_http(address: str) -> None:
-    """``HOST:PORT`` (or ``:PORT``) with a numeric port, or empty to disable."""
-    if not address:
+    """``HOST:PORT`` (or ``:PORT``) with a numeric port, or off (or empty) to disable."""
+    if not address or str(address).strip().lower() == "off":  # daemon.http.http_off
         return
     _, sep, port = str(address).rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise PermanentError(f"setting http (--http, RECONCILER_HTTP): {address!r} is not HOST:PORT with a port "
-                             "number, e.g. 127.0.0.1:9187 (empty disables it)")
+                             "number, e.g. 127.0.0.1:9187 (off disables it)")
 
 
 def check_db(url: str) -> None:

@@ -154,8 +154,12 @@ class Daemon:
         freshness = self.freshness = Freshness(self.store, current, self.metrics,
                                                on_due=lambda: (tick.request_pass(), self.wake.ring()))
         http = self._http = HttpEndpoint(self.store, self.metrics, freshness)
+        try:
+            http.start(s.http)  # a configured /healthz that cannot listen fails the start
+        except Misconfigured:
+            self.store.close()
+            raise
         self._install_signals()
-        http.start(s.http)
         self._ping_every = min(1.0, notify.watchdog_interval() or 1.0)
         self.metrics.max_loop_age = max(10.0, s.lease_ttl)
         watcher = SpecWatcher(s.specs, self.wake).start()
@@ -289,8 +293,7 @@ class Daemon:
             watcher = SpecWatcher(new.specs, self.wake).start()
             next_tick = 0.0
         if new.http != old.http and self._http is not None:
-            self._http.stop()
-            self._http.start(new.http)
+            self._http.switch(new.http)
         notify.notify("READY=1", f"STATUS={self.status_line()}")
         return watcher, min(next_tick, time.monotonic() + new.tick_interval)
 

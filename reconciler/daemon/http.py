@@ -1,35 +1,70 @@
-"""The daemon's HTTP endpoint: the status page on ``/``, ``/metrics`` and ``/healthz``."""
+"""The daemon's HTTP endpoint: the status page on ``/``, ``/metrics`` and ``/healthz``.
+
+An address that cannot be listened on fails the daemon's start (``Misconfigured`` naming the
+``http`` setting): a supervisor manager whose ``/healthz`` silently is not there looks dead
+to every probe, or worse, another process answers on its port. Running without HTTP is a
+choice said out loud: ``http: off``. On SIGHUP a new address that cannot be listened on
+keeps the daemon running (it is doing its work) on the old address, and says so.
+"""
 
 from __future__ import annotations
 
 import logging
 
+from reconciler.errors import Misconfigured
 from reconciler.observe.metrics import Metrics, serve
+from reconciler.observe.snapshot import SharedRender
 from reconciler.store.store import Store
 
 log = logging.getLogger("reconciler.daemon")  # the name in every line, as before the split
 
 
+def http_off(address: str) -> bool:
+    """Whether the ``http`` setting says to run without the page, /metrics and /healthz
+    (``off``; '' as before; YAML's ``http: off`` is read as ``off`` by the settings)."""
+    return not address or str(address).strip().lower() == "off"
+
+
 class HttpEndpoint:
-    """The server on the configured address; none when the address is empty or unusable
-    (the daemon goes on without it: it is a window onto the daemon, not part of its work)."""
+    """The server on the configured address; none when ``http`` is off."""
 
     def __init__(self, store: Store, metrics: Metrics, freshness=None):
         self.store = store
         self._metrics = metrics
         self._freshness = freshness  # daemon.freshness.Freshness: the lag observer's charts, when leading
         self._server = None
+        self._address = ""
+        self.pages = SharedRender(self._status_page)  # concurrent requests share one rendering
 
     def start(self, address: str) -> None:
-        if not address:
+        """Listen on ``address``; ``Misconfigured`` naming the setting when that is impossible."""
+        self._address = address
+        if http_off(address):
+            log.info("http is off: no status page, /metrics or /healthz")
             return
         try:
-            self._server = serve(self._metrics, address, page=self._status_page)
-            host, port = self._server.server_address[:2]
-            log.info("status page on http://%s:%d/, metrics on /metrics, health on /healthz", host, port)
+            self._server = serve(self._metrics, address, page=self.pages.get)
         except (OSError, ValueError) as exc:
-            log.warning("cannot serve metrics on %s: %s (continuing without)", address,
-                        getattr(exc, "strerror", None) or exc)
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise Misconfigured(
+                f"setting http (--http, RECONCILER_HTTP): cannot listen on {address}: {reason}. The status "
+                "page, /metrics and /healthz live there: free the port, choose another address, or set "
+                "http: off (--http off, RECONCILER_HTTP=off) to run without them") from exc
+        host, port = self._server.server_address[:2]
+        log.info("status page on http://%s:%d/, metrics on /metrics, health on /healthz", host, port)
+
+    def switch(self, address: str) -> None:
+        """SIGHUP's new address; when it cannot be listened on, the old one is kept."""
+        old = self._address
+        self.stop()
+        try:
+            self.start(address)
+        except Misconfigured as exc:
+            log.error("SIGHUP: %s; keeping %s", exc, "http off" if http_off(old) else old)
+            try:
+                self.start(old)
+            except Misconfigured as again:  # taken meanwhile: the daemon goes on working, unseen
+                log.error("SIGHUP: %s", again)
 
     def stop(self) -> None:
         if self._server is not None:
