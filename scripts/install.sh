@@ -3,7 +3,7 @@
 # in place, or remove it. Run as root from a checkout of the release to install:
 #
 #   sudo scripts/install.sh                        install, or upgrade what is installed
-#   sudo scripts/install.sh --from dist/stream_reconciler-0.2.0-py3-none-any.whl
+#   sudo scripts/install.sh --from dist/stream_reconciler-X.Y.Z-py3-none-any.whl
 #   sudo scripts/install.sh --uninstall [--purge]
 #
 # What it makes (each path below DIR with --root DIR):

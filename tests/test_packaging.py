@@ -102,3 +102,48 @@ def test_a_tree_without_git_metadata_builds_the_fallback_version(tree):
     shutil.rmtree(tree / ".git")
     [wheel] = build(tree, "--wheel")
     assert wheel.name == "stream_reconciler-0.1.0-py3-none-any.whl"
+
+
+def test_release_sh_refuses_what_is_not_a_release_and_tags_what_is(tree):
+    """Issue 46: the docs named v0.2.0, which no tag held. A release is made by one documented
+    command, which refuses a version the changelog does not describe, a dirty tree and a tag
+    that exists, and then tags and builds."""
+    release = lambda *a: subprocess.run(["bash", "scripts/release.sh", *a], cwd=tree, capture_output=True,  # noqa: E731
+                                        text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+                                                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"})
+    r = release("1.2")
+    assert r.returncode == 1 and "usage: scripts/release.sh X.Y.Z" in r.stderr
+    r = release("9.8.7")
+    assert r.returncode == 1 and "CHANGELOG.md has no section '## 9.8.7" in r.stderr
+    changelog = tree / "CHANGELOG.md"
+    text = changelog.read_text()
+    assert "## Unreleased" in text
+    changelog.write_text(text.replace("## Unreleased", "## 9.8.7 (unreleased)", 1))
+    _git(tree, "commit", "-q", "-am", "changelog")
+    r = release("9.8.7")
+    assert r.returncode == 1 and "still calls 9.8.7 unreleased" in r.stderr
+    changelog.write_text(text.replace("## Unreleased", "## 9.8.7 (2026-11-28)", 1))
+    r = release("9.8.7")
+    assert r.returncode == 1 and "uncommitted changes" in r.stderr
+    _git(tree, "commit", "-q", "-am", "changelog")
+    r = release("9.8.7")
+    assert r.returncode == 0, r.stderr
+    assert _git(tree, "tag", "-l").split() == ["v9.8.7"]
+    assert _git(tree, "cat-file", "-t", "v9.8.7").strip() == "tag"  # annotated
+    assert (tree / "dist" / "stream_reconciler-9.8.7-py3-none-any.whl").is_file()
+    r = release("9.8.7")
+    assert r.returncode == 1 and "v9.8.7 exists already" in r.stderr
+
+
+def test_no_document_names_a_release_tag_that_does_not_exist():
+    """A tag named as what to check out or pin must exist in this repository; the release
+    command's own example (scripts/release.sh 0.2.0) is not such a name."""
+    tags = set(_git(ROOT, "tag", "-l").split())
+    docs = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "examples").rglob("*.y*ml"))]
+    named = set()
+    for doc in docs:
+        for line in doc.read_text().splitlines():
+            if "release.sh" in line or "git push origin" in line or "git tag v0.2.0 &&" in line:
+                continue
+            named |= set(re.findall(r"(?:checkout|rev:|@)\s*(v\d+\.\d+\.\d+)\b", line))
+    assert named <= tags, f"documents pin {sorted(named - tags)}, which no tag holds"
