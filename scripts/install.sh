@@ -386,7 +386,7 @@ else
     if [ -n "$have" ]; then
         say "Spark class archive found: ${have#"$ROOT"}"
     else
-        if ! step "building Spark's class archive as $SERVICE_USER (about 30 s)" \
+        if ! step "building Spark's class archive as $SERVICE_USER (30 s on a quiet 2-core machine, 90 s or more on a busy one)" \
                 as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds; then
             say "no class archive (the daemon starts Spark without it, slower)"
         fi

@@ -93,7 +93,7 @@ if .venv/bin/python -c 'import sys; from reconciler.pipeline.sparkcds import jav
     say "Spark class archive found"
 else
     # The JVM that builds it prints a warning per class it cannot share (hundreds): the log keeps them.
-    step "building Spark's class archive (about 30 s, once)" .venv/bin/python -m reconciler.pipeline.sparkcds \
+    step "building Spark's class archive (once; 30 s on a quiet 2-core machine, 90 s or more on a busy one)" .venv/bin/python -m reconciler.pipeline.sparkcds \
         || say "no class archive (Spark starts without it, slower)"
 fi
 
