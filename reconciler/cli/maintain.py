@@ -219,6 +219,11 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
             docs.append(doc)
     except (ReconcilerError, MaintenanceError) as exc:
         _refuse(str(exc), output)
+    except OSError as exc:  # the warehouse's store cannot be reached: its own words, one line, no traceback
+        from reconciler.table.storage import unreachable_reason
+
+        _refuse(unreachable_reason(exc) or f"the warehouse {c.settings.warehouse} cannot be read: "
+                f"{exc.strerror or exc.__class__.__name__}", output)
     failed = any("expire" in d and d["expire"].expired_snapshots and not d["expire"].committed and not dry_run
                  for d in docs)
     if output == "json":

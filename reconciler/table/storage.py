@@ -89,6 +89,11 @@ class ObjectStore:
             except PermanentError as exc:
                 raise PermanentError(f"setting objectStore.{key}: {exc}") from None
         store = cls.from_environment(resolved, env)
+        if store.endpoint and "@" in store.endpoint.rpartition("://")[2].split("/", 1)[0]:
+            raise PermanentError(f"setting objectStore.endpoint (or AWS_ENDPOINT_URL): {_shown_endpoint(store.endpoint)} "
+                                 "is given with credentials (user:password@), which are refused: give them as "
+                                 "objectStore accessKeyId and secretAccessKey (references allowed) or in the AWS "
+                                 "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
         for value in store.secrets():
             secrets.scrubber.learn(value)
         return store
@@ -159,10 +164,18 @@ def unreachable_reason(exc: BaseException) -> str | None:
     if m is None:
         return None
     store = current()
-    where = store.endpoint or "AWS S3"
+    where = _shown_endpoint(store.endpoint) if store.endpoint else "AWS S3"
     why = m["why"].strip().rstrip(".")
     op = f" ({m['op']})" if m["op"] else ""
     return f"the warehouse's object store {where} failed: {m['code']}{op}: {why}"
+
+
+def _shown_endpoint(endpoint: str) -> str:
+    """An endpoint as messages show it: never the user information (refused by ``from_settings``;
+    an AWS_ENDPOINT_URL may still carry it)."""
+    scheme, sep, rest = endpoint.rpartition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def is_object_store(location: str | os.PathLike[str]) -> bool:
