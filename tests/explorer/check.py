@@ -22,7 +22,6 @@ import collections
 import os
 from dataclasses import dataclass, field
 
-from reconciler.table import reach
 from reconciler.table.catalog import Tables, deadletter_table
 from reconciler.table.locations import local_name
 from reconciler.table.verify import SupervisorFacts, lineage_of, verify
@@ -127,22 +126,62 @@ def _pending(store) -> set[tuple[str, int]]:
 
 def kept_snapshots_missing(tables: Tables) -> list[str]:
     """Files of any snapshot the current metadata keeps that are gone: continuous expiry
-    and compaction delete what only expired snapshots needed, never what a kept one does."""
+    and compaction delete what only expired snapshots needed, never what a kept one does.
+    Read with pyiceberg's own manifest readers, not the product's ``reach``."""
     out = []
     for name in (DATASOURCE, deadletter_table(DATASOURCE)):
         table = tables.load(name)
         if table is None:
             continue
-        reader = reach._ManifestReader(table.io)
         for snap in table.metadata.snapshots:
             try:
-                paths = reader.reachable([snap], live_only=True)
+                paths = {snap.manifest_list}
+                for m in snap.manifests(table.io):
+                    paths.add(m.manifest_path)
+                    paths |= {e.data_file.file_path for e in m.fetch_manifest_entry(table.io, discard_deleted=True)}
             except FileNotFoundError as exc:
                 out.append(f"{name}: kept snapshot {snap.snapshot_id}: {exc}"[:300])
                 continue
             missing = sorted(x for x in paths if not os.path.exists(local_name(x)))
             if missing:
                 out.append(f"{name}: kept snapshot {snap.snapshot_id}: {len(missing)} file(s) missing: {missing[:2]}")
+    return out
+
+
+def refs_kept(world: World, tables: Tables) -> list[str]:
+    """Every tag and branch the schedule made still names its snapshot, and that snapshot
+    still reads: the same data files, all present."""
+    table = tables.load(DATASOURCE)
+    if table is None or not world.refs:
+        return []
+    out = []
+    for label, (sid, files) in sorted(world.refs.items()):
+        ref = table.metadata.refs.get(label)
+        if ref is None or ref.snapshot_id != sid:
+            out.append(f"tag/branch {label} of snapshot {sid} is gone or moved: {ref}")
+            continue
+        if table.metadata.snapshot_by_id(sid) is None:
+            out.append(f"snapshot {sid} of tag/branch {label} was expired")
+            continue
+        try:
+            now = frozenset(t.file.file_path for t in table.scan(snapshot_id=sid).plan_files())
+        except FileNotFoundError as exc:
+            out.append(f"tag/branch {label}: snapshot {sid} cannot be read: {exc}"[:300])
+            continue
+        gone = sorted(f for f in now if not os.path.exists(local_name(f)))
+        if now != files or gone:
+            out.append(f"tag/branch {label}: snapshot {sid} reads other files than when tagged, or missing: {gone[:2]}")
+    return out
+
+
+def missing_current_files(tables: Tables) -> list[str]:
+    """Data files the tables' current snapshots reference that are not on disk."""
+    out = []
+    for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+        table = tables.load(name)
+        if table is None or table.current_snapshot() is None:
+            continue
+        out += [t.file.file_path for t in table.scan().plan_files() if not os.path.exists(local_name(t.file.file_path))]
     return out
 
 
@@ -153,15 +192,20 @@ def check_now(world: World, tables: Tables, store) -> list[str]:
         report = run_verify(world, tables, store, deep=False)
     except OSError as exc:
         return [f"the table cannot be loaded: {exc}"[:400]]
-    if report is not None and report.missing_files:
-        problems.append(f"{len(report.missing_files)} referenced file(s) missing: {report.missing_files[:3]}")
+    try:
+        missing = missing_current_files(tables)
+    except FileNotFoundError as exc:
+        missing = [f"(metadata) {exc}"[:300]]
+    if missing:
+        problems.append(f"{len(missing)} referenced file(s) missing: {missing[:3]}")
     problems += kept_snapshots_missing(tables)
+    problems += refs_kept(world, tables)
     t = truth(world, tables, store, final=False)
     problems += t.problems
     if report is not None:
         failing = [f for f in report.findings if f.fails and f.kind != "gap"]
         problems += [f"verify now: {f.kind} {f.lineage} p{f.partition} [{f.start}, {f.end})" for f in failing]
-        if t.ok and not report.missing_files and not report.ok:
+        if t.ok and not missing and not report.ok:
             gaps = [f for f in report.findings if f.fails]
             problems.append(f"verify fails while the table is right: {[f.to_dict() for f in gaps][:3]}")
     if world.rollup and rows_without_count(tables):
@@ -174,6 +218,10 @@ def check_final(world: World, tables: Tables, store) -> list[str]:
     t = truth(world, tables, store, final=True)
     problems += [f"final: {p}" for p in t.problems]
     garbage = world.unreferenced_files(tables)
+    held = _held_by_discarded_staging(garbage, store)
+    if held:  # known (reported with issue 41.12's reader's grace): visible in the coverage, not a failure
+        world.reached.add("leftover-held-by-discarded-staging")
+        garbage = [g for g in garbage if g not in held]
     if garbage:
         problems.append(f"final: {len(garbage)} unreferenced file(s) left after recovery and clean-up: {garbage[:3]}")
     report = run_verify(world, tables, store, deep=True)
@@ -181,6 +229,35 @@ def check_final(world: World, tables: Tables, store) -> list[str]:
         problems.append(f"final: verify says {'ok' if report.ok else 'FAILED'} but the truth is "
                         f"{'ok' if t.ok else 'broken'}: {report.to_dict()['findings'][:3]}")
     return problems
+
+
+def _held_by_discarded_staging(garbage: list[str], store) -> set[str]:
+    """Leftovers of a batch the fences discarded whose staged metadata file is still on
+    disk: orphan clean-up's reader's grace (table/grace.py) holds every version with no
+    version two after it on storage, a staging of a discarded write included, until two more
+    commits land. Not lost data, and gone after later commits; counted apart."""
+    import re
+
+    from reconciler.table.writeids import write_id_of_name
+
+    by_write: dict[str, list[str]] = {}
+    for g in garbage:
+        m = re.search(r"/data/batch=([^/]+)/", g)
+        if m:
+            by_write.setdefault(m.group(1), []).append(g)
+    if not by_write:
+        return set()
+    statuses = store.write_statuses(by_write)
+    out = set()
+    for wid, paths in by_write.items():
+        if statuses.get(wid) != "discarded":
+            continue
+        meta = paths[0].split("/data/batch=")[0] + "/metadata"
+        staged = [os.path.join(meta, n) for n in (os.listdir(meta) if os.path.isdir(meta) else ())
+                  if write_id_of_name(n) == wid]
+        if staged:
+            out |= set(paths) | {g for g in garbage if g in staged}
+    return out
 
 
 def check_verdict(world: World, tables: Tables, store, sabotage: str) -> list[str]:

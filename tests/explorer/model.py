@@ -5,16 +5,18 @@ reader: offsets that hold no record (a transaction marker, a RabbitMQ tracking e
 records that do not parse (dead letters), and retention deleting the oldest records.
 ``ModelAdapter`` answers the runtime's position questions from it, and ``ModelJob`` is
 the batch job (``reconciler.runtime.jobs.BatchJob``): it writes the records of a batch's
-ranges as Parquet files with pyarrow, exactly where and how the product's sink does
-(the ranges cut into ``task_count`` offset sub-ranges by the product's ``split_ranges``, one
-file per (task, time chunk) under the batch directory, dead letters beside, fsynced), and
-reports what it wrote. Everything else the explorer drives is the product's own code.
+ranges as Parquet files with pyarrow, exactly where the product's tasks do (the ranges cut
+into ``task_count`` offset sub-ranges by the product's ``split_ranges``, one file per (task,
+time chunk) under the batch directory, dead letters beside), then hands what they described
+to the product's own driver side, ``pipeline.segments.finish`` (keeps the described files,
+fsyncs them and their directories): a power cut tests the product's sync, not a model's. Everything else the explorer drives is the product's own code.
 """
 
 from __future__ import annotations
 
+import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +26,6 @@ import pyarrow.parquet as pq
 
 from reconciler import faults
 from reconciler.control.resets import Positions
-from reconciler.table import durable
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 ROW_SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
@@ -54,6 +55,10 @@ class ModelStream:
     earliest_offset: dict[str, int] = field(default_factory=dict)
     deleted: set[tuple[str, int]] = field(default_factory=set)  # deleted by retention, never ingested
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # A broker's end answered from a replica or a cache lags the true end: up to this many
+    # offsets short, drawn from ``lag_rng`` (seeded by the schedule: the same seed, the same answers).
+    under_report: int = 0
+    lag_rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
     def produce(self, partition: str, n: int, *, marker_every: int = 0, bad_every: int = 0) -> None:
         with self.lock:
@@ -82,6 +87,15 @@ class ModelStream:
         with self.lock:
             return {p: len(r) for p, r in self.partitions.items()}
 
+    def reported_latest(self) -> dict[str, int]:
+        """The end a broker answers: the true one, or (``under_report``) a few offsets short."""
+        with self.lock:
+            out = {}
+            for p, r in self.partitions.items():
+                short = self.lag_rng.randint(0, self.under_report) if self.under_report else 0
+                out[p] = max(self.earliest_offset.get(p, 0), len(r) - short)
+            return out
+
     def read(self, partition: str, start: int, end: int) -> list[Record]:
         with self.lock:
             first = self.earliest_offset.get(partition, 0)
@@ -96,7 +110,7 @@ class ModelStream:
             return [r for recs in self.partitions.values() for r in recs if r is not None]
 
     def positions(self) -> Positions:
-        return Positions(earliest=self.earliest(), latest=self.latest(), start_from=self.earliest())
+        return Positions(earliest=self.earliest(), latest=self.reported_latest(), start_from=self.earliest())
 
 
 class ModelAdapter:
@@ -112,41 +126,13 @@ class ModelAdapter:
         return self.stream.earliest()
 
     def latest(self) -> dict[str, int]:
-        return self.stream.latest()
+        return self.stream.reported_latest()
 
     def offsets_for_time(self, timestamp_ms: int) -> dict[str, int]:
         return self.stream.earliest()
 
     def close(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class WrittenFile:
-    path: str
-    segment: str | None
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Written:
-    """What the product's ``pipeline.segments.WrittenBatch`` carries, plus delivered counts."""
-
-    batch_id: str
-    files: tuple[WrittenFile, ...]
-    dead_files: tuple[WrittenFile, ...]
-    read_counts: Mapping[str, int]
-    input_rows: int | None = None
-    input_bytes: int | None = None
-
-    @property
-    def rows(self) -> int:
-        return sum(f.rows for f in self.files)
-
-    @property
-    def dead_rows(self) -> int:
-        return sum(f.rows for f in self.dead_files)
 
 
 class ModelJob:
@@ -159,11 +145,13 @@ class ModelJob:
         return ROW_SCHEMA, DEAD_SCHEMA
 
     def run(self, spec, ranges: Sequence, batch_id: str, *, data_dir: Path, dead_dir: Path, task_count: int):
+        from reconciler.pipeline import segments, tasks
         from reconciler.pipeline.sources import split_ranges
 
         bad: list[Record] = []
         counts: dict[str, int] = {}
-        files = []
+        described: list[tasks.FileDescription] = []
+        read = 0
         # As Spark's tasks do: each task reads its sub-ranges (a partition's range may be cut
         # between tasks) and writes its own file per time chunk.
         for task, group in enumerate(split_ranges(list(ranges), task_count)):
@@ -171,33 +159,33 @@ class ModelJob:
             for rng in group:
                 recs = self.stream.read(rng.partition, rng.start, rng.end)
                 counts[rng.partition] = counts.get(rng.partition, 0) + len(recs)
+                read += len(recs)
                 for r in recs:
                     (bad if r.bad else good).append(r)
             by_chunk: dict[str, list[Record]] = {}
             for r in good:
                 by_chunk.setdefault(r.time.strftime("%Y%m%dT%H00Z"), []).append(r)
             for chunk, recs in sorted(by_chunk.items()):
-                path = Path(data_dir) / f"time_chunk={chunk}" / f"part-{task:05d}.parquet"
-                files.append(_write(path, pa.table({
+                name = f"time_chunk={chunk}/part-{task:05d}.parquet"
+                described.append(_write(Path(data_dir), name, tasks.DATA, pa.table({
                     "__time": pa.array([r.time for r in recs], pa.timestamp("us", tz="UTC")),
                     "id": [r.key for r in recs], "__partition": [r.partition for r in recs],
                     "__offset": pa.array([r.offset for r in recs], pa.int64())}, schema=ROW_SCHEMA), chunk))
-        dead = []
         if bad:
-            path = Path(dead_dir) / "part-00000.parquet"
-            dead.append(_write(path, pa.table({
+            described.append(_write(Path(dead_dir), "part-00000.parquet", tasks.DEAD, pa.table({
                 "partition": [r.partition for r in bad], "offset": pa.array([r.offset for r in bad], pa.int64()),
                 "key": [r.key for r in bad], "reason": ["does not parse"] * len(bad)}, schema=DEAD_SCHEMA), None))
-        paths = [f.path for f in (*files, *dead)]
         faults.point("job-sync", batch_id)
-        # As the product's sink (pipeline/segments.py): the files, their directories, up to the table's.
-        durable.sync(paths, {Path(data_dir), Path(dead_dir), Path(data_dir).parent, Path(dead_dir).parent,
-                             Path(data_dir).parent.parent, Path(dead_dir).parent.parent})
-        return Written(batch_id, tuple(files), tuple(dead), counts, len(good) + len(bad), 0)
+        # The product's own driver side from here (pipeline/segments.py): what the tasks
+        # described kept, anything else deleted, the files and their directories fsynced.
+        return segments.finish(tasks.TaskResults(tuple(described), read, 0, counts), data_dir, dead_dir, batch_id)
 
 
-def _write(path: Path, table: pa.Table, segment: str | None) -> WrittenFile:
+def _write(root: Path, name: str, kind: str, table: pa.Table, chunk: str | None):
+    from reconciler.pipeline.tasks import FileDescription
+
+    path = root / name
     faults.point("job-file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
-    return WrittenFile(str(path), segment, table.num_rows, path.stat().st_size)
+    return FileDescription(kind, name, chunk, table.num_rows, path.stat().st_size)

@@ -2,15 +2,21 @@
 
 * every named schedule (each defect of issue 28, replayed) on SQLite and on the real
   PostgreSQL;
-* random schedules: ``RECONCILER_EXPLORER_SCHEDULES`` in all (default 2,000), 70 % on
-  SQLite and 30 % on PostgreSQL (1,400 + 600: a PostgreSQL schedule costs about twice a
-  SQLite one, its server sharing the cores), from a first seed that changes every run
-  (``RECONCILER_EXPLORER_SEED`` to fix it), on two worker processes; ``--soak``: 100,000
-  in all (70,000 + 30,000).
+* random schedules: ``RECONCILER_EXPLORER_SCHEDULES`` in all (default 200: a count, not a
+  time, that ends in about a minute on a loaded 2-core machine, far under the 600 s
+  timeout), 70 % on SQLite and 30 % on PostgreSQL (140 + 60: a PostgreSQL schedule costs
+  about twice a SQLite one, its server sharing the cores), from a first seed that changes
+  every run (``RECONCILER_EXPLORER_SEED`` to fix it), on two worker processes; the big
+  counts are behind flags: ``RECONCILER_EXPLORER_SCHEDULES=20000``, or ``--soak`` (100,000
+  in all, 70,000 + 30,000).
 
-Each part prints its count, elapsed seconds and the faults it injected (``-s``), records
-them as a property of the test (``--junitxml``) and in the terminal summary ("schedule
-explorer", ``conftest.py``). A failing schedule is reported with the one-line command that
+Each part prints its seeds before it starts (a part killed by the timeout can be
+replayed), then its count, elapsed seconds, the faults it injected and its coverage (how
+many schedules compacted, expired, tagged, cancelled a backfill batch in flight, committed
+a batch after a fault, reset; ``-s`` not needed), records them as a property of the test
+(``--junitxml``) and in the terminal summary ("schedule explorer", ``conftest.py``). A
+part of 100 schedules or more fails when a coverage counter is under its floor
+(``__main__.FLOORS``). A failing schedule is reported with the one-line command that
 replays it.
 """
 
@@ -26,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.explorer.__main__ import explore, scratch
+from tests.explorer.__main__ import below_floor, coverage, explore, scratch
 from tests.explorer.schedules import NAMED, Runner, many_batch_directories
 
-SCHEDULES = int(os.environ.get("RECONCILER_EXPLORER_SCHEDULES", "2000"))
+SCHEDULES = int(os.environ.get("RECONCILER_EXPLORER_SCHEDULES", "200"))
 SOAK_SCHEDULES = 100_000
 SHARE = {"sqlite": 0.7, "postgres": 0.3}  # of the random schedules, per database
 
@@ -110,6 +116,10 @@ def test_random_schedules(db, request, capsys, record_property):
     first = int(os.environ.get("RECONCILER_EXPLORER_SEED", random.randrange(1 << 31)))
     if db == "postgres":  # the SQLite part runs the seeds before
         first += split(total)["sqlite"]
+    with capsys.disabled():
+        print(f"\nexplorer: {db}, {count} random schedules, seeds {first}..{first + count - 1}; replay one: "
+              f".venv/bin/python -m tests.explorer --db {db} --seed <seed> -v; all: "
+              f"--seeds {first}:{first + count}", flush=True)
     cluster = request.getfixturevalue("pg_cluster") if db == "postgres" else None
     started, cpu, server = time.monotonic(), _children_cpu(), _server_cpu(cluster)
     with tempfile.TemporaryDirectory(prefix="explorer-", dir=scratch()) as tmp:
@@ -125,9 +135,12 @@ def test_random_schedules(db, request, capsys, record_property):
                "seconds": round(seconds, 1), "workersCpuSeconds": round(cpu, 1),
                **({"serverCpuSeconds": round(server, 1)} if cluster else {}),
                "loadAverage": round(os.getloadavg()[0], 1), "faultSchedules": sum(1 for r in results if r["faults"]),
-               "faultsInjected": dict(sorted(faults.items()))}
+               "faultsInjected": dict(sorted(faults.items())), "coverage": coverage(results)}
     record_property("explorer", summary)  # the terminal summary's (conftest.py) and --junitxml's
     with capsys.disabled():
         print("\nexplorer: " + json.dumps(summary))
     assert len(results) == count
     assert not failed, _replays(failed)
+    low = below_floor(results)
+    assert not low, ("the explorer's operations found too little to do (coverage under its floor): "
+                     + "; ".join(low) + f"; seeds {first}..{first + count - 1}")

@@ -21,7 +21,7 @@ def work(args: tuple) -> list[dict]:
             schedule = NAMED[value]() if kind == "named" else random_schedule(value)
             r = runner.run(schedule)
             out.append({"name": r.name, "seed": r.seed, "db": db_name, "ok": r.ok, "problems": r.problems,
-                        "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes,
+                        "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes, "reached": r.reached,
                         "trace": r.trace if not r.ok else []})
     finally:
         runner.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from reconciler import faults
 from reconciler.control.actual import Kind, State
 from reconciler.control.apply import Applier
 from reconciler.control.plan import Action, ActionKind
@@ -40,6 +41,8 @@ DATASOURCE = "clicks"
 MAIN = "clicks"
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 BACKFILL_TASKS = 2  # "now" for compaction: every partition is closed
+# Where a batch is between its write's start and its publish (a cancel there meets it in flight).
+IN_FLIGHT = {"write-begun", "job-file", "job-sync", "write-metadata", "before-commit", "after-write", "abandon"}
 
 
 def spec_document(*, rollup: bool = False, max_batch_records: int = 12, datasource: str = DATASOURCE,
@@ -103,7 +106,8 @@ class Process:
 class World:
     def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
                  rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
-                 bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25):
+                 bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25,
+                 under_report: int = 0):
         """A world over a database and warehouse already set up (``setup``). ``store`` is
         shared by the world's processes (one engine: its compiled statements are reused
         from schedule to schedule; each process still has its own connections)."""
@@ -113,6 +117,7 @@ class World:
         self.stream = ModelStream()
         for p in range(partitions):
             self.stream.produce(str(p), records, marker_every=marker_every, bad_every=bad_every)
+        self.stream.under_report = under_report
         self.rollup = rollup
         self.snapshots_kept = snapshots_kept  # small: the publishes expire snapshots as they go
         self.shared = store
@@ -120,6 +125,12 @@ class World:
         self.cancelled: dict[str, tuple[int, int]] = {}  # "<backfill>:<partition>" -> its unread range
         self.notes: list[str] = []
         self.retired: list[ModelStream] = []  # sources a fresh start left behind
+        # What the schedule reached (coverage counters: the run's summary sums them) and
+        # what the operations' own checks found wrong (problems of the schedule).
+        self.reached: set[str] = set()
+        self.violations: list[str] = []
+        self.refs: dict[str, tuple[int, frozenset[str]]] = {}  # tag/branch -> (snapshot, its data files)
+        self.sched = None  # the Scheduler, once running: who is where
 
     @staticmethod
     def setup(root: Path, store: Store, *, rollup: bool = False, warehouse_name: str = "segments",
@@ -176,33 +187,123 @@ class World:
         # Two tasks: a backfill's ranges are cut into offset sub-ranges, one partition's too (issue 30).
         req = from_cli(MAIN, Position("latest"), operation_id=uuid.uuid4().hex[:12], backfill=backfill,
                        backfill_task_count=BACKFILL_TASKS, reason="explorer")
-        applier = Applier(proc.store, actor="explorer", capture=lambda spec, pos, now: (
-            self.stream.positions(), self.stream.earliest()), missing_retry_delays=())
+        def capture(spec, pos, now):
+            captured = self.stream.positions(), self.stream.earliest()
+            # Others run between the capture and the reset's transaction (a daemon commits a
+            # batch; the checkpoints move past what was captured).
+            faults.point("reset-captured", MAIN)
+            return captured
+
+        before = proc.store.read_actual().checkpoints.get(MAIN, {})
+        applier = Applier(proc.store, actor="explorer", capture=capture, missing_retry_delays=())
         kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
         [result] = applier.apply([Action(kind, MAIN, "explorer reset", request=req)])
         if not result.ok:
             self.notes.append(f"reset failed: {result.message}")
+            return
+        self.reached.add("reset")
+        after = proc.store.read_actual().checkpoints.get(MAIN, {})
+        back = {p: (o, after[p]) for p, o in before.items() if p in after and after[p] < o}
+        if back:  # a reset to latest never rewinds: what lies behind was read already
+            self.violations.append(f"a reset to latest moved checkpoints backwards: {back}")
 
     def compact(self, proc: Process, now: datetime = FAR) -> None:
         """Compact every partition closed at ``now`` (FAR: all of them)."""
         rollup = Rollup(("id", "__partition", "__offset"), (("count", "count"),)) if self.rollup else None
-        compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=now,
-                target_file_size=1 << 30, attempts=3)
+        result = compact(proc.tables, DATASOURCE, store=proc.store, rollup=rollup, lateness=timedelta(0), now=now,
+                         target_file_size=1 << 30, attempts=3)
+        if result.committed and result.files_before > result.files_after:
+            self.reached.add("compacted")
 
-    def expire(self, proc: Process, retain_last: int = 1) -> None:
+    def expire(self, proc: Process, retain_last: int = 1, keep_back: int | None = None, check: bool = True) -> None:
+        """Expire with ``retain_last``; ``keep_back``: the cut-off at the ``keep_back``-th
+        newest snapshot (those at or after it are kept by age), None: a cut-off of now."""
+        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
+            if proc.tables.load(name) is None:
+                continue
+            meta = proc.tables.current(name).metadata
+            newest = sorted((s.timestamp_ms for s in meta.snapshots), reverse=True)
+            now, older_than = datetime.now(UTC), timedelta(0)
+            recent = 0
+            if keep_back is not None and newest:
+                cut = newest[min(keep_back, len(newest)) - 1]
+                older_than = now - datetime.fromtimestamp(cut / 1000, UTC)
+                recent = sum(1 for t in newest if t >= cut)
+            result = expire_snapshots(proc.tables, name, store=proc.store, older_than=older_than, now=now,
+                                      retain_last=retain_last, attempts=3)
+            if result.committed and result.expired_snapshots:
+                self.reached.add("expired")
+            if result.committed and check:
+                # Checked at once (no point between the commit's return and here): the
+                # snapshots this expiry had to keep, counted independently of its plan.
+                # Publishes expire too (keeping ``snapshots_kept``), so the floor is the least
+                # of what either keeps.
+                left = len(proc.tables.current(name).metadata.snapshots)
+                floor = min(max(retain_last, recent), self.snapshots_kept, len(newest))
+                if left < floor:
+                    self.violations.append(
+                        f"expiry of {name} (retain_last={retain_last}, {recent} snapshot(s) newer than the "
+                        f"cut-off, {len(newest)} before) left {left} snapshot(s), fewer than {floor}")
+
+    def tag(self, proc: Process, label: str, branch: bool, back: int = 0) -> None:
+        """Tag (or branch) the ``back``-th snapshot before the current one, as an operator
+        does with any Iceberg tool, committed through the product's catalog and store."""
+        from pyiceberg.table.update.snapshot import ManageSnapshots
+
+        from reconciler.table.writeids import new_write_id
+
+        if proc.tables.load(DATASOURCE) is None:
+            return
+        table = proc.tables.current(DATASOURCE)
+        chain = []
+        snap = table.current_snapshot()
+        while snap is not None and len(chain) <= back:
+            chain.append(snap)
+            snap = table.metadata.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+        if not chain:
+            return
+        target = chain[-1].snapshot_id
+        files = frozenset(t.file.file_path for t in table.scan(snapshot_id=target).plan_files())
+
+        def build(tx):
+            ms = ManageSnapshots(tx)
+            (ms.create_branch(target, label) if branch else ms.create_tag(target, label)).commit()
+
+        wid = new_write_id()
+        proc.store.begin_write(wid, "expire", tables=[DATASOURCE])
+        commit = proc.tables.stage(DATASOURCE, build, write_id=wid, expected=table.metadata_location)
+        proc.store.commit_tables(wid, "expire", [commit])
+        self.refs[label] = (target, files)
+        self.reached.add("tagged")
+
+    def has_work(self, proc: Process, what: str, more: int = 0) -> bool:
+        """Whether ``what`` (an operation waiting for work) has something to do now."""
+        if what == "backfill-in-flight":
+            bf = self.sched.actors.get("backfills") if self.sched else None
+            return bf is not None and bf.state == "parked" and bf.point in IN_FLIGHT
+        if proc.tables.load(DATASOURCE) is None:
+            return False
+        snaps = proc.tables.current(DATASOURCE).metadata.snapshots
+        return len(snaps) >= (3 if what == "compact" else 2) + more
+
+    def wait_for(self, proc: Process, what: str, turns: int, more: int = 0) -> None:
+        """Let the others run (up to ``turns`` switches) until ``what`` has work."""
+        for _ in range(turns):
+            if self.has_work(proc, what, more):
+                return
+            faults.point("wait", what)
+
+    def orphans(self, proc: Process, now: datetime | None = None) -> None:
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):
             if proc.tables.load(name) is not None:
-                expire_snapshots(proc.tables, name, store=proc.store, older_than=timedelta(0),
-                                 retain_last=retain_last, attempts=3)
-
-    def orphans(self, proc: Process) -> None:
-        for name in (DATASOURCE, deadletter_table(DATASOURCE)):
-            if proc.tables.load(name) is not None:
-                remove_orphans(proc.tables, name, store=proc.store, older_than=timedelta(0))
+                remove_orphans(proc.tables, name, store=proc.store, older_than=timedelta(0), now=now)
 
     def cancel(self, proc: Process) -> None:
+        in_flight = self.has_work(proc, "backfill-in-flight")
         for rec in proc.store.read_actual().supervisors.values():
             if rec.kind == Kind.BACKFILL and rec.state not in (State.COMPLETED, State.TERMINATED):
+                if in_flight:
+                    self.reached.add("cancelled-in-flight")
                 details = proc.store.control_backfill(rec.id, "cancel", "explorer", actor="explorer")
                 for p, (s, e) in (details.get("unreadRanges") or {}).items():
                     self.cancelled[f"{rec.id}:{p}"] = (int(s), int(e))
@@ -232,7 +333,9 @@ class World:
             actual = proc.store.read_actual()
             states = {sid: (r.state, r.runtime_error) for sid, r in actual.supervisors.items()}
             problems.append(f"not caught up after {rounds} rounds: {states}")
-        self.orphans(proc)
+        # Once readers' grace has passed (files a staged or retired metadata version names are
+        # kept that long, table/grace.py): what is left then is left for good.
+        self.orphans(proc, now=datetime.now(UTC) + timedelta(hours=1))
         return problems
 
     def caught_up(self, proc: Process) -> bool:
@@ -258,20 +361,59 @@ class World:
         return out
 
     def unreferenced_files(self, tables: Tables) -> list[str]:
-        """Files under the tables that no metadata references (garbage after a clean-up)."""
-        from reconciler.table.reach import _norm, _referenced
-
+        """Files under the tables that no metadata references (garbage after a clean-up),
+        computed here from pyiceberg's own readers, not the product's ``reach``."""
         out = []
         for name in (DATASOURCE, deadletter_table(DATASOURCE)):
             table = tables.load(name)
             if table is None:
                 continue
             root = local_path(table.location())
-            referenced = _referenced(table)
+            referenced = referenced_files(table)
             for dirpath, _dirs, files in os.walk(root):
                 out += [os.path.join(dirpath, f) for f in files
-                        if _norm(os.path.join(dirpath, f)) not in referenced]
+                        if os.path.abspath(os.path.join(dirpath, f)) not in referenced]
         return sorted(out)
+
+
+def _local(location: str) -> str:
+    return os.path.abspath(str(local_path(location)))
+
+
+def referenced_files(table) -> set[str]:
+    """Every file any version of ``table``'s metadata names: the versions themselves, and
+    their snapshots' manifest lists, manifests and data files (deleted entries included: a
+    reader of an older version may still need them)."""
+    from pyiceberg.serializers import FromInputFile
+
+    out = {_local(table.metadata_location)}
+    versions = [table.metadata]
+    for entry in table.metadata.metadata_log:
+        out.add(_local(entry.metadata_file))
+        try:
+            versions.append(FromInputFile.table_metadata(table.io.new_input(entry.metadata_file)))
+        except (OSError, ValueError):
+            continue
+    seen: set[int] = set()
+    for md in versions:
+        for snap in md.snapshots:
+            if snap.snapshot_id in seen:
+                continue
+            seen.add(snap.snapshot_id)
+            out.add(_local(snap.manifest_list))
+            try:
+                manifests = snap.manifests(table.io)
+            except (OSError, ValueError):
+                continue
+            for m in manifests:
+                out.add(_local(m.manifest_path))
+                try:
+                    out |= {_local(e.data_file.file_path) for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+                except (OSError, ValueError):
+                    continue
+        for stats in [*getattr(md, "statistics", []), *getattr(md, "partition_statistics", [])]:
+            out.add(_local(stats.statistics_path))
+    return out
 
 
 def rows_without_count(tables: Tables) -> int:
