@@ -86,10 +86,8 @@ class Settings:
                                  "snapshots a table keeps at most: each publish expires the ones beyond, so a "
                                  "commit costs the same after a day of one-second batches (time travel reaches "
                                  "back this many commits; 0 keeps them until snapshotRetention)")
-    reader_grace: float = _opt(600.0, "RECONCILER_READER_GRACE", "readerGrace",
-                               "seconds a reader may keep reading a table version after a newer one replaced it: "
-                               "the files a commit unreferences (old metadata files, expired snapshots, a "
-                               "compaction's inputs) are deleted only this long after it (0: at once)")
+    reader_grace: float = _opt(600.0, "RECONCILER_READER_GRACE", "readerGrace", "seconds a replaced table version "
+                               "stays readable: what a commit unreferences is deleted this long after it (0: at once)")
     lease_ttl: float = _opt(15.0, "RECONCILER_LEASE_TTL", "leaseTtl",
                            "seconds a leader lease lasts without renewal: a standby takes over within this time")
     http: str = _opt("127.0.0.1:9187", "RECONCILER_HTTP", "http",
@@ -108,11 +106,9 @@ class Settings:
     secret_env: str = _opt("", "RECONCILER_SECRET_ENV", "secretEnv",
                            "the only environment variables ${env:} references may read, comma-separated "
                            "(default: none)")
-    secret_grants: str = _opt("", "RECONCILER_SECRET_GRANTS", "secretGrants",
-                              "which specs may use which secrets, SECRET=SPECS;...: SECRET is file:GLOB (a path under "
-                              "secretsDir; a bare GLOB too) or env:GLOB, SPECS spec ids or id globs, comma-separated "
-                              "(config file: a map). Once set, a spec may use only what is granted to it; unset, "
-                              "every spec may use every secret (deprecated)", shown="none (every spec, every secret)")
+    secret_grants: str = _opt("", "RECONCILER_SECRET_GRANTS", "secretGrants", "which specs may use which secrets: "
+                              "SECRET=SPECS;... (config file: a map); SECRET file:GLOB or env:GLOB, SPECS id globs; "
+                              "once set, strict; unset, every spec may use every secret (deprecated)", shown="none")
     step_timeout: float = _opt(600.0, "RECONCILER_STEP_TIMEOUT", "stepTimeout",
                                "seconds one step of a supervisor (a batch) may take before the supervisor is "
                                "reported UNHEALTHY and its runtime thread replaced, so the others keep theirs")
@@ -184,9 +180,6 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         values[name] = _bool(name, values[name])
     if values.get("http") is False:  # YAML reads `http: off` as false
         values["http"] = "off"
-    if isinstance(values.get("secret_grants"), dict):  # the config file's map: secret -> spec ids (a list or a string)
-        values["secret_grants"] = ";".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-                                           for k, v in values["secret_grants"].items())
     if isinstance(values.get("webhook"), list | tuple):  # the config file may list them
         values["webhook"] = ",".join(str(u) for u in values["webhook"])
     for name in _INTS & values.keys():
