@@ -311,23 +311,31 @@ def test_the_file_check_finds_what_it_looks_for(tmp_path):
 # --------------------------------------------------------------------------- CI examples
 
 
-def _release() -> str:
-    """The newest release the changelog names (its first ``## X.Y.Z`` heading)."""
-    m = re.search(r"^## (\d+\.\d+\.\d+)\b", (ROOT / "CHANGELOG.md").read_text(), re.M)
-    assert m, "CHANGELOG.md has no release heading"
-    return m.group(1)
+def _pinned_ref_exists(ref: str) -> bool:
+    """A release tag this repository holds, or a commit of its history (a shallow clone
+    cannot tell: there, the form of a commit id)."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+    if re.fullmatch(r"v\d+\.\d+\.\d+", ref):
+        return bool(git("tag", "-l", ref).stdout.strip())
+    if not re.fullmatch(r"[0-9a-f]{7,40}", ref):
+        return False
+    if git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        return True
+    return git("cat-file", "-e", f"{ref}^{{commit}}").returncode == 0
 
 
-def test_the_ci_examples_pin_the_release_the_changelog_is_at():
-    tag = f"v{_release()}"
+def test_the_ci_examples_pin_a_ref_that_exists():
+    """Issue 46: they pinned v0.2.0, which no tag held. Both examples pin the same ref: a
+    release tag that exists, or (before the first release) a commit of this repository."""
     pre_commit = yaml.safe_load((ROOT / "examples" / "ci" / "pre-commit-config.yaml").read_text())
     [repo] = pre_commit["repos"]
-    assert repo["rev"] == tag
+    ref = str(repo["rev"])
+    assert _pinned_ref_exists(ref), f"pre-commit rev {ref} names no tag or commit of this repository"
     hook_ids = {h["id"] for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
     assert {h["id"] for h in repo["hooks"]} <= hook_ids
     job = yaml.safe_load((ROOT / "examples" / "ci" / "validate-specs.yml").read_text())
     installs = [s["run"] for s in job["jobs"]["validate"]["steps"] if "pip install" in s.get("run", "")]
-    assert installs and all(f"@{tag}" in run for run in installs), installs  # a git ref, not an index version
+    assert installs and all(f"@{ref}\"" in run for run in installs), installs  # a git ref, not an index version
     assert not re.search(r"stream-reconciler==", "\n".join(installs))
 
 
