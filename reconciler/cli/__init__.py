@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from reconciler.cli import backfills, db, maintain, run, specs, supervisors, tables  # noqa: F401  (register)
+from reconciler.cli import backfills, db, deadletter, maintain, run, specs, supervisors, tables  # noqa: F401  (register)
 from reconciler.cli.base import cli
 from reconciler.cli.supervisors import parse_position
 from reconciler.errors import Misconfigured, ReconcilerError

@@ -138,7 +138,8 @@ def _report_text(report) -> str:
         else:
             lines.append(f"deep: {d.rows} rows and {d.dead_letters} dead letters; "
                          f"{len(d.duplicates)} duplicated offset(s); {d.holes} offset(s) without a record "
-                         "(transaction markers, tracking entries, compacted records)")
+                         "(transaction markers, tracking entries, compacted records)"
+                         + (f"; {d.replayed} replayed from dead letters" if d.replayed else ""))
             for p, o, n in d.duplicates[:10]:
                 lines.append(f"FAIL duplicate: partition {p} offset {o} appears {n} times")
             for p, n in d.missing:

@@ -47,6 +47,7 @@ TYPES: Mapping[str, str] = {
     "lag-breach-end": "lag.recovered",
     "unhealthy": "health.unhealthy",
     "recovered": "health.recovered",
+    "deadletter-replay": "deadletter.replayed",
 }
 
 
@@ -85,6 +86,8 @@ def summary(doc: Mapping[str, Any]) -> str:
         extra.append(f"backfill {d['backfill']} of {int(d.get('backfillRecords') or 0):,} records")
     if d.get("percent"):
         extra.append(f"{d['percent']}%")
+    if doc["type"] == "deadletter.replayed":
+        extra.append(f"{int(d.get('replayed') or 0):,} replayed, {int(d.get('stayed') or 0):,} stayed")
     if d.get("lostRecords"):
         extra.append(f"{int(d['lostRecords']):,} records lost")
     if doc.get("reason"):

@@ -110,6 +110,7 @@ class DeepCheck:
     missing: list[tuple[str, int]] = field(default_factory=list)  # (partition, records delivered but not in the table)
     outside: int = 0  # (partition, offset) of a row that no range covers
     skipped: str | None = None  # why the deep check could not run
+    replayed: int = 0  # rows dead-letter replays appended (counted once, in their batch's range)
 
     @property
     def fails(self) -> bool:
@@ -117,6 +118,7 @@ class DeepCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "deadLetters": self.dead_letters, "holes": self.holes, "skipped": self.skipped,
+                "replayed": self.replayed,
                 "duplicates": [{"partition": p, "offset": o, "count": n} for p, o, n in self.duplicates[:100]],
                 "duplicateOffsets": len(self.duplicates), "outside": self.outside,
                 "missing": [{"partition": p, "records": n} for p, n in self.missing]}
@@ -394,7 +396,25 @@ def deep_check(table, dead_table, snaps: Sequence[BatchSnapshot],
     holes = max(0, expected - sum(held.values()))
     outside = sum(1 for n in sources if n == 0)
     return DeepCheck(rows=rows.num_rows, dead_letters=dead_rows, duplicates=duplicates, holes=holes,
-                     missing=_missing(snaps, expired_read or {}, held), outside=outside)
+                     missing=_missing(snaps, expired_read or {}, held), outside=outside, replayed=_replayed(table))
+
+
+def _replayed(table) -> int:
+    """Records replayed from the dead letters (``table.replay``) in the current lineage. A
+    replay's snapshot carries no ranges: its rows sit in the range of the batch that
+    dead-lettered them, and the same commit took them out of the dead-letter table, so the
+    count per (partition, offset) above sees each once: never a duplicate, never missing."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    current = table.current_snapshot()
+    if current is None:
+        return 0
+    total = 0
+    for snap in ancestors_of(current, table.metadata):
+        props = dict(snap.summary.additional_properties) if snap.summary else {}
+        if props.get(summary.OPERATION) == "replay":
+            total += int(props.get("reconciler.replayed", "0") or 0)
+    return total
 
 
 def _sources(counts, snaps: Sequence[BatchSnapshot]) -> list[int]:

@@ -1,0 +1,409 @@
+"""Dead letters come back: parse them again with the current spec, append the ones that
+now parse to the datasource's table, and take them out of ``<D>_deadletter``, in ONE commit.
+
+The protocol, and why a dead letter lands in the table once whatever happens:
+
+1. Plan on one version ``Vd`` of the dead-letter table: read its live files (each one's
+   supervisor from its path, ``deadletters``), parse the selected rows with the spec of
+   the supervisor's lineage (a backfill parses with its main's spec: the fix is made in
+   the main's file) through the same ``Transformer`` the Arrow tasks run, in-process.
+   A file is *changed* when a row of it now parses or its reason changed.
+2. Record the write (``begin_write``, kind ``replay``) before any file exists; write the
+   new rows under ``<D>/data/compacted/<write id>/`` and the changed files' remaining
+   dead letters (unselected rows unchanged, still-failing ones with their new reason)
+   under ``<D>_deadletter/data/compacted/<write id>/supervisor=<id>/``; make them durable.
+3. Stage two snapshots: an append to the data table whose summary says
+   ``reconciler.operation=replay`` and carries the replayed (supervisor, partition,
+   offset) set as ranges under ``reconciler.replayed-offsets``, and NO
+   ``reconciler.ranges`` (``verify``'s range walk skips it, as it skips compaction); and
+   an overwrite of the dead-letter table that deletes the changed files and adds their
+   rewrites, staged with ``expected=Vd``.
+4. Commit both pointer moves (compare-and-swap on each metadata location), finish the
+   write and record the audit entries in ONE database transaction (``store.replays``).
+
+Two replays of the same letters both delete the same file of ``Vd``: the second one's
+compare-and-swap on the dead-letter pointer fails, it plans again on the new version and
+finds the letters gone. Ingestion (new dead letters, new rows), compaction and expiry move
+a pointer too: the replay re-plans (files already parsed and written are reused while the
+changed set is the same) and retries, at most ``COMMIT_ATTEMPTS`` times; it never appends
+without deleting. A replay killed before its commit committed nothing: its files are an
+uncommitted write, fenced and deleted by recovery or orphan clean-up; killed after, it is
+done and a second run finds nothing to do. A reset moves checkpoints only, never a table:
+it does not meet a replay. After a replay each record is in exactly one of the two tables,
+so ``verify --deep`` counts it once, inside the range of the batch that first read it.
+
+Rollup: allowed. The replayed records aggregate into new rows (a count of 1 each, sums of
+their values), which compaction merges with the others like any batch's.
+Stream time: dead letters do not keep it, so ``__stream_time`` is null in replayed rows,
+and a spec timed by ``__stream_time`` leaves its dead letters where they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.exceptions import ValidationException
+
+from reconciler import faults
+from reconciler.errors import CommitOutcomeUnknown, PermanentError, ReconcilerError
+from reconciler.model import BACKFILL_ID, SEGMENT
+from reconciler.pipeline import sink
+from reconciler.pipeline.transform import DEAD_SCHEMA, Transformer
+from reconciler.store.batches import TableConflict
+from reconciler.store.replays import commit_replay
+from reconciler.store.writes import WriteFenced
+from reconciler.table import durable
+from reconciler.table.catalog import DATASOURCE, Tables, deadletter_table, local_path, tagged
+from reconciler.table.catalog import TableConflict as StagedOnOtherVersion
+from reconciler.table.datafiles import describe
+from reconciler.table.deadletters import (
+    SUPERVISOR_DIR,
+    DeadFile,
+    count_reasons,
+    lineage_owner,
+    read,
+)
+from reconciler.table.reach import _unlink
+from reconciler.table.summary import OPERATION
+from reconciler.table.writeids import COMPACTED_DIR, new_write_id
+
+log = logging.getLogger(__name__)
+
+REPLAYED = "reconciler.replayed"  # snapshot summary: records replayed
+REPLAYED_OFFSETS = "reconciler.replayed-offsets"  # JSON {supervisor: [[partition, start, end], ...]}
+COMMIT_ATTEMPTS = 10
+
+
+class ReplayRefused(PermanentError):
+    """A replay that must not run (no such datasource or supervisor, an invalid spec): nothing changed."""
+
+
+@dataclass
+class ReplayResult:
+    datasource: str
+    dry_run: bool
+    committed: bool = False
+    attempts: int = 0
+    replayed: int = 0
+    stayed: int = 0
+    files_rewritten: int = 0
+    replayed_by_supervisor: dict[str, int] = field(default_factory=dict)
+    stayed_by_reason: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"datasource": d["datasource"], "dryRun": d["dry_run"], "committed": d["committed"],
+                "attempts": d["attempts"], "replayed": d["replayed"], "stayed": d["stayed"],
+                "filesRewritten": d["files_rewritten"], "replayedBySupervisor": d["replayed_by_supervisor"],
+                "stayedByReason": d["stayed_by_reason"], "message": d["message"]}
+
+
+@dataclass
+class _Parsed:
+    """What parsing one file again gave: its new rows, what stays, the offsets that came back."""
+
+    rows: pa.Table | None  # the data rows (time_chunk last), None when none parse
+    kept: pa.Table  # the file's dead letters after the replay (DEAD_SCHEMA)
+    replayed: list[tuple[str, int]]  # (partition, offset)
+    stayed_reasons: list[str]  # new reasons of the selected letters that still fail
+    changed: bool
+
+
+def lineage(supervisor_id: str) -> str:
+    m = BACKFILL_ID.match(supervisor_id)
+    return m.group("parent") if m else supervisor_id
+
+
+def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = None,
+           supervisor: str | None = None, dry_run: bool = False, actor: str = "?",
+           attempts: int = COMMIT_ATTEMPTS) -> ReplayResult:
+    """Replay the dead letters of ``datasource`` (those read by ``supervisor`` or its
+    backfills, and whose reason contains ``reason``, when given). Raises ``ReplayRefused``."""
+    actual = store.read_actual().supervisors
+    specs = _specs(actual, datasource, supervisor)
+    result = ReplayResult(datasource, dry_run)
+    fallback = lineage_owner(actual, datasource)
+    cache: dict[str, DeadFile] = {}
+    parsed: dict[str, _Parsed] = {}
+    written: dict[frozenset, tuple[list[str], list[str], Any]] = {}
+    write_id: str | None = None
+    done: set[str] = set()
+    try:
+        for attempt in range(attempts):
+            result.attempts = attempt + 1
+            dead_table, files = read(tables, store, datasource, fallback=fallback, cache=cache)
+            if dead_table is None or not any(f.rows.num_rows for f in files):
+                if attempt == 0:
+                    raise ReplayRefused(f"datasource {datasource} has no dead letters")
+                result.message = "nothing left to replay: another replay took them"
+                return result
+            planned = dead_table.metadata_location
+            mine = [f for f in files if f.supervisor is not None and lineage(f.supervisor) in specs
+                    and (supervisor is None or f.supervisor == supervisor or lineage(f.supervisor) == supervisor)]
+            for f in mine:
+                if f.path not in parsed:
+                    parsed[f.path] = _parse(f, specs[lineage(f.supervisor)], reason)
+            changed = [f for f in mine if parsed[f.path].changed]
+            _count(result, changed, parsed, [f for f in mine if not parsed[f.path].changed], reason)
+            if not changed or not result.replayed and dry_run:
+                result.message = (f"nothing comes back: {result.stayed} dead letter(s) still fail"
+                                  if result.stayed else "no dead letter matches")
+                return result
+            if dry_run:
+                result.message = f"would replay {result.replayed}; {result.stayed} would stay"
+                return result
+            if write_id is None:
+                write_id = new_write_id()
+                store.begin_write(write_id, "replay", tables=[datasource, deadletter_table(datasource)])
+            key = frozenset(f.path for f in changed)
+            if key not in written:
+                written[key] = _write(tables, datasource, dead_table, changed, parsed, specs, write_id)
+            data_paths, dead_paths, data_schema = written[key]
+            faults.crash_point("replay-written", datasource)
+            summary = _summary(datasource, changed, parsed)
+            commits = []
+            try:
+                if data_paths:
+                    ds = specs[lineage(changed[0].supervisor)].data_schema
+                    commits.append(tables.stage_append(datasource, data_paths, summary, schema=data_schema,
+                                                       granularity=ds.segment_granularity, rollup=ds.rollup,
+                                                       write_id=write_id, attempt=attempt))
+                commits.append(tables.stage(deadletter_table(datasource), _overwrite(changed, dead_paths, summary),
+                                            write_id=write_id, attempt=attempt, expected=planned))
+            except (StagedOnOtherVersion, ValidationException) as exc:  # it moved since it was planned
+                tables.discard_staged(commits)
+                log.info("replay of %s: %s; planning again", datasource, exc)
+                continue
+            faults.point("replay-commit", datasource)
+            audits = _audits(datasource, changed, parsed, write_id)
+            try:
+                commit_replay(store, write_id, commits, actor, audits)
+            except TableConflict as exc:
+                tables.discard_staged(commits)
+                log.info("replay of %s: a table moved (%s); planning again", datasource, exc)
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
+                continue
+            except WriteFenced as exc:
+                written.clear()
+                write_id = None
+                result.message = str(exc)
+                return result
+            except CommitOutcomeUnknown as exc:
+                faults.point("replay-unknown", datasource)
+                if store.fence_write(write_id):
+                    tables.discard_staged(commits)
+                    written.clear()
+                    result.message = f"commit outcome unknown ({exc}); not committed: run the replay again"
+                    return result
+            tables.committed(commits)
+            faults.crash_point("replay-committed", datasource)
+            done = set(data_paths) | set(dead_paths)
+            result.committed = True
+            result.files_rewritten = len(changed)
+            result.message = f"replayed {result.replayed}; {result.stayed} stayed"
+            log.info("replay of %s: %s", datasource, result.message)
+            return result
+        result.message = f"gave up after {attempts} attempts: the tables kept moving; run it again"
+        return result
+    finally:
+        if write_id is not None:
+            _finish(tables, store, datasource, write_id, written, done)
+
+
+def _specs(actual: dict[str, Any], datasource: str, supervisor: str | None) -> dict[str, Any]:
+    """Main supervisor id -> its current spec, for the lineages that write ``datasource``."""
+    writers = {sid: r for sid, r in actual.items()
+               if r.spec_document.get("dataSchema", {}).get("datasource") == datasource}
+    if supervisor is not None:
+        if supervisor not in actual:
+            raise ReplayRefused(f"no supervisor '{supervisor}' (see `reconciler status`)")
+        if supervisor not in writers:
+            raise ReplayRefused(f"supervisor '{supervisor}' does not write datasource {datasource}")
+    if not writers:
+        known = sorted({r.spec_document.get("dataSchema", {}).get("datasource") for r in actual.values()} - {None})
+        raise ReplayRefused(f"no supervisor writes datasource '{datasource}'"
+                            + (f"; datasources: {', '.join(known)}" if known else ""))
+    out = {}
+    for main in sorted({lineage(sid) for sid in writers}):
+        rec = actual.get(main) or writers.get(main)
+        if rec is None:
+            continue
+        if rec.spec_error:
+            raise ReplayRefused(f"the spec of supervisor {main} is invalid ({rec.spec_error}); fix "
+                                f"{rec.spec_path or 'its file'} first: dead letters are parsed with the current spec")
+        if rec.spec_document.get("dataSchema", {}).get("datasource") != datasource:
+            continue  # the main writes elsewhere now: its backfill's letters stay
+        out[main] = rec.spec
+    return out
+
+
+def _parse(f: DeadFile, spec: Any, reason: str | None) -> _Parsed:
+    """Parse the file's selected dead letters again, as a batch's task would."""
+    rows = f.rows
+    reasons = rows.column("reason").to_pylist()
+    selected = [reason is None or (r is not None and reason in r) for r in reasons]
+    if not any(selected):
+        return _Parsed(None, rows, [], [], False)
+    mask = pa.array(selected)
+    chosen = rows.filter(mask)
+    records = pa.RecordBatch.from_arrays(
+        [chosen.column("partition").combine_chunks(), chosen.column("offset").combine_chunks(),
+         chosen.column("key").combine_chunks(), chosen.column("value").combine_chunks(),
+         pa.nulls(chosen.num_rows, pa.timestamp("us", tz="UTC"))],
+        names=["partition", "offset", "key", "value", "stream_time"])
+    t = Transformer(spec.data_schema)
+    out, last = t(records), t.finish()
+    data = pa.concat_tables([out.rows, last.rows])
+    failed = out.dead
+    back = set(zip(chosen.column("partition").to_pylist(), chosen.column("offset").to_pylist(), strict=True))
+    still = set(zip(failed.column("partition").to_pylist(), failed.column("offset").to_pylist(), strict=True))
+    kept = pa.concat_tables([rows.filter(pa.array([not s for s in selected])), failed.cast(DEAD_SCHEMA)])
+    old = dict(zip(zip(chosen.column("partition").to_pylist(), chosen.column("offset").to_pylist(), strict=True),
+                   chosen.column("reason").to_pylist(), strict=True))
+    new_reasons = failed.column("reason").to_pylist()
+    changed = len(still) < len(back) or any(old.get(k) != r for k, r in zip(
+        zip(failed.column("partition").to_pylist(), failed.column("offset").to_pylist(), strict=True),
+        new_reasons, strict=True))
+    return _Parsed(data if data.num_rows else None, kept, sorted(back - still), new_reasons, changed)
+
+
+def _count(result: ReplayResult, changed, parsed, unchanged, reason) -> None:
+    result.replayed = sum(len(parsed[f.path].replayed) for f in changed)
+    by_sup: dict[str, int] = {}
+    for f in changed:
+        if parsed[f.path].replayed:
+            by_sup[f.supervisor] = by_sup.get(f.supervisor, 0) + len(parsed[f.path].replayed)
+    result.replayed_by_supervisor = by_sup
+    stayed = [r for f in [*changed, *unchanged] for r in parsed[f.path].stayed_reasons]
+    result.stayed = len(stayed)
+    result.stayed_by_reason = count_reasons(stayed)
+
+
+def _write(tables: Tables, datasource: str, dead_table: Any, changed: list[DeadFile], parsed: dict[str, _Parsed],
+           specs: dict[str, Any], write_id: str) -> tuple[list[str], list[str], Any]:
+    """Write the new rows and the rewritten dead letters under the write's directories."""
+    table = tables.current(datasource)
+    stem = f"part-replay-{uuid.uuid4().hex[:12]}"
+    data_root = tables.storage.join(table.location(), "data", COMPACTED_DIR, write_id)
+    dead_root = tables.storage.join(dead_table.location(), "data", COMPACTED_DIR, write_id)
+    store_json = _store_json(tables)
+    rows = [parsed[f.path].rows for f in changed if parsed[f.path].rows is not None]
+    data_paths: list[str] = []
+    data_schema = None
+    if rows:
+        unified = pa.unify_schemas([r.schema for r in rows])
+        data_schema = pa.schema([f for f in unified if f.name != SEGMENT])
+        order = [*data_schema.names, SEGMENT]
+        files = sink.Files(data_root, stem, SEGMENT, storage=sink.task_storage(str(data_root), store_json))
+        for r in rows:
+            for name in order:
+                if name not in r.column_names:
+                    r = r.append_column(unified.field(name), pa.nulls(r.num_rows, unified.field(name).type))
+            files.add_table(r.select(order).cast(pa.schema([unified.field(n) for n in order])))
+        data_paths = [tables.storage.join(data_root, w.name) for w in files.close()]
+    dead_paths: list[str] = []
+    by_sup: dict[str, list[pa.Table]] = {}
+    for f in changed:
+        if parsed[f.path].kept.num_rows:
+            by_sup.setdefault(f.supervisor, []).append(parsed[f.path].kept)
+    for sid, tabs in sorted(by_sup.items()):
+        root = tables.storage.join(dead_root, f"{SUPERVISOR_DIR}{sid}")
+        files = sink.Files(root, stem, None, storage=sink.task_storage(str(root), store_json))
+        files.add_table(pa.concat_tables(tabs))
+        dead_paths += [tables.storage.join(root, w.name) for w in files.close()]
+    if not tables.storage.remote:  # on an object store a PUT that returned is durable
+        paths = [local_path(p) for p in [*data_paths, *dead_paths]]
+        dirs = set()
+        for p in paths:
+            d = p.parent
+            while d.name != "data" and d != d.parent:
+                dirs.add(d)
+                d = d.parent
+            dirs |= {d, d.parent}
+        durable.sync(paths, dirs)
+    return data_paths, dead_paths, data_schema
+
+
+def _store_json(tables: Tables) -> str | None:
+    if not tables.storage.remote:
+        return None
+    from reconciler.table import storage
+
+    return storage.current().to_json()
+
+
+def _ranges(offsets: list[tuple[str, int]]) -> list[list]:
+    out: list[list] = []
+    for p, group in itertools.groupby(sorted(offsets), key=lambda x: x[0]):
+        for o in (o for _, o in group):
+            if out and out[-1][0] == p and out[-1][2] == o:
+                out[-1][2] = o + 1
+            else:
+                out.append([p, o, o + 1])
+    return out
+
+
+def _summary(datasource: str, changed: list[DeadFile], parsed: dict[str, _Parsed]) -> dict[str, str]:
+    import json
+
+    per: dict[str, list[tuple[str, int]]] = {}
+    for f in changed:
+        per.setdefault(f.supervisor, []).extend(parsed[f.path].replayed)
+    return {OPERATION: "replay", DATASOURCE: datasource,
+            REPLAYED: str(sum(len(v) for v in per.values())),
+            REPLAYED_OFFSETS: json.dumps({s: _ranges(v) for s, v in sorted(per.items())}, separators=(",", ":"))}
+
+
+def _overwrite(changed: list[DeadFile], dead_paths: list[str], summary: dict[str, str]):
+    def build(tx):
+        entries = describe(tx.table_metadata, dead_paths) if dead_paths else []
+        with tagged(tx.update_snapshot(snapshot_properties=summary).overwrite(), tx) as ow:
+            for f in changed:
+                ow.delete_data_file(f.task.file)
+            for e in entries:
+                ow.append_data_file(e)
+    return build
+
+
+def _audits(datasource: str, changed: list[DeadFile], parsed: dict[str, _Parsed], write_id: str) -> dict:
+    """One audit entry per lineage whose spec parsed the letters (who, how many, which reasons)."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in changed:
+        p = parsed[f.path]
+        d = out.setdefault(lineage(f.supervisor), {"datasource": datasource, "replayed": 0, "stayed": 0,
+                                                   "stayedByReason": {}, "writeId": write_id})
+        d["replayed"] += len(p.replayed)
+        d["stayed"] += len(p.stayed_reasons)
+        for k, n in count_reasons(p.stayed_reasons).items():
+            d["stayedByReason"][k] = d["stayedByReason"].get(k, 0) + n
+    return out
+
+
+def _finish(tables: Tables, store: Any, datasource: str, write_id: str, written: dict, done: set[str]) -> None:
+    """Files of attempts the commit does not reference go now; a replay that did not commit
+    is fenced first, then its files deleted (a fence that cannot be set: recovery's)."""
+    if done:
+        for data_paths, dead_paths, _ in written.values():
+            for p in [*data_paths, *dead_paths]:
+                if p not in done:
+                    _unlink(p)
+        return
+    try:
+        if not store.fence_write(write_id):
+            return
+    except ReconcilerError as exc:
+        log.warning("replay of %s: write %s left for recovery (%s)", datasource, write_id, exc)
+        return
+    for name in (datasource, deadletter_table(datasource)):
+        table = tables.load(name)
+        if table is not None:
+            tables.storage.delete_dir(tables.storage.join(table.location(), "data", COMPACTED_DIR, write_id))
+            for f in tables.write_metadata_files(name, write_id):
+                _unlink(f)
