@@ -3,9 +3,14 @@
 
 * Surrounding ASCII whitespace is ignored.
 * A long is ``[+-]?[0-9]+`` within 64 bits; anything else (a fraction, an exponent,
-  ``true``) is null.
-* A double is a decimal number (``1``, ``-1.5``, ``.5``, ``5.``, ``1e3``) or, in any
-  case, ``NaN``, ``Inf``, ``Infinity`` with an optional sign; else null.
+  ``true``, ``0x10``) is null.
+* A double is a decimal number within a double's range (``1``, ``-1.5``, ``.5``, ``5.``,
+  ``1e3``; beyond it, ``1e400``, null as the JSON rules have a number beyond a double) or,
+  in any case, ``NaN``, ``Inf``, ``Infinity`` with an optional sign; else null.
+* Each value is read by these rules alone, whatever its neighbours: Arrow's casts read
+  more than the rules (``0x10`` as a long, ``nan(1)`` as a double), so they run on an
+  array only when its bytes are all of the rules' plain alphabet, where they read exactly
+  the rules (``tests/pipeline/test_times.py`` checks this exhaustively on short texts).
 * Timestamps (``parse_times``): ``millis`` and ``seconds`` read a number, an integer
   exactly (through int64) and a fraction through the double, rounded half away from zero
   to the microsecond; ``auto`` reads an integer or number as millis when its magnitude is
@@ -33,18 +38,35 @@ _ISO = (
     r" ?(?P<z>Z|UTC|GMT|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$"
 )
 _NULL_LONG = pa.scalar(None, pa.int64())
+_NULL_DOUBLE = pa.scalar(None, pa.float64())
+# The bytes of texts that Arrow's casts read exactly as the rules do (see to_long, to_double).
+_LONG_ALPHABET = b"-0123456789"
+_DOUBLE_ALPHABET = b"+-.0123456789eE"
 
 
 def _trim(text: pa.Array) -> pa.Array:
     return pc.ascii_trim_whitespace(text)
 
 
+def _plain(text: pa.Array, alphabet: bytes) -> bool:
+    """Whether every byte of ``text``'s values is in ``alphabet`` (one pass of
+    ``bytes.translate``, a few ms per million values; a slice is judged by its whole
+    buffer, which can only send it to the rule). Another kind of array: no."""
+    if not isinstance(text, pa.Array) or text.type != pa.string():
+        return False
+    data = text.buffers()[2]
+    return data is None or not data.to_pybytes().translate(None, alphabet)
+
+
 def to_long(text: pa.Array) -> pa.Array:
     """Text -> int64 (null where it is not an integer within 64 bits)."""
-    try:  # the usual case, and a tenth of the time: Arrow's cast reads exactly "-?[0-9]+"
-        return text.cast(pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass  # some value is not plain digits (spaces, "+", too long, not a number): the rule below
+    if _plain(text, _LONG_ALPHABET):
+        # The usual case. On these bytes Arrow's cast reads
+        # exactly "-?[0-9]+" (elsewhere it also reads "0x10"); it fails on an overflow.
+        try:
+            return text.cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
     t = _trim(text)
     ok = pc.match_substring_regex(t, _INTEGER)
     if not pc.any(ok).as_py():
@@ -69,16 +91,26 @@ def to_long(text: pa.Array) -> pa.Array:
 
 
 def to_double(text: pa.Array) -> pa.Array:
-    """Text -> float64 (null where it is not a number)."""
-    try:  # the usual case: Arrow's cast reads a subset of the rule (it takes no spaces)
-        return text.cast(pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass  # some value is not a plain number (spaces, "Infinity", not a number): the rule below
+    """Text -> float64 (null where it is not a number, or a decimal beyond a double)."""
+    if _plain(text, _DOUBLE_ALPHABET):
+        # The usual case. On these bytes Arrow's cast reads exactly the decimals of the
+        # rule (elsewhere it also reads "nan(1)"), and an infinity can only be a decimal
+        # beyond a double.
+        try:
+            return _finite(text.cast(pa.float64()))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
     t = _trim(text)
-    ok = pc.or_(pc.match_substring_regex(t, _DOUBLE), pc.match_substring_regex(t, _SPECIAL))
-    ok = ok.fill_null(False)
-    return pc.if_else(ok, pc.if_else(ok, pc.utf8_lower(t), "0").cast(pa.float64()),
-                      pa.scalar(None, pa.float64()))
+    decimal = pc.match_substring_regex(t, _DOUBLE).fill_null(False)
+    ok = pc.or_(decimal, pc.match_substring_regex(t, _SPECIAL).fill_null(False))
+    x = pc.if_else(ok, pc.if_else(ok, pc.utf8_lower(t), "0").cast(pa.float64()), _NULL_DOUBLE)
+    return pc.if_else(pc.and_(decimal, pc.is_inf(x)), _NULL_DOUBLE, x)
+
+
+def _finite(x: pa.Array) -> pa.Array:
+    """``x`` with its infinities null (read from decimals: beyond a double)."""
+    inf = pc.is_inf(x)
+    return pc.if_else(inf, _NULL_DOUBLE, x) if pc.any(inf).as_py() else x
 
 
 def _scaled_long(whole: pa.Array, factor: int) -> pa.Array:
