@@ -63,30 +63,40 @@ class Held:
         return merged
 
     def _first(self, keys: dict[str, pa.Array], values: list[pa.Array | None]) -> pa.Table:
-        columns = dict(keys)
-        aggs = []
-        for i, ((name, kind), value) in enumerate(zip(self.metrics, values, strict=True)):
+        columns = {_key(j): keys[k] for j, k in enumerate(self.keys)}
+        aggs: list[tuple[str | None, str]] = []
+        for i, ((_, kind), value) in enumerate(zip(self.metrics, values, strict=True)):
             if kind == "count":
-                aggs.append(([], "count_all", None, name))
+                aggs.append((None, "count_all"))
             else:
-                columns[f"\x00{i}"] = value
-                aggs.append((f"\x00{i}", _FIRST[kind], None, name))
-        table = pa.table(columns)
-        return self._group(table, aggs)
+                columns[_value(i)] = value
+                aggs.append((_value(i), _FIRST[kind]))
+        return self._group(pa.table(columns), aggs)
 
     def _merge(self) -> pa.Table:
-        table = pa.concat_tables(self._parts) if len(self._parts) > 1 else self._parts[0]
         if len(self._parts) == 1:
-            return table
-        aggs = [(name, _AGAIN[kind], None, name) for name, kind in self.metrics]
-        return self._group(table, aggs)
+            return self._parts[0]
+        table = pa.concat_tables(self._parts)
+        table = table.rename_columns([*map(_key, range(len(self.keys))), *map(_value, range(len(self.metrics)))])
+        return self._group(table, [(_value(i), _AGAIN[kind]) for i, (_, kind) in enumerate(self.metrics)])
 
-    def _group(self, table: pa.Table, aggs: list[tuple]) -> pa.Table:
-        """``table`` grouped by the keys: the keys then the metrics, named."""
-        spec = [(col, fn, opts) for col, fn, opts, _ in aggs]
-        out = table.group_by(self.keys, use_threads=False).aggregate(spec)
-        # aggregate names a result "<column>_<function>" (or "count_all"), keys after them
-        names = [("count_all" if col == [] else f"{col}_{fn}") for col, fn, _, _ in aggs]
-        arrays = [out.column(k) for k in self.keys]
-        arrays += [out.column(n) for n in names]
-        return pa.Table.from_arrays(arrays, names=[*self.keys, *(a[3] for a in aggs)])
+    def _group(self, table: pa.Table, aggs: list[tuple[str | None, str]]) -> pa.Table:
+        """``table`` (columns named by ``_key`` and ``_value``) grouped by the keys: the
+        keys then the metrics, named. aggregate names a result "<column>_<function>", a
+        count "count_all": the internal names keep every result's name unique, whatever
+        the dimensions and metrics are called (a dimension "count_all", two counts)."""
+        spec: list[tuple] = [(col, fn) for col, fn in aggs if col is not None]
+        if any(col is None for col, _ in aggs):
+            spec.append(([], "count_all"))  # once, for every count metric
+        out = table.group_by([_key(j) for j in range(len(self.keys))], use_threads=False).aggregate(spec)
+        arrays = [out.column(_key(j)) for j in range(len(self.keys))]
+        arrays += [out.column("count_all" if col is None else f"{col}_{fn}") for col, fn in aggs]
+        return pa.Table.from_arrays(arrays, names=[*self.keys, *(name for name, _ in self.metrics)])
+
+
+def _key(j: int) -> str:
+    return f"\x00k{j}"
+
+
+def _value(i: int) -> str:
+    return f"\x00v{i}"

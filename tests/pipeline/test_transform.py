@@ -576,6 +576,20 @@ def test_rollup_across_calls_equals_one_aggregation(parse_mode):
     assert t.finish().rows.num_rows == 0  # handed out once
 
 
+def test_rollup_names_never_clash_with_pyarrows_result_names(parse_mode):
+    # pyarrow names a count "count_all" and a sum "<column>_sum": a dimension of such a
+    # name, or two counts, failed every task ("Field "count_all" exists 2 times").
+    ds = schema(dimensions=("count_all", "bytes_sum"), rollup=True, query_granularity="minute",
+                metrics=(Metric("c", "count"), Metric("c2", "count"), Metric("bytes", "longSum", "bytes")))
+    values = [{"ts": T0_MS + i, "count_all": f"k{i % 2}", "bytes_sum": "s", "bytes": i} for i in range(6)]
+    t = Transformer(ds, bulk=parse_mode != "python")
+    for start in range(0, 6, 2):  # held parts merged again at finish()
+        t(records(values).slice(start, 2))
+    got = rows(t.finish().rows, ["count_all"])
+    assert [(r["count_all"], r["bytes_sum"], r["c"], r["c2"], r["bytes"]) for r in got] == [
+        ("k0", "s", 3, 3, 0 + 2 + 4), ("k1", "s", 3, 3, 1 + 3 + 5)]
+
+
 def test_held_rollup_rows_are_handed_out_past_the_threshold(monkeypatch, parse_mode):
     monkeypatch.setattr(rollup, "HELD_BYTES", 4096)
     batch = records(_rollup_values(2000), first_offset=0)
