@@ -124,6 +124,10 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         if s.get("lostRecords"):
             out.append(f"{s['id']}: LOST {s['lostRecords']} records deleted by the broker's retention before "
                        f"they were ingested (`reconciler history {s['id']}` has the ranges)")
+        dl = s.get("deadLetters") or {}
+        if dl.get("pending"):
+            why = f" (last reason: {printable(dl['lastReason'])})" if dl.get("lastReason") else ""
+            out.append(f"{s['id']}: {dl['pending']} dead letter(s) pending{why}: `{dl['command']}`")
         if s.get("sourceRestarts"):
             out.append(f"{s['id']}: its source started over below the checkpoint {s['sourceRestarts']} time(s) "
                        f"(re-created or truncated; `reconciler history {s['id']}` has what was re-read and lost)")

@@ -30,6 +30,7 @@ from typing import Any
 
 from reconciler.control.actual import Kind, State, SupervisorRecord
 from reconciler.errors import ReconcilerError
+from reconciler.observe import deadletterstatus
 from reconciler.spec import secrets
 from reconciler.store.records import NO_BATCHES, BatchTotals
 from reconciler.store.store import Store
@@ -205,6 +206,7 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
         except Exception as exc:  # noqa: BLE001 - one record that cannot be reported is shown as such
             items.append(_unreportable(r, exc))
     _freshness(store, actual, items, now)
+    deadletterstatus.add(store, items)  # pending dead letters and how to see them (issue 43)
     for item in items:
         override = actual.overrides.get(item["id"])
         item["override"] = None if override is None else {

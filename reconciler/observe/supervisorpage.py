@@ -59,6 +59,11 @@ def _summary(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
     ]
     if s.get("lostRecords"):
         rows.append(("lost to retention", f"{int(s['lostRecords']):,} records"))
+    dl = s.get("deadLetters") or {}
+    if dl.get("pending"):
+        rows.append(("dead letters", f"{int(dl['pending']):,} pending"
+                     + (f", last reason: {dl['lastReason']}" if dl.get("lastReason") else "")
+                     + f" (see `{dl['command']}`)"))
     if s.get("lastError") or s.get("streamError"):
         rows.append(("last error", str(s.get("lastError") or s.get("streamError"))))
     html = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)

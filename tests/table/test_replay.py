@@ -83,6 +83,12 @@ def test_replay_after_the_fix_brings_each_record_back_once(setup):
     assert history[0]["details"]["stayedByReason"] == {"unparseable timestamp (auto)": len(stays)}
     event = events.event(history[0])  # what a webhook receives
     assert event["type"] == "deadletter.replayed" and f"{first['replayed']} replayed" in event["summary"]
+    [st] = h.cli_json(s, "status", "clicks", "--no-lag")["supervisors"]  # status and its pages show them
+    assert st["deadLetters"] == {"pending": len(stays), "replayed": first["replayed"],
+                                 "lastReason": "unparseable timestamp (auto)",
+                                 "command": "reconciler deadletter list clicks"}
+    code, text = h.run_cli(s, "status", "--no-lag")
+    assert f"clicks: {len(stays)} dead letter(s) pending" in text and "reconciler deadletter list clicks" in text
     code, out = h.run_cli(s, "deadletter", "list", "clicks", "-o", "json")
     listing = json.loads(out)
     assert listing["deadLetters"] == len(stays) and listing["replayed"] == first["replayed"]
