@@ -1,7 +1,14 @@
 """Write scripts/mutations/*.patch from HEAD's files: one replacement each (the smallest
 change that removes the mechanism), with its context, so that a patch applies while the
 code around it moves. Run from the repository root after a replacement no longer matches."""
-import subprocess, difflib, sys
+
+import difflib
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# (patch name, file, the text replaced, what replaces it)
 M = [
  ("01-publish-ignores-epoch", "reconciler/store/batches.py",
   "sa.update(supervisors).where(supervisors.c.id == supervisor_id, supervisors.c.epoch == epoch)",
@@ -35,16 +42,27 @@ M = [
   "        current = self._checkpoints(c, request.supervisor_id)\n",
   "        current = dict(self._stale)\n"),
 ]
-extra = {"11-reset-reads-checkpoints-before-its-transaction": (
+# A second replacement in the same file, for the mutations that need one.
+EXTRA = {"11-reset-reads-checkpoints-before-its-transaction": (
   "            with self._write() as c:\n                return self._apply_reset(c, request, compute, initial, earliest, actor, now)",
   "            with self._read() as r:\n                self._stale = self._checkpoints(r, request.supervisor_id)\n"
   "            with self._write() as c:\n                return self._apply_reset(c, request, compute, initial, earliest, actor, now)")}
-for name, path, old, new in M:
-    src = subprocess.run(["git", "show", f"HEAD:{path}"], capture_output=True, text=True, check=True).stdout
-    assert src.count(old) == 1, (name, src.count(old))
-    out = src.replace(old, new)
-    if name in extra:
-        o, n = extra[name]; assert out.count(o) == 1, name; out = out.replace(o, n)
-    diff = difflib.unified_diff(src.splitlines(True), out.splitlines(True), f"a/{path}", f"b/{path}", n=3)
-    open(f"scripts/mutations/{name}.patch", "w").write("".join(diff))
-    print(name)
+
+
+def main() -> None:
+    for name, path, old, new in M:
+        src = subprocess.run(["git", "show", f"HEAD:{path}"], capture_output=True, text=True, check=True).stdout
+        replacements = [(old, new)] + ([EXTRA[name]] if name in EXTRA else [])
+        out = src
+        for o, n in replacements:
+            if out.count(o) != 1:
+                raise SystemExit(f"{name}: the text to replace is in {path} {out.count(o)} times, not once: "
+                                 "update its replacement here to the code as it is now")
+            out = out.replace(o, n)
+        diff = difflib.unified_diff(src.splitlines(True), out.splitlines(True), f"a/{path}", f"b/{path}", n=3)
+        (HERE / f"{name}.patch").write_text("".join(diff))
+        print(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -243,21 +243,23 @@ def _held_by_discarded_staging(garbage: list[str], store) -> set[str]:
     by_write: dict[str, list[str]] = {}
     for g in garbage:
         m = re.search(r"/data/batch=([^/]+)/", g)
-        if m:
-            by_write.setdefault(m.group(1), []).append(g)
+        wid = m.group(1) if m else (write_id_of_name(os.path.basename(g)) if "/metadata/" in g else None)
+        if wid:
+            by_write.setdefault(wid, []).append(g)
     if not by_write:
         return set()
     statuses = store.write_statuses(by_write)
     out = set()
     for wid, paths in by_write.items():
-        if statuses.get(wid) != "discarded":
-            continue
-        meta = paths[0].split("/data/batch=")[0] + "/metadata"
-        staged = [os.path.join(meta, n) for n in (os.listdir(meta) if os.path.isdir(meta) else ())
-                  if write_id_of_name(n) == wid]
-        if staged:
-            out |= set(paths) | {g for g in garbage if g in staged}
+        staged = any("/metadata/" in p for p in paths) or any(
+            write_id_of_name(n) == wid for p in paths for n in _listdir(p.split("/data/batch=")[0] + "/metadata"))
+        if statuses.get(wid) == "discarded" and staged:
+            out |= set(paths)
     return out
+
+
+def _listdir(path: str) -> list[str]:
+    return os.listdir(path) if os.path.isdir(path) else []
 
 
 def check_verdict(world: World, tables: Tables, store, sabotage: str) -> list[str]:

@@ -138,8 +138,10 @@ class ModelAdapter:
 class ModelJob:
     """``BatchJob``: the batch's records as Parquet files, as the product's sink lays them out."""
 
-    def __init__(self, stream: ModelStream):
+    def __init__(self, stream: ModelStream, owner: str = "", owners: dict[str, str] | None = None):
         self.stream = stream
+        self.owner = owner  # the process whose batches these are
+        self.owners = owners if owners is not None else {}  # batch id -> process, the world's
 
     def schemas(self, data_schema) -> tuple[pa.Schema, pa.Schema]:
         return ROW_SCHEMA, DEAD_SCHEMA
@@ -148,6 +150,7 @@ class ModelJob:
         from reconciler.pipeline import segments, tasks
         from reconciler.pipeline.sources import split_ranges
 
+        self.owners[batch_id] = self.owner
         bad: list[Record] = []
         counts: dict[str, int] = {}
         described: list[tasks.FileDescription] = []

@@ -122,6 +122,7 @@ class Scheduler:
         self.script: list[tuple[str, str | None]] = []  # (actor, run until it parks at this point)
         self._stepped: set[str] = set()  # scripted actors released since their step began
         self._pending: dict[str, tuple[str, str]] = {}  # armed faults waiting for their point
+        self.observe: Callable[[str, Actor], None] | None = None  # sees every point an actor reaches
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -139,6 +140,8 @@ class Scheduler:
             return None
         if actor.process in self.dead:
             raise Killed(actor.process)
+        if self.observe is not None:
+            self.observe(point, actor)
         key = (actor.name, point)
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1

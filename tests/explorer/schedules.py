@@ -132,8 +132,9 @@ def random_schedule(seed: int) -> Schedule:
     if len(s.actors) > 1 and s.actors[1][0] == "reset" and rng.random() < 0.6:  # a backfill to cancel
         s.actors.append(("cancel", "cli-cancel", _seq(_wait("backfill-in-flight", rng.randint(20, 120)),
                                                       _op("cancel"))))
-    if rng.random() < 0.2:
-        s.actors.append(("takeover", "daemon2", _seq(_op("lead"), _op("step", MAIN, rng.randint(1, 3)))))
+    if rng.random() < 0.3:  # a standby's leadership loop; the leader's lease lapses at some turn, or never
+        s.actors.append(("takeover", "daemon2", _seq(_op("take_over", rng.randint(3, 30),
+                                                         rng.choice([0, 2, 5, 10, None]), rng.randint(1, 3)))))
     if rng.random() < 0.3:
         s.actors.append(("producer", "producer", _plain(lambda w: w.produce(7))))
     if rng.random() < 0.1:
@@ -253,6 +254,7 @@ class Runner:
         sched = Scheduler(rng, schedule.plan, hang=schedule.hang)
         sched.script = list(schedule.script)
         world.sched = sched
+        sched.observe = lambda point, actor: world.recovering(actor.process) if point == "recover" else None
         try:
             for name, process, bind in schedule.actors:
                 sched.spawn(name, process, bind(world, process))
@@ -263,6 +265,7 @@ class Runner:
                     problems.append(f"hang: {exc}")
             if sched.power_cut:
                 world.notes.append(f"power cut: lost {ledger.power_cut()}")
+            problems += world.deposed_commits()
             world.close()
             problems += world.violations
             tables = Tables(self.store.engine, world.warehouse)

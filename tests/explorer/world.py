@@ -27,6 +27,7 @@ from reconciler.control.actual import Kind, State
 from reconciler.control.apply import Applier
 from reconciler.control.plan import Action, ActionKind
 from reconciler.control.requests import from_cli
+from reconciler.daemon.leadership import Leadership
 from reconciler.model import Position, SupervisorSpec
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
@@ -88,7 +89,7 @@ class Process:
             self._ctx = RuntimeContext(
                 store=self.store, segments_dir=w.warehouse, spark=lambda: None,
                 lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
-                job=ModelJob(w.stream), adapters=lambda source: ModelAdapter(w.stream),
+                job=ModelJob(w.stream, self.name, w.batch_owner), adapters=lambda source: ModelAdapter(w.stream),
                 snapshots_kept=w.snapshots_kept)
         return self._ctx
 
@@ -131,6 +132,8 @@ class World:
         self.violations: list[str] = []
         self.refs: dict[str, tuple[int, frozenset[str]]] = {}  # tag/branch -> (snapshot, its data files)
         self.sched = None  # the Scheduler, once running: who is where
+        self.batch_owner: dict[str, str] = {}  # batch id -> the process that wrote it
+        self.deposed: tuple[str, set[str]] | None = None  # (deposed leader, batches committed before)
 
     @staticmethod
     def setup(root: Path, store: Store, *, rollup: bool = False, warehouse_name: str = "segments",
@@ -168,7 +171,57 @@ class World:
             c.execute(sa.text("UPDATE leases SET expires_at = :t WHERE name = 'leader'"),
                       {"t": datetime.now(UTC) - timedelta(seconds=1)})
         proc.lease_token = store.acquire_lease(proc.name, 3600.0)
+        if self.deposed is not None and proc.name in self.deposed[0].split(","):
+            self.deposed = None  # it took the lease back: leading again, its publishes are its term's
         recover(store, self.warehouse)
+
+    def take_over(self, proc: Process, turns: int, lapse_at: int | None, steps: int) -> None:
+        """A standby running the product's leadership loop (``daemon.leadership.Leadership``:
+        ``hold`` takes the lease only once it ran out, then recovery): it polls ``turns``
+        times, the others running in between; at turn ``lapse_at`` the leader's lease runs
+        out (the leader paused past its TTL: it is deposed, and still runs). Once leading it
+        ingests ``steps`` times."""
+        leadership = ExplorerLeadership(self, proc)
+        for turn in range(turns):
+            if turn == lapse_at:
+                with proc.store.engine.begin() as c:
+                    c.execute(sa.text("UPDATE leases SET expires_at = :t WHERE name = 'leader'"),
+                              {"t": datetime.now(UTC) - timedelta(seconds=1)})
+            leadership.settle_soon()
+            if leadership.hold():
+                break
+            faults.point("wait", "lease")
+        if leadership.lease_token is None:
+            return
+        self.reached.add("took-over")
+        lease = proc.store.lease()
+        if lease is None or lease.holder != proc.name or lease.token != leadership.lease_token:
+            self.step(proc, MAIN, steps)  # deposed already (another led during its recovery): fenced
+            return
+        old = {p.name for p in self.processes.values() if p.lease_token is not None and p is not proc}
+        with proc.store.engine.connect() as c:
+            committed = {r[0] for r in c.execute(sa.text("SELECT batch_id FROM batches"))}
+        self.deposed = (",".join(sorted(old)), committed)
+        self.step(proc, MAIN, steps)
+
+    def recovering(self, process: str) -> None:
+        """At every recovery (the ``recover`` point): nobody else may hold a live lease, or
+        recovery fences and deletes the running leader's writes in flight."""
+        lease = self.shared.lease() if self.shared is not None else None
+        if lease is not None and lease.holder != process and lease.expires_at > datetime.now(UTC):
+            self.violations.append(f"{process} ran recovery while {lease.holder}'s lease (token {lease.token}) was live")
+
+    def deposed_commits(self) -> list[str]:
+        """Batches of a deposed leader's process committed after another took the lease over."""
+        if self.deposed is None:
+            return []
+        old, before = self.deposed
+        if not old:
+            return []
+        with self.shared.engine.connect() as c:
+            after = {r[0] for r in c.execute(sa.text("SELECT batch_id FROM batches"))}
+        late = sorted(b for b in after - before if self.batch_owner.get(b) in old.split(","))
+        return [f"the deposed leader {old} committed {len(late)} batch(es) after the takeover: {late[:3]}"] if late else []
 
     def step(self, proc: Process, supervisor_id: str, steps: int = 1) -> None:
         rt = proc.runtimes.get(supervisor_id)
@@ -414,6 +467,30 @@ def referenced_files(table) -> set[str]:
         for stats in [*getattr(md, "statistics", []), *getattr(md, "partition_statistics", [])]:
             out.add(_local(stats.statistics_path))
     return out
+
+
+class ExplorerLeadership(Leadership):
+    """The product's leadership loop, its term's runtimes the explorer process's own (stepped
+    by the actor, not by a manager's threads the scheduler could not order)."""
+
+    def __init__(self, world: World, proc: Process):
+        from types import SimpleNamespace
+
+        from reconciler.observe.metrics import Metrics
+
+        settings = SimpleNamespace(lease_ttl=3600.0, warehouse=world.warehouse)
+        super().__init__(proc.store, lambda: settings, proc.name, Metrics(), ping=lambda: None)
+        self.world, self.proc = world, proc
+
+    def _become_leader(self, token: int) -> None:
+        recover(self.store, self.world.warehouse)
+        self.proc.lease_token = token
+
+    def stop_runtimes(self, *, wait: bool) -> None:
+        for rt in self.proc.runtimes.values():
+            rt.close()
+        self.proc.runtimes.clear()
+        self.proc.lease_token = None
 
 
 def rows_without_count(tables: Tables) -> int:
