@@ -27,7 +27,6 @@ from reconciler.control.actual import Kind, State
 from reconciler.control.apply import Applier
 from reconciler.control.plan import Action, ActionKind
 from reconciler.control.requests import from_cli
-from reconciler.daemon.leadership import Leadership
 from reconciler.model import Position, SupervisorSpec
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RuntimeContext, SupervisorRuntime
@@ -181,6 +180,8 @@ class World:
         times, the others running in between; at turn ``lapse_at`` the leader's lease runs
         out (the leader paused past its TTL: it is deposed, and still runs). Once leading it
         ingests ``steps`` times."""
+        from tests.explorer.leader import ExplorerLeadership
+
         leadership = ExplorerLeadership(self, proc)
         for turn in range(turns):
             if turn == lapse_at:
@@ -467,30 +468,6 @@ def referenced_files(table) -> set[str]:
         for stats in [*getattr(md, "statistics", []), *getattr(md, "partition_statistics", [])]:
             out.add(_local(stats.statistics_path))
     return out
-
-
-class ExplorerLeadership(Leadership):
-    """The product's leadership loop, its term's runtimes the explorer process's own (stepped
-    by the actor, not by a manager's threads the scheduler could not order)."""
-
-    def __init__(self, world: World, proc: Process):
-        from types import SimpleNamespace
-
-        from reconciler.observe.metrics import Metrics
-
-        settings = SimpleNamespace(lease_ttl=3600.0, warehouse=world.warehouse)
-        super().__init__(proc.store, lambda: settings, proc.name, Metrics(), ping=lambda: None)
-        self.world, self.proc = world, proc
-
-    def _become_leader(self, token: int) -> None:
-        recover(self.store, self.world.warehouse)
-        self.proc.lease_token = token
-
-    def stop_runtimes(self, *, wait: bool) -> None:
-        for rt in self.proc.runtimes.values():
-            rt.close()
-        self.proc.runtimes.clear()
-        self.proc.lease_token = None
 
 
 def rows_without_count(tables: Tables) -> int:
