@@ -56,8 +56,9 @@ def _frame(entries: list[bytes], num_records: int, first: int = 100) -> schema.D
 def _read(frame: schema.Deliver, start: int, end: int) -> tuple[list[dict], list[dict]]:
     cols = Columns("s")
     cols.add_chunk(frame, start, end)
-    rows = cols.batch(len(cols)).to_pylist() if len(cols) else []
-    return rows, cols.dead_batch().to_pylist()
+    batches = list(cols.batches(final=True))
+    rows = [r for b in batches if "reason" not in b.schema.names for r in b.to_pylist()]
+    return rows, [d for b in batches if "reason" in b.schema.names for d in b.to_pylist()]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -145,6 +146,41 @@ def test_each_codec_stops_at_the_declared_size():
     for kind in KINDS[1:]:
         with pytest.raises(Refused, match="decompresses to more than the 1000 bytes"):
             decompress(0x80 | kind.value << 4, se.COMPRESS[kind](plain), 1000)
+
+
+def test_zstd_frames_one_after_another_and_skippable_frames_are_read():
+    """The one-shot decompress reads one frame: the frames are cut by their block headers."""
+    import zstandard
+
+    recs = _records("f", 6)
+    plain = se._plain([se.message(k, v) for k, v in recs])
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"12345"
+    sized = zstandard.ZstdCompressor(write_checksum=True).compress(plain[:100])
+    payload = sized + skippable + se.zstd_streamed(plain[100:])
+    rows, dead = _read(_frame([_sub_entry(4, 6, len(plain), payload)], 6), 100, 106)
+    assert dead == []
+    assert [(r["key"].decode(), r["value"]) for r in rows] == recs
+    with pytest.raises(Refused, match="zstd: the frame is cut short"):
+        decompress(0xC0, payload[:-3], len(plain))
+
+
+def test_a_zstd_frame_stating_a_content_size_over_the_header_is_refused_before_decompressing():
+    """zstandard allocates the size a frame states: 1 TiB stated is refused, not allocated."""
+    import zstandard
+
+    frame = zstandard.ZstdCompressor().compress(bytes(2000))
+    params = zstandard.get_frame_parameters(frame)
+    assert params.content_size == 2000
+    # the same frame header with an 8-byte content size field of 1 TiB
+    lying = bytes([0x28, 0xB5, 0x2F, 0xFD, 0xE0]) + (1 << 40).to_bytes(8, "little") + frame[zstandard.frame_header_size(frame):]
+    tracemalloc.start()
+    try:
+        with pytest.raises(Refused, match="decompresses to more than the 2000 bytes"):
+            decompress(0xC0, lying, 2000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
 
 
 # --------------------------------------------------------------------------- the real node

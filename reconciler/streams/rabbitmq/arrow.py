@@ -3,23 +3,35 @@
 ``chunk_arrays`` is the measured fast path: a chunk of at least ``VECTOR_MIN_RECORDS``
 messages of one common shape is cut out with numpy, keys and values as slices of the
 chunk's own buffer. Smaller or odd chunks go through ``amqp.decode_chunk`` into lists,
-chunks with sub-entry batches through ``codecs.chunk_messages``.
-``Columns`` collects both kinds and cuts batches of the size the reader asks for; the
-records of an entry that cannot be decoded are collected apart, as dead letters
-(``DEAD_LETTER_SCHEMA``: one per offset, the reason naming the entry's offset range).
+chunks with sub-entry batches through ``codecs.chunk_entries``.
+``Columns`` collects both kinds and cuts batches of at most the rows the reader asks
+for and about ``MAX_BATCH_BYTES``: chunks are decoded as batches are taken, one
+sub-entry at a time, so what is held is about one sub-entry and one batch, however far
+a chunk's sub-entries inflate. The records of an entry that cannot be decoded are
+collected apart, as dead letters (``DEAD_LETTER_SCHEMA``: one per offset, the reason
+naming the entry's offset range; the entry's bytes at its first offset only, so the
+same offsets give the same rows wherever a range boundary cuts the entry).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from rstream import schema
 
 from reconciler.streams.base import RECORD_SCHEMA
 from reconciler.streams.rabbitmq.amqp import U32, decode_chunk, decode_message
-from reconciler.streams.rabbitmq.codecs import Undecodable, chunk_messages
+from reconciler.streams.rabbitmq.codecs import Undecodable, chunk_entries
+
+log = logging.getLogger(__name__)
 
 VECTOR_MIN_RECORDS = 32  # chunks at least this large are cut out with numpy
+MAX_BATCH_BYTES = 64 * 1024 * 1024  # keys and values of one batch, about (one entry more at most)
 
 
 def _walk(data: bytes, num_entries: int, hi: int) -> np.ndarray | None:
@@ -134,74 +146,122 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 
 
-class Columns:
-    """Records not yet handed out: Arrow pieces, plus lists for small chunks."""
+def _payload(*arrays: pa.Array) -> int:
+    return sum(pc.sum(pc.binary_length(a)).as_py() or 0 for a in arrays)
 
-    def __init__(self, partition: str):
+
+class Columns:
+    """Records not yet handed out: Arrow pieces, plus lists for small chunks, plus the
+    chunks added and not decoded yet, which ``batches`` decodes as it goes."""
+
+    def __init__(self, partition: str, max_rows: int = 65536, max_bytes: int = MAX_BATCH_BYTES):
         self.partition = partition
+        self.max_rows = max(1, int(max_rows))
+        self.max_bytes = max(1, int(max_bytes))
         self.pieces: list[list[pa.Array]] = []  # [offsets, keys, values, stamps]
         self.rows = 0
+        self.nbytes = 0  # of the keys and values held
         self._offsets: list[int] = []
         self._keys: list[bytes | None] = []
         self._values: list[bytes] = []
         self._stamps: list[int] = []
         self._part_cache: dict[int, pa.Array] = {}
+        self._pending: deque[Iterator[None]] = deque()
         self.dead: list[tuple[int, bytes | None, str]] = []  # (offset, value, reason)
-
-    def __len__(self) -> int:
-        return self.rows
+        self.empty_sub_entries = 0  # sub-entries holding bytes but no record (no offset)
+        self._full = False  # hand over what is held before the next sub-entry is decompressed
 
     def add_chunk(self, frame: schema.Deliver, start: int, end: int) -> None:
-        """Append the records of one chunk that lie in ``[start, end)``."""
+        """Take the records of one chunk that lie in ``[start, end)``; ``batches`` decodes them."""
         first = frame.chunk_first_offset
         lo = max(0, start - first)
         hi = min(frame.num_records, end - first)
-        if hi <= lo:
-            return
-        k = hi - lo
+        if hi > lo:
+            self._pending.append(self._decode(frame, lo, hi))
+
+    def batches(self, final: bool = False) -> Iterator[pa.RecordBatch]:
+        """Record batches as they fill (``max_rows`` records or ``max_bytes`` bytes), then
+        the dead letters met; with ``final``, also the records left. Records short of a
+        full batch are kept for the chunks added next."""
+        while True:
+            while self.rows and (
+                self.rows >= self.max_rows or self.nbytes >= self.max_bytes or self._full
+            ):
+                yield self._batch(min(self.rows, self.max_rows))
+            self._full = False
+            if not self._pending:
+                break
+            if next(self._pending[0], StopIteration) is StopIteration:
+                self._pending.popleft()
+        if self.dead:
+            yield self.dead_batch()
+        while final and self.rows:
+            yield self._batch(min(self.rows, self.max_rows))
+
+    def _decode(self, frame: schema.Deliver, lo: int, hi: int) -> Iterator[None]:
+        """Records ``lo .. hi-1`` of a chunk into the columns; a step per sub-entry."""
+        first, k = frame.chunk_first_offset, hi - lo
         if k >= VECTOR_MIN_RECORDS and frame.num_records == frame.num_entries:
             arrays = chunk_arrays(frame.data, frame.num_entries, lo, hi)
             if arrays is not None:
                 self._flush_lists()
-                self.pieces.append(
-                    [
-                        pa.array(np.arange(first + lo, first + hi, dtype=np.int64)),
-                        arrays[0],
-                        arrays[1],
-                        pa.array(np.full(k, frame.timestamp, dtype=np.int64)),
-                    ]
-                )
+                self.pieces.append([pa.array(np.arange(first + lo, first + hi, dtype=np.int64)),
+                                    arrays[0], arrays[1],
+                                    pa.array(np.full(k, frame.timestamp, dtype=np.int64))])
                 self.rows += k
+                self.nbytes += _payload(*arrays)
                 return
         decoded = decode_chunk(frame.data, frame.num_entries, lo, hi)
-        if decoded is None:  # sub-entry batches (possibly compressed)
-            index, messages, dead = chunk_messages(
-                frame.data, frame.num_entries, frame.num_records, lo, hi
-            )
-            for entry in dead:
+        if decoded is not None:
+            self._extend(range(first + lo, first + hi), *decoded, frame.timestamp)
+            return
+        for entry in chunk_entries(frame.data, frame.num_entries, frame.num_records, lo, hi):
+            if isinstance(entry, int):  # a sub-entry of this size is decompressed next
+                self._full = self.nbytes + entry > self.max_bytes
+            elif isinstance(entry, Undecodable):
                 self._dead_letters(first, entry, lo, hi)
-            pairs = [decode_message(m) for m in messages]
-            decoded = [p[0] for p in pairs], [p[1] for p in pairs]
-            offsets = [first + i for i in index]
-        else:
-            offsets = list(range(first + lo, first + hi))
-        self._keys.extend(decoded[0])
-        self._values.extend(decoded[1])
+            else:
+                pairs = [decode_message(m) for m in entry[1]]
+                at = first + entry[0]
+                self._extend(range(at, at + len(pairs)), [p[0] for p in pairs],
+                             [p[1] for p in pairs], frame.timestamp)
+                del pairs
+            del entry  # a sub-entry's messages are let go before the next is decompressed
+            yield
+
+    def _extend(self, offsets: range, keys: list[bytes | None], values: list[bytes], stamp: int) -> None:
+        self._keys.extend(keys)
+        self._values.extend(values)
         self._offsets.extend(offsets)
-        self._stamps.extend([frame.timestamp] * len(offsets))
+        self._stamps.extend([stamp] * len(offsets))
         self.rows += len(offsets)
+        self.nbytes += sum(map(len, values)) + sum(len(k) for k in keys if k is not None)
 
     def _dead_letters(self, first: int, entry: Undecodable, lo: int, hi: int) -> None:
-        """One dead letter per offset of ``entry`` in ``[lo, hi)``; the first of them
-        carries the entry's bytes, so what the producer wrote is kept once."""
+        """One dead letter per offset of ``entry`` in ``[lo, hi)``. The entry's bytes go
+        to its first offset, whichever range reads it, and the others carry none: what
+        the producer wrote is kept once, and the rows do not depend on where ranges cut."""
         start, stop = first + entry.first, first + entry.first + entry.count
+        if not entry.count:
+            if entry.raw:
+                self.empty_sub_entries += 1
+                log.warning(
+                    "stream %r, chunk at offset %d: a %s of %d bytes is skipped: %s, so no "
+                    "offset can carry it as a dead letter (the producer's bytes are lost)",
+                    self.partition, first, entry.what, len(entry.raw), entry.reason)
+            return
         reason = f"undecodable {entry.what} at offsets [{start}, {stop}): {entry.reason}"
-        offsets = range(first + max(entry.first, lo), first + min(entry.first + entry.count, hi))
-        for n, offset in enumerate(offsets):
-            self.dead.append((offset, entry.raw if n == 0 else None, reason))
+        for offset in range(first + max(entry.first, lo), first + min(entry.first + entry.count, hi)):
+            self.dead.append((offset, entry.raw if offset == start and entry.raw else None, reason))
 
     def dead_batch(self) -> pa.RecordBatch:
-        """The dead letters collected so far (``DEAD_LETTER_SCHEMA``), handed over once."""
+        """The dead letters of the chunks added so far (``DEAD_LETTER_SCHEMA``), handed
+        over once. Chunks not decoded yet are decoded now, their records kept whole:
+        ``batches`` is the bounded way, and calls this when nothing is left to decode."""
+        for chunk in self._pending:
+            for _ in chunk:
+                pass
+        self._pending.clear()
         dead, self.dead = self.dead, []
         return pa.RecordBatch.from_arrays(
             [
@@ -226,8 +286,8 @@ class Columns:
             )
             self._offsets, self._keys, self._values, self._stamps = [], [], [], []
 
-    def batch(self, n: int) -> pa.RecordBatch:
-        """The next ``n`` records (n <= len(self)) as one batch."""
+    def _batch(self, n: int) -> pa.RecordBatch:
+        """The next ``n`` records (n <= self.rows) as one batch."""
         self._flush_lists()
         columns = [
             pa.concat_arrays([p[i] for p in self.pieces])
@@ -238,6 +298,7 @@ class Columns:
         rest = [c.slice(n) for c in columns]
         self.pieces = [rest] if len(rest[0]) else []
         self.rows -= n
+        self.nbytes = _payload(rest[1], rest[2]) if self.rows else 0
         part = self._part_cache.get(n)
         if part is None:
             part = pa.repeat(pa.scalar(self.partition, pa.string()), n)

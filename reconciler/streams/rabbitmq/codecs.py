@@ -20,14 +20,20 @@ registry) and gunzips without a limit, so we do it ourselves:
   with its records' positions in the chunk and the reason: the reader makes them dead
   letters and goes on with the next entry. An entry whose own length runs past the
   chunk leaves nothing to walk by, so the chunk's remaining records are one
-  ``Undecodable``.
+  ``Undecodable``. A sub-entry that holds bytes but no record has no offset to be a
+  dead letter at: it is an ``Undecodable`` of count 0, which the reader reports.
 * Entries wholly outside the records asked for are skipped, not decompressed.
+* ``chunk_entries`` is a generator that decompresses one sub-entry per step: the bound
+  is on what one step holds, so a chunk of a few KiB whose sub-entries each inflate to
+  the bound never holds more than one of them decompressed (the caller drops each
+  step's messages before asking for the next).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAX_SUB_ENTRY_BYTES = 64 * 1024 * 1024  # what one sub-entry may decompress to
@@ -110,26 +116,66 @@ def _lz4(data: bytes, size: int) -> bytes:
         raise Refused(f"lz4: {exc}") from None
 
 
+_ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)  # magic numbers of skippable frames
+
+
+def _zstd_frames(data: bytes) -> Iterator[bytes]:
+    """The frames of ``data`` (skippable frames left out), cut by walking each frame's
+    block headers: zstandard's one-shot decompress reads one frame and ignores the rest."""
+    import zstandard
+
+    pos = 0
+    while pos < len(data):
+        if int.from_bytes(data[pos : pos + 4], "little") in _ZSTD_SKIPPABLE:
+            if pos + 8 > len(data):
+                raise Refused("zstd: the frame is cut short")
+            pos += 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
+            continue
+        try:
+            head = data[pos : pos + 18]  # a frame header is at most 18 bytes
+            checksum = zstandard.get_frame_parameters(head).has_checksum
+            end = pos + zstandard.frame_header_size(head)
+        except zstandard.ZstdError as exc:
+            raise Refused(f"zstd: {exc}") from None
+        last = False
+        while not last:
+            if end + 3 > len(data):
+                raise Refused("zstd: the frame is cut short")
+            block = int.from_bytes(data[end : end + 3], "little")
+            last = bool(block & 1)
+            end += 3 + (1 if (block >> 1) & 3 == 1 else block >> 3)  # an RLE block is 1 byte
+        end += 4 if checksum else 0
+        if end > len(data):
+            raise Refused("zstd: the frame is cut short")
+        yield data[pos:end]
+        pos = end
+
+
 def _zstd(data: bytes, size: int) -> bytes:
+    """Each frame decompressed in one shot into a buffer of at most the bytes still due
+    (plus one): a one-shot decompress writes straight into that buffer, so the window a
+    frame declares (128 MiB at level 22, whatever its content) costs nothing, and the
+    bound is the output buffer. A frame stating its content size is refused before
+    decompressing when that size is over, since zstandard then allocates that size."""
     import zstandard
 
     out: list[bytes] = []
     got = 0
-    try:
-        # the window is what a frame makes the decoder allocate: no more than the bound either
-        dctx = zstandard.ZstdDecompressor(max_window_size=MAX_SUB_ENTRY_BYTES)
-        with dctx.stream_reader(data, read_across_frames=True) as r:
-            while got <= size:
-                part = r.read(size + 1 - got)
-                if not part:
-                    break
-                out.append(part)
-                got += len(part)
-    except zstandard.ZstdError as exc:
-        raise Refused(f"zstd: {exc}") from None
-    if got > size:
-        raise _over(size, "zstd")
-    return b"".join(out)
+    dctx = zstandard.ZstdDecompressor()
+    for frame in _zstd_frames(data):
+        stated = -1  # unknown
+        try:
+            stated = zstandard.frame_content_size(frame)
+            if stated > size - got:
+                raise _over(size, "zstd")
+            part = dctx.decompress(frame, max_output_size=size + 1 - got)
+        except zstandard.ZstdError as exc:
+            if stated < 0 and "did not decompress full frame" in str(exc):
+                raise _over(size, "zstd") from None  # the buffer of size + 1 - got filled up
+            raise Refused(f"zstd: {exc}") from None
+        out.append(part)
+        got += len(part)
+    return b"".join(out)  # one frame: the same bytes, not a copy
 
 
 def _varint(data: bytes) -> int:
@@ -224,23 +270,30 @@ def split_records(data: bytes, count: int) -> list[bytes]:
     return out
 
 
-def chunk_messages(
+def _sub_entry(data: bytes, pos: int, end: int, count: int) -> list[bytes]:
+    """The messages of the sub-entry at ``data[pos:end]``, or ``Refused``. Its own function
+    so that the decompressed data is let go as soon as it is split."""
+    kind = data[pos]
+    raw = decompress(kind, data[pos + _SUB_HEADER : end], _U32(data, pos + 3)[0])
+    return split_records(raw, count)
+
+
+def chunk_entries(
     data: bytes, num_entries: int, num_records: int, lo: int, hi: int
-) -> tuple[list[int], list[bytes], list[Undecodable]]:
-    """Records ``lo .. hi-1`` of a chunk: (their positions, their messages) for those that
-    decode, and the entries that do not (which may reach outside ``lo .. hi-1``)."""
-    index: list[int] = []
-    messages: list[bytes] = []
-    dead: list[Undecodable] = []
+) -> Iterator[int | tuple[int, list[bytes]] | Undecodable]:
+    """Records ``lo .. hi-1`` of a chunk, entry by entry: ``(position of the first, their
+    messages)`` for an entry that decodes, an ``Undecodable`` for one that does not (which
+    may reach outside ``lo .. hi-1``). One sub-entry is decompressed per step, announced
+    first by the size its header declares (an ``int``)."""
     pos = rec = 0
     for e in range(num_entries):
-        if rec >= hi:
-            break
+        if rec >= hi and hi < num_records:  # at the chunk's end, entries of no record remain
+            return
         kind = data[pos] if pos < len(data) else 0
         header = _SUB_HEADER if kind & 0x80 else 4
         if pos + header > len(data):
-            dead.append(_rest(data, pos, rec, num_records, f"entry {e} is cut short"))
-            return index, messages, dead
+            yield _rest(data, pos, rec, num_records, f"entry {e} is cut short")
+            return
         if not kind & 0x80:
             end = pos + 4 + _U32(data, pos)[0]
             count = 1
@@ -248,30 +301,36 @@ def chunk_messages(
             count = _U16(data, pos + 1)[0]
             end = pos + _SUB_HEADER + _U32(data, pos + 7)[0]
         if end > len(data):
-            dead.append(_rest(data, pos, rec, num_records, f"entry {e} runs past the chunk's end"))
-            return index, messages, dead
+            yield _rest(data, pos, rec, num_records, f"entry {e} runs past the chunk's end")
+            return
         if not kind & 0x80:
-            if rec >= lo:
-                index.append(rec)
-                messages.append(data[pos + 4 : end])
-        elif rec + count > lo:
+            if lo <= rec < hi:
+                yield rec, [data[pos + 4 : end]]
+        elif count == 0:
+            # its bytes have no offset: whichever read holds its position reports it, once
+            if end > pos + _SUB_HEADER and lo <= rec and (rec < hi or rec == num_records):
+                yield Undecodable(rec, 0, f"sub-entry ({codec_name(kind)})",
+                                  "it holds data but no record", data[pos:end])
+        elif rec + count > lo and rec < hi:
+            declared = _U32(data, pos + 3)[0]
+            if declared <= MAX_SUB_ENTRY_BYTES:
+                yield declared  # what decompressing it will take: the caller may hand over what it holds
             try:
-                raw = decompress(kind, data[pos + _SUB_HEADER : end], _U32(data, pos + 3)[0])
-                records = split_records(raw, count)
+                records = _sub_entry(data, pos, end, count)
             except Refused as exc:
-                dead.append(Undecodable(rec, count, f"sub-entry ({codec_name(kind)})", str(exc),
-                                        data[pos:end]))
+                yield Undecodable(rec, count, f"sub-entry ({codec_name(kind)})", str(exc),
+                                  data[pos:end])
             else:
-                for j, message in enumerate(records):
-                    if lo <= rec + j < hi:
-                        index.append(rec + j)
-                        messages.append(message)
+                a, b = max(lo, rec) - rec, min(hi, rec + count) - rec
+                wanted = records[a:b]
+                del records  # the caller holds what it keeps
+                yield rec + a, wanted
+                del wanted
         rec += count
         pos = end
     if rec < min(hi, num_records):
-        dead.append(Undecodable(rec, num_records - rec, "chunk", (
-            f"the chunk's entries hold {rec} records, its header {num_records}"), b""))
-    return index, messages, dead
+        yield Undecodable(rec, num_records - rec, "chunk", (
+            f"the chunk's entries hold {rec} records, its header {num_records}"), b"")
 
 
 def _rest(data: bytes, pos: int, rec: int, num_records: int, why: str) -> Undecodable:

@@ -10,6 +10,11 @@ Records that cannot be decoded (a sub-entry batch whose data is corrupt, of an u
 codec or larger than ``codecs.MAX_SUB_ENTRY_BYTES``) come as batches of
 ``arrow.DEAD_LETTER_SCHEMA`` instead, one row per offset with the reason; the records
 around them are read as usual.
+
+Batches hold at most ``max_batch_rows`` records and about ``arrow.MAX_BATCH_BYTES``:
+each chunk is decoded into batches as soon as it is taken, so the records held between
+takes are less than one batch, however many chunks a take brings or how far their
+sub-entries inflate.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class RabbitRangeReader:
         self.timeout = timeout
         self.credit = max(1, credit)
         self.where = secrets.redact_uri(source.uri)
+        self.empty_sub_entries = 0  # met by every read: bytes with no offset, logged as warnings
 
     def close(self) -> None:
         """Nothing to release: every ``read`` opens and closes its own connections."""
@@ -99,7 +105,7 @@ class RabbitRangeReader:
         loop = Loop()
         conns = Connections(endpoint, self.timeout, "stream-reconciler-reader")
         sub: Subscription | None = None
-        cols = Columns(stream)
+        cols = Columns(stream, max_batch_rows)
 
         def run(coro: Awaitable[T]) -> T:
             try:
@@ -151,16 +157,13 @@ class RabbitRangeReader:
                     if chunk_end <= position:
                         continue  # a chunk before the position (the chunk holding start comes first)
                     cols.add_chunk(frame, position, end)
+                    yield from cols.batches()
                     position = max(position, min(chunk_end, end))
                     if position >= end:
                         break
-                if cols.dead:
-                    yield cols.dead_batch()
-                while len(cols) >= max_batch_rows:
-                    yield cols.batch(max_batch_rows)
-            if len(cols):
-                yield cols.batch(len(cols))
+            yield from cols.batches(final=True)
         finally:
+            self.empty_sub_entries += cols.empty_sub_entries
             try:
                 if sub is not None:
                     loop.run(asyncio.wait_for(sub.stop(), 3.0))
