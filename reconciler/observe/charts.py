@@ -1,64 +1,159 @@
-"""Small inline SVG charts for the status pages: lag in records and in time over the last hour.
+"""Inline SVG time charts for the status pages: lag in records, lag in time, records ingested
+per second, with a time axis, a value scale and the resets and backfills marked (issue 46.4).
 
 Pure and self-contained: a chart is a string of SVG drawn on the server, with no script, no
 style sheet and nothing fetched, so the page works offline, behind a strict proxy and in a
 terminal browser that ignores it. Samples are ``(time, value)``; an unknown value (the broker
 did not answer) breaks the line instead of drawing a false 0.
+
+The x axis spans the data actually held, from the first sample to now (at least ``MIN_SPAN``,
+at most ``WINDOW``): a fixed hour made five minutes of data a 5 px sliver at the right edge.
+Ticks fall on round minutes (1, 5, 10 or 15 apart, at most ``MAX_TICKS``), the y scale ends
+on a round value, and every label sits outside the plot so none is drawn over the line. Points
+are thinned to one per two pixels (the largest of lags, the mean of rates), which bounds a
+page of many supervisors whatever ``lagInterval`` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from html import escape
 
-WINDOW = 3600.0  # seconds shown, ending now
+WINDOW = 3600.0  # seconds shown at most, ending now (the observer keeps an hour)
+MIN_SPAN = 300.0  # seconds shown at least
+STEPS = (60, 300, 600, 900)  # tick spacings, seconds
+MAX_TICKS = 6
+LEFT, RIGHT, TOP, BOTTOM = 44, 16, 18, 16  # margins: the scale, the title and the time axis live there
+MARKS = {"reset": ("R", "#b3261e"), "backfill": ("B", "#6a3fb5")}
+
+Points = Sequence[tuple[datetime, float | None]]
 
 
-def sparkline(samples: Sequence[tuple[datetime, float | None]], now: datetime, *, label: str, unit: str = "",
-              width: int = 180, height: int = 40, color: str = "#2c6fbb", css_class: str = "chart") -> str:
-    """A line over the last hour with its maximum and latest value as text (and as the title)."""
-    known = [(t, v) for t, v in samples if v is not None and (now - t).total_seconds() <= WINDOW]
-    top = max((v for _, v in known), default=0.0)
+@dataclass(frozen=True)
+class Marker:
+    """A reset or a backfill on the time axis; ``text`` is its tooltip."""
+
+    at: datetime
+    kind: str  # a key of MARKS
+    text: str = ""
+
+
+def timechart(samples: Points, now: datetime, *, label: str, unit: str = "", markers: Sequence[Marker] = (),
+              width: int = 300, height: int = 110, color: str = "#2c6fbb", css_class: str = "chart",
+              reduce: str = "max") -> str:
+    """A line over the data held (``span``), its scale, its time axis and the markers in range.
+    ``unit``: ``""`` (a count), ``"s"`` (a duration) or ``"/s"`` (a rate); ``reduce``: how the
+    samples of one pixel column are thinned (``max`` or ``mean``)."""
+    start = span_start([t for t, _ in samples], now)
+    shown = [(t, v) for t, v in samples if start <= t <= now]
+    known = [v for _, v in shown if v is not None]
+    top = max(known, default=0.0)
+    scale = nice_max(top, unit)
+    pw, ph = width - LEFT - RIGHT, height - TOP - BOTTOM
+    seconds = (now - start).total_seconds()
+
+    def x(t: datetime) -> float:
+        return LEFT + (t - start).total_seconds() / seconds * pw
+
+    def y(v: float) -> float:
+        return TOP + ph - min(v, scale) / scale * ph
+
+    runs = _runs(_thin(shown, x, reduce))
     last = samples[-1][1] if samples else None
-    scale = top if top > 0 else 1.0
-    pad = 2
-
-    def xy(t: datetime, v: float) -> str:
-        x = width - (now - t).total_seconds() / WINDOW * (width - 2 * pad) - pad
-        y = height - pad - (v / scale) * (height - 2 * pad)
-        return f"{max(pad, x):.1f},{y:.1f}"
-
-    runs: list[list[str]] = [[]]
-    for t, v in samples:
-        if (now - t).total_seconds() > WINDOW:
+    text = f"{label}: now {fmt(last, unit)}, max {fmt(top if known else None, unit)}"
+    out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(text)}" font-family="system-ui,sans-serif" '
+           f'font-size="10" data-points="{sum(len(r) for r in runs)}" data-span="{int(seconds)}">',
+           f"<title>{escape(text)}</title>",
+           f'<text x="{LEFT}" y="12" fill="#333">{escape(label)}</text>',
+           f'<text x="{width - RIGHT}" y="12" fill="#555" text-anchor="end">now {escape(fmt(last, unit))} · '
+           f'max {escape(fmt(top if known else None, unit))}</text>',
+           f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fbfbfb" stroke="#ddd"/>']
+    out += _scale(scale, unit, y, width)
+    out += _axis(start, now, x, height)
+    for r in runs:
+        pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in r)
+        if len(r) == 1:
+            out.append(f'<circle cx="{x(r[0][0]):.1f}" cy="{y(r[0][1]):.1f}" r="2" fill="{color}"/>')
             continue
-        if v is None:
-            if runs[-1]:
-                runs.append([])
-            continue
-        runs[-1].append(xy(t, v))
-    lines = "".join(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(r)}"/>'
-                    if len(r) > 1 else f'<circle cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}" r="1.5" '
-                    f'fill="{color}"/>' for r in runs if r)
-    text = f"{label}: now {_fmt(last, unit)}, max {_fmt(top if known else None, unit)} (last hour)"
-    return (f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(text)}" '
-            f'data-points="{sum(len(r) for r in runs)}">'
-            f"<title>{escape(text)}</title>"
-            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fafafa" stroke="#ddd"/>'
-            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#ccc"/>'
-            f"{lines}"
-            f'<text x="{pad + 2}" y="11" font-size="10" fill="#555">{escape(label)} max {escape(_fmt(top if known else None, unit))}</text>'
-            "</svg>")
+        base = TOP + ph
+        out.append(f'<polygon fill="{color}" fill-opacity="0.12" stroke="none" '
+                   f'points="{x(r[0][0]):.1f},{base} {pts} {x(r[-1][0]):.1f},{base}"/>')
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
+    if not known:
+        out.append(f'<text x="{LEFT + pw / 2:.0f}" y="{TOP + ph / 2 + 3:.0f}" fill="#888" text-anchor="middle">'
+                   "no samples</text>")
+    out += _markers([m for m in markers if start <= m.at <= now], x, height, width)
+    out.append("</svg>")
+    return "".join(out)
 
 
-def _fmt(value: float | None, unit: str) -> str:
+def span_start(times: Sequence[datetime], now: datetime) -> datetime:
+    """Where the x axis begins: the first sample, kept between ``MIN_SPAN`` and ``WINDOW`` before now."""
+    first = min(times, default=now)
+    return now - timedelta(seconds=min(WINDOW, max(MIN_SPAN, (now - first).total_seconds())))
+
+
+def ticks(start: datetime, now: datetime) -> list[datetime]:
+    """Round minutes between ``start`` and ``now``: the smallest of ``STEPS`` giving at most ``MAX_TICKS``."""
+    total = (now - start).total_seconds()
+    step = next((s for s in STEPS if total / s <= MAX_TICKS), STEPS[-1])
+    first = math.ceil(start.timestamp() / step) * step
+    return [datetime.fromtimestamp(t, UTC) for t in range(first, int(now.timestamp()) + 1, step)]
+
+
+def nice_max(top: float, unit: str = "") -> float:
+    """The top of the scale: ``top`` rounded up to 1, 2, 2.5 or 5 times a power of ten (or, for
+    durations, to a round number of seconds, minutes or hours)."""
+    if top <= 0:
+        return 1.0
+    if unit == "s":
+        for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400):
+            if top <= step:
+                return float(step)
+        return math.ceil(top / 86400) * 86400.0
+    power = 10 ** math.floor(math.log10(top))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if top <= m * power * (1 + 1e-9))
+
+
+def per_second(points: Sequence[tuple[datetime, int | None]]) -> list[tuple[datetime, float | None]]:
+    """Rates from a running total (records ingested so far): the growth between two samples over
+    the time between them; unknown where either is unknown or the total went down."""
+    out: list[tuple[datetime, float | None]] = []
+    for (t0, a), (t1, b) in zip(points, points[1:], strict=False):
+        dt = (t1 - t0).total_seconds()
+        out.append((t1, (b - a) / dt if a is not None and b is not None and b >= a and dt > 0 else None))
+    return out
+
+
+def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "?"
     if unit == "s":
         return duration(value)
+    if unit == "/s":
+        return f"{value:,.1f}/s" if value < 10 else f"{value:,.0f}/s"
     return f"{int(value):,}"
+
+
+def short(value: float, unit: str) -> str:
+    """A scale label: ``88000`` -> ``88k``; durations as ``15m``, ``1h``."""
+    if unit == "s":
+        v = int(value)
+        if value < 1:
+            return f"{value:g}s"
+        if v < 60:
+            return f"{v}s"
+        if v < 3600:
+            return f"{v // 60}m" + (f"{v % 60}s" if v % 60 else "")
+        return f"{v // 3600}h" + (f"{v % 3600 // 60}m" if v % 3600 else "")
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= div:
+            return f"{value / div:g}{suffix}"
+    return f"{value:g}"
 
 
 def duration(seconds: float) -> str:
@@ -69,3 +164,71 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds // 60}m {seconds % 60:02d}s"
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def _thin(points: Points, x: Callable[[datetime], float], reduce: str) -> list[tuple[datetime, float | None]]:
+    """One point per two pixels: the bucket's largest (or mean) known value at its last time;
+    a bucket with unknown values only stays unknown (a break)."""
+    out: list[tuple[datetime, float | None]] = []
+    bucket: list[tuple[datetime, float | None]] = []
+    key = None
+    for t, v in [*points, (None, None)]:
+        k = None if t is None else int(x(t) // 2)
+        if bucket and k != key:
+            vals = [b for _, b in bucket if b is not None]
+            value = (max(vals) if reduce == "max" else sum(vals) / len(vals)) if vals else None
+            out.append((bucket[-1][0], value))
+            bucket = []
+        key = k
+        if t is not None:
+            bucket.append((t, v))
+    return out
+
+
+def _runs(points: Sequence[tuple[datetime, float | None]]) -> list[list[tuple[datetime, float]]]:
+    runs: list[list[tuple[datetime, float]]] = [[]]
+    for t, v in points:
+        if v is None:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append((t, v))
+    return [r for r in runs if r]
+
+
+def _scale(scale: float, unit: str, y: Callable[[float], float], width: int) -> list[str]:
+    out = []
+    for v in (0.0, scale / 2, scale):
+        yy = y(v)
+        if v:
+            out.append(f'<line x1="{LEFT}" y1="{yy:.1f}" x2="{width - RIGHT}" y2="{yy:.1f}" stroke="#e6e6e6"/>')
+        out.append(f'<text x="{LEFT - 4}" y="{yy + 3:.1f}" fill="#666" text-anchor="end">{escape(short(v, unit))}</text>')
+    return out
+
+
+def _axis(start: datetime, now: datetime, x: Callable[[datetime], float], height: int) -> list[str]:
+    out = []
+    base = height - BOTTOM
+    for t in ticks(start, now):
+        xx = x(t)
+        out.append(f'<line x1="{xx:.1f}" y1="{TOP}" x2="{xx:.1f}" y2="{base + 3}" stroke="#e6e6e6"/>')
+        # centred under its line (the right margin holds half a label): ticks never crowd each other
+        out.append(f'<text class="tick" x="{xx:.1f}" y="{height - 3}" fill="#666" text-anchor="middle">'
+                   f"{t:%H:%M}</text>")
+    return out
+
+
+def _markers(markers: Sequence[Marker], x: Callable[[datetime], float], height: int, width: int) -> list[str]:
+    out = []
+    base = height - BOTTOM
+    for m in markers:
+        letter, color = MARKS.get(m.kind, ("?", "#555"))
+        xx = x(m.at)
+        tip = m.text or f"{m.kind} at {m.at:%H:%M:%S}Z"
+        tx, anchor = (xx - 3, "end") if xx + 12 > width - RIGHT else (xx + 3, "start")  # inside the plot
+        out.append(f'<g class="marker {escape(m.kind)}"><title>{escape(tip)}</title>'
+                   f'<line x1="{xx:.1f}" y1="{TOP}" x2="{xx:.1f}" y2="{base}" stroke="{color}" '
+                   'stroke-dasharray="3,2" stroke-width="1.2"/>'
+                   f'<path d="M{xx - 4:.1f},{base + 6} L{xx + 4:.1f},{base + 6} L{xx:.1f},{base} Z" fill="{color}"/>'
+                   f'<text x="{tx:.1f}" y="{TOP + 10}" fill="{color}" font-weight="600" text-anchor="{anchor}">{letter}</text></g>')
+    return out

@@ -1,5 +1,12 @@
 """The leader's lag observer: lag in records and in time, every ``interval`` seconds, for every
-supervisor that runs; the input of the lag policies, the metrics and the status page's charts.
+supervisor that runs or is suspended; the input of the lag policies, the metrics and the status
+page's charts.
+
+Suspended supervisors are observed too (issue 46.2): during an incident their lag is what an
+operator watches grow, and a chart that forgot the suspension after the resume hid the burst
+that caused it. They cost little: their checkpoint does not move, so after the first round only
+the latest offsets are asked. Their lag policies are not evaluated (a suspended supervisor's
+breach ends, as before).
 
 Why a thread of its own rather than the runtimes' own look at positions: a runtime looks
 when it cuts a batch, and a supervisor far behind is exactly the one whose batches are long;
@@ -19,8 +26,9 @@ a policy's ``for`` must be measured while they run. Each round:
    with the same rules, and applies it like a marker's reset). A policy whose evaluation
    raises is logged for its supervisor (once while it lasts) and the others go on (issue 41.1);
 3. audits each backfill's progress milestones (25, 50, 75 %) once;
-4. keeps the last hour per supervisor in memory (the status page's charts; a new leader starts
-   them afresh) and sets ``reconciler_lag_seconds`` and the record lag gauges.
+4. keeps the last hour per supervisor in memory (``Sample``: the lag and the records ingested
+   so far, from ``batch_totals``, whose differences are the records-per-second chart; a
+   completed backfill's are kept, unobserved, until an hour old; a new leader starts them afresh) and sets ``reconciler_lag_seconds`` and the record lag gauges.
 """
 
 from __future__ import annotations
@@ -33,10 +41,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconciler import faults
-from reconciler.control.actual import ActualState, Kind, SupervisorRecord
+from reconciler.control.actual import ActualState, Kind, State, SupervisorRecord
 from reconciler.control.lagpolicy import LagObservation, LagState, PolicyStatus, advance, decide
 from reconciler.errors import ReconcilerError
 from reconciler.runtime.supervisor import RUNNABLE
@@ -50,6 +58,16 @@ log = logging.getLogger(__name__)
 LAG_TIMEOUT = 1.0  # seconds each broker call may take (as ``reconciler status``)
 HISTORY = 3600.0  # seconds of samples kept per supervisor for the charts
 _THREADS = 16
+OBSERVED = (*RUNNABLE, State.SUSPENDED)  # the states whose lag is observed (and charted)
+
+
+class Sample(NamedTuple):
+    """One round's sample of one supervisor, as the charts read it."""
+
+    at: datetime
+    records: int | None  # lag in records (None: unknown)
+    seconds: float | None  # lag in time
+    ingested: int | None  # records ingested so far (batch_totals); None before the first batch is known
 
 
 @dataclass(frozen=True)
@@ -86,7 +104,7 @@ class _Seen:
 
     adapter: Any = None
     spec_hash: str | None = None
-    samples: deque = field(default_factory=deque)  # (at, records, seconds)
+    samples: deque = field(default_factory=deque)  # Sample
     milestones: set[int] | None = None
     times: dict[str, tuple[int, int]] = field(default_factory=dict)  # partition -> (checkpoint, record time)
     under_since: datetime | None = None  # an announced breach under its thresholds since (not stored)
@@ -151,20 +169,29 @@ class LagObserver:
     def observe_once(self) -> list[SupervisorLag]:
         actual = self.store.read_actual()
         now = self.clock()
-        running = {sid: r for sid, r in actual.supervisors.items() if r.state in RUNNABLE}
-        for gone in set(self._seen) - set(running):
-            _close(self._seen.pop(gone))
-        recs = sorted(running.values(), key=lambda r: r.id)
+        watched = {sid: r for sid, r in actual.supervisors.items() if r.state in OBSERVED}
+        for gone in set(self._seen) - set(watched):
+            rec = actual.supervisors.get(gone)
+            seen = self._seen[gone]
+            _close(seen)
+            # a completed backfill's chart keeps its run until it is an hour old; terminated, it goes
+            if rec is None or rec.state != State.COMPLETED or not seen.samples or \
+                    (now - seen.samples[-1].at).total_seconds() > HISTORY:
+                self._seen.pop(gone)
+        recs = sorted(watched.values(), key=lambda r: r.id)
         found: list[SupervisorLag] = []
         if recs:
             with ThreadPoolExecutor(max_workers=min(_THREADS, len(recs)), thread_name_prefix="lag") as pool:
                 found = list(pool.map(lambda r: self._observe(r, actual.checkpoints.get(r.id, {}), now), recs))
         with self._lock:
             self.latest = {o.supervisor_id: o for o in found}
+        totals = self.store.all_batch_totals() if found else {}
         for o in found:
-            self._remember(o)
+            t = totals.get(o.supervisor_id)
+            self._remember(o, t.records if t is not None else 0)
         self._export(found)
-        self._policies(actual, {o.supervisor_id: o for o in found}, now)
+        running = {o.supervisor_id: o for o in found if watched[o.supervisor_id].state in RUNNABLE}
+        self._policies(actual, running, now)
         self._milestones(actual, now)
         return found
 
@@ -200,17 +227,17 @@ class LagObserver:
         seen.times = {p: (lagging[p], ts) for p, ts in (known | fetched).items() if ts is not None}
         return known | fetched
 
-    def _remember(self, o: SupervisorLag) -> None:
+    def _remember(self, o: SupervisorLag, ingested: int | None) -> None:
         seen = self._seen.get(o.supervisor_id)
         if seen is None:
             return
         with self._lock:
-            seen.samples.append((o.at, o.records, o.seconds))
+            seen.samples.append(Sample(o.at, o.records, o.seconds, ingested))
             while seen.samples and (o.at - seen.samples[0][0]).total_seconds() > HISTORY:
                 seen.samples.popleft()
 
-    def history(self, supervisor_id: str) -> list[tuple[datetime, int | None, float | None]]:
-        """The last hour's samples of one supervisor: (time, records, seconds)."""
+    def history(self, supervisor_id: str) -> list[Sample]:
+        """The last hour's samples of one supervisor, oldest first."""
         with self._lock:
             seen = self._seen.get(supervisor_id)
             return list(seen.samples) if seen else []

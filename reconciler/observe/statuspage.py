@@ -1,8 +1,10 @@
 """The daemon's status page (``GET /`` on the ``http`` address): one server-rendered HTML page.
 
 What an operator opens during an incident: the daemon's health and its webhooks, every
-supervisor with its state, lag in records and in time with a chart of each over the last hour
-(inline SVG, ``charts``), the age of its table's last commit, its lag policy, backfill progress
+supervisor with its state (coloured: fine, unhealthy, suspended), lag in records and in time,
+under it charts of lag in records, lag in time and records ingested per second over the data
+held (at most the last hour, inline SVG with a time axis and the resets and backfills marked,
+``charts``), the age of its table's last commit, its lag policy, backfill progress
 and ETA, its last error, and the recent resets and, apart, the recent alerts from the audit log
 (a lag hovering at its threshold once pushed a team's reset off a shared list); each links to a
 page of its own (``supervisorpage``: partitions, recent batches, audit entries). It refreshes
@@ -22,9 +24,10 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from reconciler.observe.charts import duration, sparkline
+from reconciler.observe.charts import Marker, duration, per_second, timechart
 
-Samples = Sequence[tuple[datetime, int | None, float | None]]  # (time, records, seconds)
+# the lag observer's samples (``lagwatch.Sample``): (time, records, seconds, records ingested so far)
+Samples = Sequence[tuple[datetime, int | None, float | None, int | None]]
 
 REFRESH = 5  # seconds
 RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start",
@@ -35,10 +38,18 @@ _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:20px;margin:0 0 .3em} h2{font-size:16px;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #ddd;
-vertical-align:top} th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:#176c2f} .bad{color:#b3261e;font-weight:600} .muted{color:#777} .err{color:#b3261e;max-width:40em}
-progress{width:9em} code{font-size:13px} svg.chart{display:block;margin:1px 0}
+vertical-align:top} th{background:#f4f4f4} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.ok{color:#176c2f} .bad{color:#b3261e;font-weight:600} .muted{color:#777}
+.err{color:#b3261e;max-width:24em;overflow-wrap:break-word} td.err{min-width:12em} td.policy{min-width:8em;max-width:16em}
+progress{width:7em} code{font-size:13px} svg.chart{display:block;flex:none}
 a{color:#1a4f8b} .warn{color:#8a5a00;font-weight:600}
+.st{font-weight:600;padding:.05em .4em;border-radius:3px;white-space:nowrap;background:#eee;color:#444}
+.st-RUNNING,.st-IDLE{background:#e3f2e6;color:#176c2f} .st-PENDING{background:#fff1d0;color:#7a5000}
+.st-UNHEALTHY_SUPERVISOR,.st-UNHEALTHY_TASKS{background:#b3261e;color:#fff} .st-SUSPENDED{background:#7a7a7a;color:#fff}
+#supervisors tr.sup td{border-bottom:none} #supervisors td.charts{padding-top:0}
+div.charts{display:flex;flex-wrap:wrap;gap:6px 10px}
+#audit code{overflow-wrap:anywhere} #partitions{width:auto;min-width:40em}
+@media (max-width:1000px){#supervisors{font-size:13px} #supervisors th,#supervisors td{padding:.25em .4em}}
 """
 
 
@@ -59,7 +70,7 @@ def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any
         _health(ok, body, now),
         _webhooks(webhooks),
         "<h2>Supervisors</h2>",
-        _supervisors(items, lag, observed or {}, history or {}, now),
+        _supervisors(items, lag, observed or {}, history or {}, now, resets),
         "<h2>Recent resets</h2>",
         _resets(resets),
         "<h2>Recent alerts</h2>",
@@ -92,12 +103,46 @@ def _webhooks(hooks: Sequence[Mapping[str, Any]]) -> str:
     return "<ul id=webhooks>" + "".join(rows) + "</ul>"
 
 
-def charts(samples: Samples, now: datetime, *, width: int = 160, height: int = 34) -> str:
-    """The two charts of one supervisor: lag in records, lag in time."""
-    return (sparkline([(t, r) for t, r, _ in samples], now, label="records", width=width, height=height,
-                      css_class="chart lag-records")
-            + sparkline([(t, s) for t, _, s in samples], now, label="time", unit="s", width=width, height=height,
-                        color="#c0621b", css_class="chart lag-seconds"))
+def charts(samples: Samples, now: datetime, *, markers: Sequence[Marker] = (), width: int = 260,
+           height: int = 96) -> str:
+    """The three charts of one supervisor: lag in records, lag in time, records ingested per second."""
+    size = {"width": width, "height": height, "markers": markers}
+    ingested = per_second([(s[0], s[3] if len(s) > 3 else None) for s in samples])
+    return ("<div class=charts>"
+            + timechart([(s[0], s[1]) for s in samples], now, label="lag (records)", css_class="chart lag-records",
+                        **size)
+            + timechart([(s[0], s[2]) for s in samples], now, label="lag (time)", unit="s", color="#c0621b",
+                        css_class="chart lag-seconds", **size)
+            + timechart(ingested, now, label="ingested/s", unit="/s", color="#2f8a4a",
+                        css_class="chart ingest-rate", reduce="mean", **size)
+            + "</div>")
+
+
+def markers(entries: Sequence[Mapping[str, Any]], sid: str) -> list[Marker]:
+    """The resets and backfills of one supervisor among audit entries, for its charts' time axis:
+    its own resets, and a backfill's start (its ``create-backfill``, or the reset that made it)."""
+    out = []
+    for e in entries:
+        at, action, d = e.get("at"), str(e.get("action")), e.get("details") or {}
+        if not isinstance(at, datetime):
+            continue
+        own = str(e.get("supervisor_id", sid)) == sid
+        kind = None
+        if own and action in ("reset", "reset-and-backfill", "fresh-start", "retention-loss"):
+            kind = "reset"
+        elif (own and action == "create-backfill") or (action == "reset-and-backfill" and d.get("backfill") == sid):
+            kind = "backfill"
+        if kind is not None:
+            what = f" (backfill {d['backfill']})" if action == "reset-and-backfill" and own and d.get("backfill") else ""
+            out.append(Marker(at, kind, f"{action}{what} at {at:%H:%M:%S}Z by {e.get('actor') or '?'}: "
+                                        f"{e.get('reason') or ''}"))
+    return out
+
+
+def state_badge(state: str) -> str:
+    """The state, coloured: fine (green), pending (amber), unhealthy (red), suspended (grey)."""
+    css = "".join(c for c in state if c.isalnum() or c == "_")
+    return f'<span class="st st-{css}">{escape(state).replace("_", "_<wbr>")}</span>'
 
 
 def _health(ok: bool, body: Mapping[str, Any], now: datetime) -> str:
@@ -111,14 +156,16 @@ def _health(ok: bool, body: Mapping[str, Any], now: datetime) -> str:
 
 
 def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[str, float]],
-                 observed: Mapping[str, Mapping[str, Any]], history: Mapping[str, Samples], now: datetime) -> str:
+                 observed: Mapping[str, Mapping[str, Any]], history: Mapping[str, Samples], now: datetime,
+                 audit: Sequence[Mapping[str, Any]] = ()) -> str:
     if not items:
         return "<p class=muted>No supervisors yet: add a spec to the spec directory.</p>"
-    head = ("<table id=supervisors><thead><tr><th>supervisor</th><th>kind</th><th>state</th><th>datasource</th>"
-            "<th>lag</th><th>lag in time</th><th>last hour</th><th>last commit</th><th>records</th><th>backfill</th>"
+    # kind and datasource under the name, the charts in a row of their own: readable at 900 px
+    head = ("<table id=supervisors><thead><tr><th>supervisor</th><th>state</th><th class=num>lag</th>"
+            "<th class=num>lag in time</th><th class=num>last commit</th><th class=num>records</th><th>backfill</th>"
             "<th>lag policy</th><th>last error</th></tr></thead><tbody>")
     rows = [_supervisor_row(s, lag.get(str(s["id"]), {}), observed.get(str(s["id"])), history.get(str(s["id"]), ()),
-                            now)
+                            now, markers(audit, str(s["id"])))
             for s in items if s.get("state") != "TERMINATED"]
     gone = sum(1 for s in items if s.get("state") == "TERMINATED")
     tail = "</tbody></table>"
@@ -128,22 +175,23 @@ def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[s
 
 
 def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Mapping[str, Any] | None,
-                    samples: Samples, now: datetime) -> str:
+                    samples: Samples, now: datetime, marks: Sequence[Marker] = ()) -> str:
     sid = escape(str(s["id"]))
     link = f'<a href="/supervisors/{quote(str(s["id"]))}"><b>{sid}</b></a>'
     kind = escape(str(s["kind"])) + (f" of {escape(str(s['parent']))}" if s.get("parent") else "")
-    state = escape(str(s["state"]))
+    state = state_badge(str(s["state"]))
     if s.get("detailedState") and s["detailedState"] != s["state"]:
         state += f'<br><span class=muted>{escape(str(s["detailedState"]))}</span>'
     lag_cell = _lag(s, lag, observed)
     error = s.get("lastError") or s.get("streamError") or ""
-    return (f'<tr id="sup-{sid}"><td>{link}</td><td>{kind}</td><td>{state}</td>'
-            f'<td>{escape(str(s.get("datasource") or ""))}</td><td class=num>{lag_cell}</td>'
-            f'<td class="num lag-seconds">{lag_time(s, observed)}</td><td>{charts(samples, now)}</td>'
+    return (f'<tr class=sup id="sup-{sid}"><td>{link}<br><span class="muted kind">{kind} &rarr; '
+            f'{escape(str(s.get("datasource") or ""))}</span></td><td class=state>{state}</td>'
+            f'<td class=num>{lag_cell}</td><td class="num lag-seconds">{lag_time(s, observed)}</td>'
             f'<td class="num last-commit">{last_commit(s)}</td>'
             f'<td class=num>{int(s.get("records") or 0):,}</td><td>{backfill_cell(s.get("backfill"))}</td>'
             f'<td class=policy>{policy_cell(s.get("lagPolicy"))}</td>'
-            f'<td class=err>{escape(str(error))}</td></tr>')
+            f'<td class=err>{escape(str(error))}</td></tr>'
+            f'<tr id="charts-{sid}"><td class=charts colspan=9>{charts(samples, now, markers=marks)}</td></tr>')
 
 
 def lag_time(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:

@@ -18,8 +18,10 @@ from reconciler.observe.statuspage import (
     charts,
     lag_time,
     last_commit,
+    markers,
     page_head,
     policy_cell,
+    state_badge,
 )
 
 
@@ -33,9 +35,10 @@ def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, sampl
     parts = [
         page_head(f"{sid} · stream-reconciler"),
         f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
+        f"<p class=state>{state_badge(str(item['state']))}</p>",
         _summary(item, observed),
-        "<h2>Lag, last hour</h2>",
-        f"<div id=charts>{charts(samples, now, width=480, height=90)}</div>",
+        "<h2>Lag and ingestion</h2>",
+        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150)}</div>",
         "<h2>Partitions</h2>",
         _partitions(item, observed),
         "<h2>Recent batches</h2>",
@@ -89,8 +92,10 @@ def _partitions(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str
                     f'<td class=num>{escape(duration(secs)) if secs is not None else "?"}</td></tr>')
     if not rows:
         return "<p class=muted>No checkpoint yet.</p>"
-    return ("<table id=partitions><thead><tr><th>partition</th><th>checkpoint</th><th>latest / end</th><th>lag</th>"
-            "<th>lag in time</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    # numeric headers aligned as their numbers: left over right put each value under the next header
+    return ("<table id=partitions><thead><tr><th>partition</th><th class=num>checkpoint</th>"
+            "<th class=num>latest / end</th><th class=num>lag</th><th class=num>lag in time</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
 
 
 def _batches(batches: Sequence[Mapping[str, Any]]) -> str:
@@ -103,8 +108,9 @@ def _batches(batches: Sequence[Mapping[str, Any]]) -> str:
                     f"</code></td><td class=num>{int(b.get('records') or 0):,}</td>"
                     f"<td class=num>{int(b.get('unparseable') or 0):,}</td><td class=num>{int(b.get('rows') or 0):,}</td>"
                     f"<td>{escape(ranges)}</td></tr>")
-    return ("<table id=batches><thead><tr><th>committed</th><th>batch</th><th>records</th><th>unparseable</th>"
-            "<th>rows</th><th>offsets</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    return ("<table id=batches><thead><tr><th>committed</th><th>batch</th><th class=num>records</th>"
+            "<th class=num>unparseable</th><th class=num>rows</th><th>offsets</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
 
 
 def _audit(entries: Sequence[Mapping[str, Any]]) -> str:

@@ -72,7 +72,7 @@ def test_one_round(store, kafka_broker, topic):
     assert [e["reason"] for e in store.history("clicks") if e["action"] == "lag-breach"] == [
         "lag policy: 300 records > 100"]
     assert rung == [1]  # the reset is due: the pass is rung
-    assert [r for _, r, _ in observer.history("clicks")] == [300]
+    assert [s.records for s in observer.history("clicks")] == [300]
     # a second round: the breach keeps its start, announced once
     observer.observe_once()
     assert store.lag_observations()["clicks"].breach_since == o.breach_since
@@ -112,16 +112,38 @@ def test_a_broker_that_is_down_is_unknown_within_the_bound(store):
     assert metrics.registry.get_sample_value("reconciler_lag_seconds", {"supervisor": "gone", "partition": "0"}) is None
 
 
-def test_stale_rows_are_dropped_when_a_supervisor_stops_running(store, kafka_broker, topic):
+def test_a_suspended_supervisor_is_observed_and_keeps_its_history_but_not_its_policy(store, kafka_broker, topic):
+    """46.2: while suspended, its lag went on growing unseen (a stale 1,000 on the page, ``?`` for
+    lag in time, no /metrics series) and its samples were dropped, so the chart after the resume
+    had lost the burst. Observed while suspended, history kept; its policy's breach still ends."""
     name = topic(partitions=1)
     create(store, "paused", kafka_broker.bootstrap, name)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, [(f"k{i}", b"{}") for i in range(100)])
     store.init_checkpoints("paused", {"0": 0})
-    observer = LagObserver(store, interval=5.0)
+    store.publish(supervisor_id="paused", epoch=1, batch_id="b1", datasource="paused",
+                  ranges=[PartitionRange("0", 0, 40)], files=[], records=40, unparseable=0)
+    metrics = Metrics()
+    observer = LagObserver(store, interval=5.0, metrics=metrics)
     observer.observe_once()
     assert "paused" in store.lag_observations()
     store.set_state("paused", State.SUSPENDED)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, [(f"b{i}", b"{}") for i in range(500)])
+    [seen] = observer.observe_once()
+    assert "paused" not in store.lag_observations()  # its policy is not watched while suspended
+    assert seen.supervisor_id == "paused" and seen.records == 600 - 40 and seen.seconds is not None
+    sample = metrics.registry.get_sample_value
+    assert sample("reconciler_partition_lag", {"supervisor": "paused", "partition": "0"}) == 560
+    assert sample("reconciler_lag_seconds", {"supervisor": "paused", "partition": "0"}) is not None
+    assert observer.snapshot()["paused"].records == 560
+    store.set_state("paused", State.RUNNING)  # resumed: the suspension's samples are still there
     observer.observe_once()
-    assert "paused" not in store.lag_observations()  # not watched while suspended
+    history = observer.history("paused")
+    assert [s.records for s in history] == [60, 560, 560]
+    assert {s.ingested for s in history} == {40}  # records ingested so far, for the records/s chart
+    store.set_state("paused", State.COMPLETED)  # as a backfill ends: not observed, its run still charted
+    assert observer.observe_once() == [] and len(observer.history("paused")) == 3
+    store.set_state("paused", State.TERMINATED)
+    assert observer.observe_once() == [] and observer.history("paused") == []  # gone: its history too
 
 
 # --------------------------------------------------------------------------- issue 41
