@@ -132,9 +132,10 @@ def random_schedule(seed: int) -> Schedule:
     if len(s.actors) > 1 and s.actors[1][0] == "reset" and rng.random() < 0.6:  # a backfill to cancel
         s.actors.append(("cancel", "cli-cancel", _seq(_wait("backfill-in-flight", rng.randint(20, 120)),
                                                       _op("cancel"))))
-    if rng.random() < 0.3:  # a standby's leadership loop; the leader's lease lapses at some turn, or never
-        s.actors.append(("takeover", "daemon2", _seq(_op("take_over", rng.randint(3, 30),
-                                                         rng.choice([0, 2, 5, 10, None]), rng.randint(1, 3)))))
+    if rng.random() < 0.3:  # a standby's leadership loop; the leader's lease lapses at some turn
+        # (-1: while a write is in flight), or never
+        s.actors.append(("takeover", "daemon2", _seq(_op("take_over", rng.randint(3, 60),
+                                                         rng.choice([0, 2, 5, -1, -1, None]), rng.randint(1, 3)))))
     if rng.random() < 0.3:
         s.actors.append(("producer", "producer", _plain(lambda w: w.produce(7))))
     if rng.random() < 0.1:

@@ -177,14 +177,14 @@ class World:
     def take_over(self, proc: Process, turns: int, lapse_at: int | None, steps: int) -> None:
         """A standby running the product's leadership loop (``daemon.leadership.Leadership``:
         ``hold`` takes the lease only once it ran out, then recovery): it polls ``turns``
-        times, the others running in between; at turn ``lapse_at`` the leader's lease runs
-        out (the leader paused past its TTL: it is deposed, and still runs). Once leading it
-        ingests ``steps`` times."""
+        times, the others running in between; at turn ``lapse_at`` (-1: once another's write
+        is in flight, a batch or a compaction) the leader's lease runs out (the leader paused
+        past its TTL: it is deposed, and still runs). Once leading it ingests ``steps`` times."""
         from tests.explorer.leader import ExplorerLeadership
 
         leadership = ExplorerLeadership(self, proc)
         for turn in range(turns):
-            if turn == lapse_at:
+            if turn == lapse_at or (lapse_at == -1 and self._write_in_flight(proc)):
                 with proc.store.engine.begin() as c:
                     c.execute(sa.text("UPDATE leases SET expires_at = :t WHERE name = 'leader'"),
                               {"t": datetime.now(UTC) - timedelta(seconds=1)})
@@ -204,6 +204,10 @@ class World:
             committed = {r[0] for r in c.execute(sa.text("SELECT batch_id FROM batches"))}
         self.deposed = (",".join(sorted(old)), committed)
         self.step(proc, MAIN, steps)
+
+    def _write_in_flight(self, proc: Process) -> bool:
+        return any(a.state == "parked" and a.point in IN_FLIGHT | {"compact-written", "compact-commit"}
+                   and a.process != proc.name for a in self.sched.actors.values()) if self.sched else False
 
     def recovering(self, process: str) -> None:
         """At every recovery (the ``recover`` point): nobody else may hold a live lease, or
