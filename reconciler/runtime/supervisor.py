@@ -27,6 +27,7 @@ from reconciler.errors import PermanentError, PublishConflict, RetryableError
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
+from reconciler.runtime.sourceguard import SourceGuard
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
 from reconciler.table.writeids import new_write_id
@@ -93,7 +94,7 @@ class SupervisorRuntime:
     _adapter_hash: str | None = None
     _reported: tuple | None = None
     _retention_checked: float = 0.0
-    _identity: tuple[int, str | None] | None = None  # (source generation, identity recorded for it)
+    _guard: SourceGuard | None = None  # is this still the source the checkpoints were taken on
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
     _record_bytes: float | None = None  # mean key + value bytes of the records read so far
 
@@ -110,6 +111,9 @@ class SupervisorRuntime:
         spec = rec.spec
         try:
             return self._ingest(rec, spec)
+        except truncation.SourceChanged as exc:  # nothing published: the next step finds the restart
+            log.warning("%s", exc, extra={"supervisor": rec.id})
+            return StepOutcome(0.0)
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
@@ -132,6 +136,9 @@ class SupervisorRuntime:
         checkpoint = self.ctx.store.checkpoints(rec.id)
         if rec.bounded:
             target = dict(rec.end_offsets)
+            gone = self._backfill_source_gone(rec, spec, adapter, checkpoint, target)
+            if gone:
+                return gone
         else:
             target = adapter.latest()
             checkpoint = self._init_checkpoints(rec, spec, adapter, checkpoint, target)
@@ -175,35 +182,61 @@ class SupervisorRuntime:
 
     def _source_restarted(self, rec, spec, adapter, checkpoint, target) -> StepOutcome | None:
         """A topic deleted and created again, or a partition truncated below its checkpoint
-        (``runtime.truncation``): handled like retention loss, before anything is called caught
+        (``runtime.sourceguard``): handled like retention loss, before anything is called caught
         up. With ``onRetentionLoss: continue`` the new records are read from the new earliest
         offset in a new source generation; by default UNHEALTHY with the way out."""
-        known = self._known_identity(rec)
-        identity, found = truncation.detect(adapter, checkpoint, target, known)
+        found = self._source_guard().check(rec, adapter, checkpoint, target)
         if found is None:
-            if identity is not None and identity != known:  # first seen for this source generation
-                self.ctx.store.note_identity(rec.id, identity, rec.generation, actor="reconciler")
-                self._identity = (rec.generation, identity)
             return None
         if found.moves and spec.on_retention_loss != "continue":
-            message = found.unhealthy_message(rec.id)
-            self.failures = max(self.failures, UNHEALTHY_AFTER)
-            self._report(rec, State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR, message)
-            log.error("%s", message, extra={"supervisor": rec.id})
-            return StepOutcome(MAX_BACKOFF)
+            return self._unhealthy(rec, found.unhealthy_message(rec.id))
         generation = self.ctx.store.restart_source(rec.id, rec.epoch, found.moves, identity=found.identity,
-                                                   previous=found.previous, reason=found.reason, actor="reconciler")
-        self._identity = (generation, found.identity or known)
+                                                   previous=found.previous, reason=found.reason, actor="reconciler",
+                                                   dropped=found.dropped)
+        self._source_guard().restarted(rec, generation, found.identity)
         self._retention_checked = 0.0
         log.warning("%s (source generation %d)", found.reason, generation, extra={"supervisor": rec.id})
         return StepOutcome(0.0)  # the record is read again: the next batch carries the new generation
 
-    def _known_identity(self, rec: SupervisorRecord) -> str | None:
-        """The source identity recorded for the supervisor's current source generation."""
-        if self._identity is None or self._identity[0] != rec.generation:
-            seen = self.ctx.store.source_identity(rec.id)
-            self._identity = (rec.generation, seen[0] if seen and seen[1] == rec.generation else None)
-        return self._identity[1]
+    def _backfill_source_gone(self, rec, spec, adapter, checkpoint, target) -> StepOutcome | None:
+        """A backfill whose source started over can never read its range (those offsets name
+        records of the new source, which the main supervisor reads from its earliest offset).
+        With ``onRetentionLoss: continue`` it ends with the unread range recorded as lost;
+        by default it turns UNHEALTHY with the reason and the way out."""
+        lost = {p: (c, target[p]) for p, c in checkpoint.items() if p in target and c < target[p]}
+        if not lost:  # nothing left to read: it completes
+            return None
+        why = self._source_guard().backfill_gone(rec, adapter)
+        if why is None:
+            return None
+        ranges = ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(lost.items()))
+        main = self.ctx.store.get(rec.parent_id) if rec.parent_id else None
+        if (main.spec if main is not None else spec).on_retention_loss != "continue":  # the main's policy now
+            return self._unhealthy(rec, f"{why}: this backfill's unread range ({ranges}) belongs to the old source "
+                                        f"and can never be read. `reconciler backfill cancel {rec.id}` ends it "
+                                        "(the range recorded as lost), or set `onRetentionLoss: continue` in the "
+                                        "spec to do so by itself")
+        reason = f"{why}: the backfill's unread range ({ranges}) belonged to the old source, lost"
+        self.ctx.store.end_backfill_lost(rec.id, rec.epoch, lost, reason=reason, actor="reconciler")
+        if self.ctx.metrics:
+            self.ctx.metrics.records_lost(rec.id, sum(e - s for s, e in lost.values()))
+        log.warning("%s", reason, extra={"supervisor": rec.id})
+        return StepOutcome(0.0)  # caught up now: the next step completes it
+
+    def _unhealthy(self, rec, message: str) -> StepOutcome:
+        self.failures = max(self.failures, UNHEALTHY_AFTER)
+        self._report(rec, State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR, message)
+        log.error("%s", message, extra={"supervisor": rec.id})
+        return StepOutcome(MAX_BACKOFF)
+
+    def _source_guard(self) -> SourceGuard:
+        if self._guard is None:
+            self._guard = SourceGuard(self.ctx.store, RETENTION_CHECK_EVERY)
+        return self._guard
+
+    def _confirm_source(self, rec) -> None:
+        """Between a batch's read and its publish (``SourceGuard.confirm``)."""
+        self._source_guard().confirm(rec, self._adapter_for(rec))
 
     def _past_retention(self, rec, spec, adapter, checkpoint, target):
         """A checkpoint behind the broker's retention can never be read: say so, never retry it.
@@ -234,10 +267,7 @@ class SupervisorRuntime:
         message = (f"checkpoint behind the broker's retention: {count} records were deleted before they were "
                    f"ingested ({ranges}). Nothing is read until you choose: `reconciler reset {rec.id} --to "
                    f"'{to}'` (the loss is recorded), or set `onRetentionLoss: continue` in the spec")
-        self.failures = max(self.failures, UNHEALTHY_AFTER)
-        self._report(rec, State.UNHEALTHY_SUPERVISOR, DetailedState.UNHEALTHY_SUPERVISOR, message)
-        log.error("%s", message, extra={"supervisor": rec.id})
-        return checkpoint, StepOutcome(MAX_BACKOFF)
+        return checkpoint, self._unhealthy(rec, message)
 
     def _run_batch(self, rec: SupervisorRecord, spec, ranges, capture: float = 0.0) -> int:
         from reconciler.table.catalog import deadletter_table
@@ -273,6 +303,7 @@ class SupervisorRuntime:
         faults.crash_point("after-write", rec.id)
         job_done = time.monotonic()
         try:
+            self._confirm_source(rec)
             self._publish(rec, spec, ranges, written, schema, dead_schema, records)
         except Exception:  # lost, fenced, or the database went away mid-commit: the fence decides
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))

@@ -6,10 +6,13 @@ the old checkpoint are new ones. Read naively, the step cuts ``[checkpoint, late
 nothing, with a checkpoint at or above the new end, which reads as IDLE) and the new
 records below the checkpoint are skipped without a word.
 
-Asked at every step of a main supervisor, before anything is cut or called caught up:
+Asked at every step of a main supervisor, before anything is cut or called caught up
+(``runtime.sourceguard``, which also asks the fingerprint, checks backfills and checks the
+identity again between a batch's read and its publish):
 
 * the source's identity (Kafka's topic id), compared with the one recorded for this source
-  generation: a different one is proof, whatever the offsets say;
+  generation: a different one is proof, whatever the offsets say; none, once one was
+  recorded, is a lookup that failed (``RetryableError``), never "a broker without ids";
 * else, for each partition whose checkpoint is above the end the broker reports, whether
   the partition still holds the record below the checkpoint (the last one ingested). A
   reported end below the checkpoint alone proves nothing: Tansu under-reports its end.
@@ -28,6 +31,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reconciler.errors import RetryableError
+
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +46,7 @@ class Restart:
     identity: str | None
     previous: str | None
     why: str
+    dropped: tuple[str, ...] = ()  # partitions the new source does not have: their checkpoints go
 
     @property
     def ranges(self) -> str:
@@ -49,10 +55,13 @@ class Restart:
     @property
     def reason(self) -> str:
         """One line for the audit log and the logs."""
+        gone = (f"; partition(s) {', '.join(self.dropped)} are not in the new source: their checkpoints are "
+                "dropped, and if they come back they are read from their earliest offset") if self.dropped else ""
         if not self.moves:
-            return f"{self.why}; no checkpoint is above the new earliest offsets, a new source generation begins"
+            return (f"{self.why}; no checkpoint is above the new earliest offsets, a new source generation "
+                    f"begins{gone}")
         return (f"{self.why}; checkpoints moved back to the new earliest offsets ({self.ranges}): the new "
-                "records are read from there, and what the old source held beyond the checkpoints is lost")
+                f"records are read from there, and what the old source held beyond the checkpoints is lost{gone}")
 
     def unhealthy_message(self, supervisor_id: str) -> str:
         to = json.dumps({p: n for p, (_, n) in sorted(self.moves.items(), key=_order)})
@@ -70,28 +79,38 @@ def suspects(checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> dict[s
 
 
 def decide(checkpoint: Mapping[str, int], earliest: Mapping[str, int], identity: str | None,
-           previous: str | None, held: Mapping[str, bool]) -> Restart | None:
-    """Pure: whether the source started over, and where each partition goes.
+           previous: str | None, held: Mapping[str, bool], why: str | None = None) -> Restart | None:
+    """Pure: whether the source started over, and where each partition goes. ``held``: per
+    partition, whether it still holds the records ingested there (the probe, the fingerprint);
+    ``why`` says how a False was found.
 
     A truncated partition whose checkpoint is at or below the new earliest offset moves
     nowhere here: the retention rule then reports what was deleted."""
+    dropped = tuple(sorted((p for p in checkpoint if p not in earliest), key=_order))
     if identity is not None and previous is not None and identity != previous:
         moves = {p: (c, earliest[p]) for p, c in checkpoint.items() if p in earliest and c > earliest[p]}
         return Restart(moves, identity, previous, f"the source was deleted and created again (its id was "
-                                                  f"{previous}, it is now {identity})")
+                                                  f"{previous}, it is now {identity})", dropped)
     gone = sorted((p for p, ok in held.items() if not ok), key=_order)
     moves = {p: (checkpoint[p], earliest[p]) for p in gone if p in earliest and checkpoint[p] > earliest[p]}
     if not moves:
         return None
     return Restart(moves, identity, previous,
-                   f"partition(s) {', '.join(moves)} no longer hold the last record ingested (the offset below "
-                   "the checkpoint), and end below the checkpoint: truncated, or deleted and created again")
+                   why or (f"partition(s) {', '.join(moves)} no longer hold the last record ingested (the offset "
+                           "below the checkpoint), and end below the checkpoint: truncated, or deleted and created "
+                           "again"), dropped)
 
 
 def detect(adapter, checkpoint: Mapping[str, int], latest: Mapping[str, int],
            previous: str | None) -> tuple[str | None, Restart | None]:
-    """(the identity the source has now, and the restart found, if any)."""
+    """(the identity the source has now, and the restart found, if any). A source whose
+    generation has an identity recorded and that answers none now failed to answer:
+    ``RetryableError``, nothing is read (a broker does not stop giving ids)."""
     identity = _identity(adapter)
+    if identity is None and previous is not None:
+        raise RetryableError(f"the source gave no id, though this source generation's is {previous}: the lookup "
+                             "failed, and nothing is read until it answers (a topic deleted and created again "
+                             "would otherwise be read as the old one)")
     changed = identity is not None and previous is not None and identity != previous
     held: dict[str, bool] = {}
     if not changed:
@@ -99,6 +118,11 @@ def detect(adapter, checkpoint: Mapping[str, int], latest: Mapping[str, int],
         if all(held.values()):
             return identity, None
     return identity, decide(checkpoint, adapter.earliest(), identity, previous, held)
+
+
+class SourceChanged(Exception):
+    """The source's identity changed between the step's check and the end of its read: what
+    was read belongs to another source, so the batch is discarded, never published."""
 
 
 def _identity(adapter) -> str | None:

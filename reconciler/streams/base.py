@@ -91,6 +91,10 @@ class StreamAdapter(Protocol):
         when a checkpoint is above the reported end, to tell a truncated or re-created
         partition (False) from a broker that under-reports its end (True)."""
 
+    # Optional: ``records_at(offsets) -> {partition: (offset, timestamp ms) | None}``, the first
+    # record at or after each offset (None: no longer held). Kafka has it (a compacted record
+    # answers a later offset); without it ``runtime.fingerprint`` asks ``record_times``.
+
     def close(self) -> None: ...
 
 

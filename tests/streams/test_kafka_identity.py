@@ -7,10 +7,14 @@ created again gets a new id, and no longer holds the offsets beyond its new end.
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from confluent_kafka import Producer
 
+from reconciler.errors import RetryableError
 from reconciler.model import KafkaSource
-from reconciler.runtime import truncation
+from reconciler.runtime import fingerprint, truncation
 from reconciler.streams.kafka import KafkaAdapter
 
 
@@ -44,8 +48,11 @@ def test_under_reported_end_is_not_truncation_and_recreation_is(kafka_broker, to
         # without the id (a broker that gives none), the probe alone finds it
         latest = adapter.latest()
         assert truncation.suspects(checkpoint, latest) == {"0": 14, "1": 14}
-        _, found = truncation.detect(_NoId(adapter), checkpoint, latest, first)
+        _, found = truncation.detect(_NoId(adapter), checkpoint, latest, None)
         assert dict(found.moves) == {"0": (15, 0), "1": (15, 0)}
+        # once an id is recorded for the generation, no id is a lookup that failed, not "no ids"
+        with pytest.raises(RetryableError, match="gave no id"):
+            truncation.detect(_NoId(adapter), checkpoint, latest, first)
     finally:
         adapter.close()
 
@@ -59,3 +66,28 @@ class _NoId:
 
     def __getattr__(self, name):
         return getattr(self._adapter, name)
+
+
+def test_the_fingerprint_tells_a_recreated_topic_with_more_records_from_the_old_one(kafka_broker, topic):
+    """No id needed: the record at an offset already ingested has another timestamp, or is gone."""
+    name = topic(partitions=2)
+    _bulk(kafka_broker.bootstrap, name, 15, 2)
+    adapter = KafkaAdapter(KafkaSource(bootstrap_servers=kafka_broker.bootstrap, topic=name))
+    try:
+        old = adapter.records_at({"0": 14, "1": 14})
+        assert {p: m[0] for p, m in old.items()} == {"0": 14, "1": 14}
+        assert adapter.records_at({"0": 14, "1": 14}) == old  # the same records: the same answer
+        assert fingerprint.replaced(old, old) == []
+
+        kafka_broker.delete_topic(name, timeout=10)
+        kafka_broker.create_topic(name, 2)
+        time.sleep(0.01)  # another millisecond, whatever the clock
+        _bulk(kafka_broker.bootstrap, name, 20, 1)  # more records than the checkpoint, all in partition 0
+        adapter.close()
+        now = adapter.records_at({"0": 14, "1": 14})
+        assert now["0"][0] == 14 and now["0"][1] != old["0"][1]
+        assert now["1"] is None  # partition 1 is empty now
+        assert sorted(fingerprint.replaced(old, now)) == ["0", "1"]
+    finally:
+        adapter.close()
+

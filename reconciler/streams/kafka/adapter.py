@@ -148,6 +148,14 @@ class KafkaAdapter:
 
         return holds(self._config, self.source.topic, int(partition), int(offset), min(self.timeout, PROBE_TIMEOUT))
 
+    def records_at(self, offsets: Mapping[str, int]) -> dict[str, tuple[int, int] | None]:
+        """Per partition, ``(offset, timestamp)`` of the first record at or after the offset, or
+        None when the partition no longer holds it: ``kafka.identity.record_at``."""
+        from reconciler.streams.kafka.identity import PROBE_TIMEOUT, record_at
+
+        timeout = min(self.timeout, PROBE_TIMEOUT)
+        return {p: record_at(self._config, self.source.topic, int(p), int(o), timeout) for p, o in offsets.items()}
+
     def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
         """The timestamp of the record at each offset: see ``kafka.times``."""
         if self._times is None:
