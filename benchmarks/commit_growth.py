@@ -187,7 +187,7 @@ def _metadata_dir(meta_dir: Path) -> tuple[int, int]:
 
 
 def run(url: str, root: Path, commits: int, window: int, records: int, kept: int,
-        compact_every: int = 720) -> dict:
+        compact_every: int = 720, reader_grace: float = 600.0) -> dict:
     store = Store(url)
     store.migrate()
     spec = SupervisorSpec.from_document({
@@ -198,7 +198,8 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     counter = Counter(records)
     phases = Phases()
     ctx = RuntimeContext(store=store, segments_dir=root / "segments", spark=lambda: None, metrics=phases,
-                         job=TinyJob(), adapters=lambda source: counter, snapshots_kept=kept)
+                         job=TinyJob(), adapters=lambda source: counter, snapshots_kept=kept,
+                         reader_grace=reader_grace)
     rt = SupervisorRuntime(SID, ctx)
     tables = ctx.tables()
     windows = []
@@ -290,6 +291,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10_000)
     ap.add_argument("--records", type=int, default=5, help="records per batch")
     ap.add_argument("--snapshots-kept", type=int, default=25)
+    ap.add_argument("--reader-grace", type=float, default=600.0,
+                    help="seconds a replaced version stays readable (readerGrace): metadata/ holds what "
+                         "the commits of the last this-many seconds unreferenced, besides the kept history")
     ap.add_argument("--compact-every", type=int, default=720,
                     help="run the leader's compaction every N commits (0: never, the worst case). A batch "
                          "is --records seconds of data, so the default 720 at the default 5 is what a daemon "
@@ -308,7 +312,8 @@ def main() -> None:
             cluster.start()
             url = cluster.create_database("commit_growth")
         try:
-            doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept, a.compact_every)
+            doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept, a.compact_every,
+                      a.reader_grace)
         finally:
             if cluster is not None:
                 cluster.stop()

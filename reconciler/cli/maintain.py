@@ -32,10 +32,15 @@ class Duration(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, timedelta):
             return value
+        from reconciler.model import MAX_DURATION, MAX_DURATION_TEXT
+
         m = _DURATION.match(str(value))
         if not m:
             self.fail(f"{value!r} is not a duration (use e.g. 30m, 12h, 7d)", param, ctx)
-        return timedelta(seconds=float(m["n"]) * _UNIT[m["unit"]])
+        seconds = float(m["n"]) * _UNIT[m["unit"]]
+        if not seconds <= MAX_DURATION:  # timedelta would overflow into a traceback
+            self.fail(f"{value!r} is too long: at most {MAX_DURATION_TEXT}", param, ctx)
+        return timedelta(seconds=seconds)
 
 
 class Size(click.ParamType):
@@ -114,6 +119,8 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
     a branch's) still lists them; they go once those snapshots are expired.
     """
     from reconciler.errors import ReconcilerError
+
+    _known_or_refuse(c, datasource, output)  # before importing the table modules: seconds on a busy host
     from reconciler.table.compact import compact
     from reconciler.table.reports import MaintenanceError
 
@@ -148,9 +155,21 @@ def _print_compact(result) -> None:
 
 
 def _datasources(tables) -> list[str]:
-    from reconciler.table.catalog import DEADLETTER_SUFFIX
+    from reconciler.table.locations import DEADLETTER_SUFFIX
 
     return [n for n in tables.names() if not n.endswith(DEADLETTER_SUFFIX)]
+
+
+def _known_or_refuse(c, datasource: str | None, output: str) -> list[str]:
+    """The catalog's datasources, read with one query; a DATASOURCE it does not hold is refused
+    here, and an empty catalog is said here, without importing pyiceberg."""
+    from reconciler.table.locations import DEADLETTER_SUFFIX, catalog_names
+
+    names = catalog_names(c.read_store.engine)
+    sources = [n for n in names if not n.endswith(DEADLETTER_SUFFIX)]
+    if datasource and datasource not in names:
+        _refuse(f"no table '{datasource}' (datasources: {', '.join(sources) or 'none yet'})", output)
+    return names
 
 
 def _human(n: int) -> str:
@@ -170,10 +189,12 @@ Examples:
   reconciler maintain --older-than 30d --retain-last 500
   reconciler maintain --no-expire --orphans-older-than 3d -o json""")
 @click.argument("datasource", required=False)
-@click.option("--older-than", type=Duration(), default="7d", show_default=True,
-              help="Expire snapshots older than this (time travel to them is no longer possible).")
-@click.option("--retain-last", type=click.IntRange(1), default=100, show_default=True,
-              help="Keep at least this many of the newest snapshots, however old.")
+@click.option("--older-than", type=Duration(), default=None,
+              help="Expire snapshots older than this (time travel to them is no longer possible) "
+                   "[default: the daemon's snapshotRetention, 1h unless set].")
+@click.option("--retain-last", type=click.IntRange(1), default=None,
+              help="Keep at least this many of the newest snapshots, however old "
+                   "[default: the daemon's snapshotsKept, 25 unless set].")
 @click.option("--orphans-older-than", type=Duration(), default="1d", show_default=True,
               help="Delete unreferenced files only when older than this (never a batch still being published).")
 @click.option("--no-expire", is_flag=True, help="Do not expire snapshots.")
@@ -195,13 +216,28 @@ def maintain_cmd(c, datasource, older_than, retain_last, orphans_older_than, no_
     file references (a batch whose publish lost, a crashed compaction), when older than
     --orphans-older-than. It never deletes files of a batch the database says committed.
 
+    Its defaults are the daemon's own (snapshotRetention, snapshotsKept): a run by hand
+    removes what the leader's maintenance would, no more, so with `maintainInterval: 0` it
+    is the daemon's maintenance run from cron. Keep more for time travel with larger values.
+
     Safe while the daemon runs. Run it daily, e.g. from a systemd timer or cron.
     """
     from reconciler.errors import ReconcilerError
+
+    if not _known_or_refuse(c, datasource, output) and not c.settings.remote_warehouse:
+        if output == "json":
+            _echo_json({"ok": True, "dryRun": dry_run, "tables": []})
+        else:
+            click.echo("No tables yet.")
+        sys.exit(0)
     from reconciler.table.expire import expire_snapshots
     from reconciler.table.orphans import remove_orphans
     from reconciler.table.reports import MaintenanceError, table_names
 
+    if older_than is None:
+        older_than = timedelta(seconds=c.settings.snapshot_retention)
+    if retain_last is None:
+        retain_last = max(1, c.settings.snapshots_kept)
     docs = []
     try:
         tables = open_tables(c)

@@ -38,7 +38,7 @@ from reconciler import faults
 from reconciler.errors import PermanentError
 from reconciler.table import durable, grace, retention, storage
 from reconciler.table.datafiles import describe
-from reconciler.table.locations import NAMESPACE, local_path
+from reconciler.table.locations import CATALOG, DEADLETTER_SUFFIX, NAMESPACE, local_path
 from reconciler.table.reach import _ManifestReader
 from reconciler.table.schema import partition_transform
 from reconciler.table.summary import (  # noqa: F401  (the summary keys, where the publish finds them)
@@ -66,8 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CATALOG = "reconciler"
-DEADLETTER_SUFFIX = "_deadletter"
 TIME = "__time"
 
 # Table properties set at creation: a short metadata log, merged manifests (retention.py).

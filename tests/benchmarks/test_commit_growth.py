@@ -13,7 +13,10 @@ COMMITS = 300
 
 def test_metadata_stays_bounded_after_every_commit(db_url, tmp_path):
     kept = 25  # snapshotsKept's default
-    doc = benchmark("commit_growth").run(db_url, tmp_path, commits=COMMITS, window=1, records=1, kept=kept)
+    # readerGrace 0: the history the table keeps, without what a grace holds for pinned readers
+    # (that is rate x grace more files, deleted once the grace is over: tests/table/test_reader_grace.py)
+    doc = benchmark("commit_growth").run(db_url, tmp_path, commits=COMMITS, window=1, records=1, kept=kept,
+                                         reader_grace=0)
     windows = doc["windows"]
     assert [w["commits"] for w in windows] == list(range(1, COMMITS + 1))  # one measure per commit
     late = windows[kept + 10:]  # past the first few: the history has reached its steady size

@@ -487,11 +487,12 @@ def test_every_command_is_listed():
     expected = {("apply",), ("db",), ("db", "upgrade"), ("history",), ("plan",), ("reset",), ("run",),
                 ("segments",), ("status",), ("validate",), ("suspend",), ("resume",), ("backfill",),
                 ("backfill", "list"), ("backfill", "suspend"), ("backfill", "resume"), ("backfill", "cancel"),
-                ("verify",), ("compact",), ("maintain",)}
+                ("verify",), ("compact",), ("maintain",), ("deadletter",), ("deadletter", "list"),
+                ("deadletter", "replay")}
     assert set(ALL_COMMANDS) == expected
     readme = (ROOT / "README.md").read_text()
     for path in ALL_COMMANDS:
-        if path not in (("db",), ("backfill",)):
+        if path not in (("db",), ("backfill",), ("deadletter",)):
             assert f"reconciler {' '.join(path)}" in readme, f"README does not show `reconciler {' '.join(path)}`"
 
 
@@ -573,3 +574,14 @@ def test_status_says_when_the_specs_sit_one_level_down(tmp_path):
     assert "No supervisors." in status.stdout
     assert f"note: no spec at the top level of {repo}" in status.stdout and "--specs" in status.stdout
     assert "note:" not in Cli(repo / "specs", tmp_path / "state", run.db)("status", "--no-lag").stdout
+
+
+def test_maintain_defaults_are_the_daemons_and_a_huge_duration_is_refused(run_sqlite: Cli):
+    """Issue 46: maintain's "safe defaults" (7 days, 100 snapshots) differed from the daemon's
+    (snapshotRetention 1h, snapshotsKept 25), unexplained. They are the daemon's settings now."""
+    text = " ".join(run_sqlite("maintain", "--help").stdout.split())
+    assert "the daemon's snapshotRetention" in text and "the daemon's snapshotsKept" in text
+    assert "7d" not in text.split("Examples:")[0].split("--older-than")[1][:200]
+    assert run_sqlite("apply").exit_code == 0
+    r = run_sqlite("maintain", "--dry-run", "--older-than", "100000000h")
+    assert r.exit_code == 2 and "too long: at most 87600h" in r.stderr and "Traceback" not in r.stderr

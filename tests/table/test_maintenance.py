@@ -446,7 +446,7 @@ def test_compact_and_maintain_commands(tmp_path):
     code, out = h.run_cli(s, "maintain", "--dry-run", "-o", "json")
     doc = json.loads(out)
     assert code == 0 and {t["table"] for t in doc["tables"]} == {"clicks"}
-    assert doc["tables"][0]["expire"]["expiredSnapshots"] == 0  # 7 days, 100 snapshots by default
+    assert doc["tables"][0]["expire"]["expiredSnapshots"] == 0  # the daemon's 1 h, 25 snapshots by default
     code, out = h.run_cli(s, "maintain", "clicks", "--older-than", "0s", "--retain-last", "1",
                           "--orphans-older-than", "1h")
     assert code == 0 and "expired 3 snapshot(s)" in out, out
