@@ -31,7 +31,8 @@ def _tables(c):
 @pass_ctx
 def list_(c, datasource, output):
     """Counts of DATASOURCE's pending dead letters by reason and by supervisor, the first
-    records of each reason (values cut short, secrets hidden), and how many were replayed."""
+    records of each reason (values cut short, secrets hidden), how many were replayed, and
+    how many no replay can bring back, and why."""
     from reconciler.store.replays import replayed_totals
     from reconciler.table import deadletters
 
@@ -47,7 +48,7 @@ def list_(c, datasource, output):
     if table is None and not writers:
         _refuse(f"no datasource '{datasource}' (no supervisor writes it and it has no dead-letter table)", output)
     replayed = sum(n for per in replayed_totals(store, datasource).values() for n in per.values())
-    doc = deadletters.listing(datasource, files, replayed)
+    doc = deadletters.listing(datasource, files, replayed, schemas=deadletters.lineage_schemas(actual, datasource))
     if output == "json":
         _echo_json(doc)
         return
@@ -66,6 +67,8 @@ def _list_text(doc) -> str:
         lines.append(render.table(["partition", "offset", "key", "value"],
                                   [[x["partition"], x["offset"], x["key"] or "-", x["value"] or "-"]
                                    for x in r["records"]]))
+    for s in doc["cannotComeBack"]:
+        lines.append(f"\n{s['count']} will stay whatever the spec: {s['why']}")
     lines.append(f"\nReplay them once the spec is fixed: reconciler deadletter replay {doc['datasource']} --dry-run")
     return "\n".join(lines)
 
@@ -86,7 +89,9 @@ Examples:
 def replay(c, datasource, reason, supervisor_id, dry_run, output):
     """Parse DATASOURCE's dead letters again with the current spec of the supervisor that read
     them; append the ones that now parse to the table and remove them from the dead letters in
-    one commit (exactly once, whatever runs beside it). The rest stay, with their new reason."""
+    one commit (exactly once, whatever runs beside it). The rest stay, with their new reason;
+    those no spec can bring back (an undecodable stream entry's, or all under a spec timed by
+    __stream_time, which dead letters do not keep) are left as they are, and said so."""
     from reconciler.table.replay import replay as run_replay
 
     try:

@@ -3,7 +3,10 @@ lineage's dead letters are pending (dead-lettered by its batches and its backfil
 those replayed), the last reason a replay left, and the command that shows them.
 
 From the database alone (batch totals and the audit log, one query each): ``status`` of a
-thousand supervisors must not read a thousand tables."""
+thousand supervisors must not read a thousand tables. The lineage's totals come from
+``batch_totals``, not from the items shown: ``status ID`` shows the main alone, and its
+pending count must still count its backfills' dead letters (the audit log's replayed
+count does)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import sqlalchemy as sa
 
 from reconciler.model import BACKFILL_ID
 from reconciler.store.replays import REPLAY_ACTION
-from reconciler.store.tables import audit_log
+from reconciler.store.tables import audit_log, batch_totals
 
 
 def add(store: Any, items: Sequence[dict[str, Any]]) -> None:
@@ -23,6 +26,7 @@ def add(store: Any, items: Sequence[dict[str, Any]]) -> None:
     with store._read() as c:
         rows = c.execute(sa.select(audit_log.c.supervisor_id, audit_log.c.details)
                          .where(audit_log.c.action == REPLAY_ACTION).order_by(audit_log.c.id)).all()
+        totals = c.execute(sa.select(batch_totals.c.supervisor_id, batch_totals.c.unparseable)).all()
     replayed: dict[str, int] = {}
     last_reason: dict[str, str | None] = {}
     for sid, details in rows:
@@ -31,10 +35,10 @@ def add(store: Any, items: Sequence[dict[str, Any]]) -> None:
         reasons = d.get("stayedByReason") or {}
         last_reason[sid] = max(reasons, key=reasons.get) if reasons else None
     dead: dict[str, int] = {}
-    for item in items:
-        m = BACKFILL_ID.match(item["id"])
-        main = m.group("parent") if m else item["id"]
-        dead[main] = dead.get(main, 0) + int(item.get("unparseable") or 0)
+    for sid, unparseable in totals:
+        m = BACKFILL_ID.match(sid)
+        main = m.group("parent") if m else sid
+        dead[main] = dead.get(main, 0) + int(unparseable or 0)
     for item in items:
         if BACKFILL_ID.match(item["id"]):
             item["deadLetters"] = None

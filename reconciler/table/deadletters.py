@@ -11,6 +11,11 @@ Reasons carry the value that failed (``unparseable timestamp (millis): 2026-...`
 are counted by their kind, the text before the first ``": "``. Previews of keys and
 values pass the secret scrubber and ``printable`` (control characters escaped), as every
 other text we show.
+
+Some dead letters no spec can bring back, and a replay leaves them as they are, reason and
+all (``cannot_come_back``): an undecodable RabbitMQ entry's (the reader could not get
+records out of the bytes; its reason names the entry, codec and offsets), and, under a
+spec timed by ``__stream_time``, every one (a dead letter keeps no stream time).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
 
 from reconciler.errors import printable
+from reconciler.model import BACKFILL_ID
 from reconciler.pipeline.transform import DEAD_SCHEMA
 from reconciler.spec import secrets
 from reconciler.store.replays import batch_supervisors
@@ -37,6 +43,13 @@ PREVIEW_BYTES = 64
 SAMPLES = 3  # records shown per reason kind
 _BATCH = re.compile(r"/data/" + re.escape(BATCH_DIR_PREFIX) + r"([^/]+)/")
 _REPLAYED = re.compile(r"/data/" + COMPACTED_DIR + r"/[0-9a-f]{24}/" + re.escape(SUPERVISOR_DIR) + r"([^/]+)/")
+# The reason the RabbitMQ reader gives the offsets of an entry it cannot decode
+# (streams/rabbitmq/arrow.py ``_dead_letters``: "undecodable {what} at offsets [a, b): why",
+# what being "sub-entry (codec)", "entry" or "chunk"). The cause is in the transport: the
+# value is the entry's bytes (on its first offset) or nothing, never a record.
+_UNDECODABLE = re.compile(r"undecodable (?:sub-entry \([^)]*\)|entry|chunk) at offsets \[\d+, \d+\)")
+UNDECODABLE_WHY = "undecodable in the stream (the bytes hold no record): no spec change brings it back"
+STREAM_TIME_WHY = "needs __stream_time, which dead letters do not keep"
 
 
 @dataclass
@@ -50,6 +63,34 @@ class DeadFile:
     @property
     def path(self) -> str:
         return self.task.file.file_path
+
+
+def lineage(supervisor_id: str) -> str:
+    """The main supervisor of a backfill's id, or the id itself."""
+    m = BACKFILL_ID.match(supervisor_id)
+    return m.group("parent") if m else supervisor_id
+
+
+def cannot_come_back(reason: str | None, data_schema: Any | None) -> str | None:
+    """Why no replay under ``data_schema`` (None: unknown) can bring back a dead letter
+    with ``reason``, or None when parsing it again may."""
+    if reason is not None and _UNDECODABLE.match(reason):
+        return UNDECODABLE_WHY
+    if data_schema is not None and data_schema.timestamp_column == "__stream_time":
+        return STREAM_TIME_WHY
+    return None
+
+
+def lineage_schemas(actual_supervisors: Mapping[str, Any], datasource: str) -> dict[str, Any]:
+    """Main supervisor id -> the data schema its current spec parses ``datasource``'s dead
+    letters with (a main whose spec is invalid or writes elsewhere now: absent)."""
+    out = {}
+    for sid, r in actual_supervisors.items():
+        if (BACKFILL_ID.match(sid) or getattr(r, "spec_error", None) or r.spec is None
+                or r.spec_document.get("dataSchema", {}).get("datasource") != datasource):
+            continue
+        out[sid] = r.spec.data_schema
+    return out
 
 
 def reason_kind(reason: str | None) -> str:
@@ -103,9 +144,13 @@ def supervisor_of(path: str, batch_owner: Mapping[str, str], fallback: str | Non
     return fallback
 
 
-def listing(datasource: str, files: Sequence[DeadFile], replayed: int, *, samples: int = SAMPLES) -> dict[str, Any]:
+def listing(datasource: str, files: Sequence[DeadFile], replayed: int, *, samples: int = SAMPLES,
+            schemas: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``deadletter list``'s document: counts by reason kind and by supervisor, the first
-    ``samples`` records of each kind, and how many were replayed already."""
+    ``samples`` records of each kind, how many were replayed already, and how many no
+    replay can bring back and why (``schemas``: ``lineage_schemas``)."""
+    schemas = schemas or {}
+    stay: collections.Counter[str] = collections.Counter()
     by_reason: collections.Counter[str] = collections.Counter()
     by_supervisor: collections.Counter[str] = collections.Counter()
     shown: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
@@ -120,6 +165,10 @@ def listing(datasource: str, files: Sequence[DeadFile], replayed: int, *, sample
         for i in range(rows.num_rows):
             kind = reason_kind(cols["reason"][i])
             by_reason[kind] += 1
+            sup = cols["supervisor"][i]
+            why = cannot_come_back(cols["reason"][i], schemas.get(lineage(sup)) if sup else None)
+            if why:
+                stay[why] += 1
             if len(shown[kind]) < samples:
                 shown[kind].append({"partition": cols["partition"][i], "offset": cols["offset"][i],
                                     "supervisor": cols["supervisor"][i], "key": preview(keys[i].as_py()),
@@ -128,7 +177,8 @@ def listing(datasource: str, files: Sequence[DeadFile], replayed: int, *, sample
     return {"datasource": datasource, "deadLetters": sum(by_reason.values()), "replayed": replayed,
             "byReason": [{"reason": printable(k), "count": n, "records": shown[k]}
                          for k, n in by_reason.most_common()],
-            "bySupervisor": [{"supervisor": k, "count": n} for k, n in sorted(by_supervisor.items())]}
+            "bySupervisor": [{"supervisor": k, "count": n} for k, n in sorted(by_supervisor.items())],
+            "cannotComeBack": [{"why": k, "count": n} for k, n in stay.most_common()]}
 
 
 def count_reasons(reasons: Iterable[str | None]) -> dict[str, int]:

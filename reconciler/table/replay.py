@@ -35,11 +35,18 @@ so ``verify --deep`` counts it once, inside the range of the batch that first re
 Rollup: allowed. The replayed records aggregate into new rows (a count of 1 each, sums of
 their values), which compaction merges with the others like any batch's.
 Stream time: dead letters do not keep it, so ``__stream_time`` is null in replayed rows,
-and a spec timed by ``__stream_time`` leaves its dead letters where they are.
+and a spec timed by ``__stream_time`` leaves its dead letters where they are, reasons and
+all (parsing them would only say the stream time is missing). So does every spec with an
+undecodable RabbitMQ entry's letters: no record is in them (``deadletters.cannot_come_back``).
+Partitioning: the new rows are split by the time chunks of the granularity the data table
+is partitioned by NOW, whatever each lineage's spec says (two supervisors of one datasource
+may segment by hour and by day: a day's file fits no hour partition), and the append is
+staged with that granularity.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -52,9 +59,9 @@ from pyiceberg.exceptions import ValidationException
 
 from reconciler import faults
 from reconciler.errors import CommitOutcomeUnknown, PermanentError, ReconcilerError
-from reconciler.model import BACKFILL_ID, SEGMENT
+from reconciler.model import SEGMENT
 from reconciler.pipeline import sink
-from reconciler.pipeline.transform import DEAD_SCHEMA, Transformer
+from reconciler.pipeline.transform import DEAD_SCHEMA, TIME, Transformer, chunk_strings
 from reconciler.store.batches import TableConflict
 from reconciler.store.replays import commit_replay
 from reconciler.store.writes import WriteFenced
@@ -65,7 +72,9 @@ from reconciler.table.datafiles import describe
 from reconciler.table.deadletters import (
     SUPERVISOR_DIR,
     DeadFile,
+    cannot_come_back,
     count_reasons,
+    lineage,
     lineage_owner,
     read,
 )
@@ -95,6 +104,7 @@ class ReplayResult:
     files_rewritten: int = 0
     replayed_by_supervisor: dict[str, int] = field(default_factory=dict)
     stayed_by_reason: dict[str, int] = field(default_factory=dict)
+    cannot_come_back: dict[str, int] = field(default_factory=dict)  # why -> letters left as they are
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,7 +112,8 @@ class ReplayResult:
         return {"datasource": d["datasource"], "dryRun": d["dry_run"], "committed": d["committed"],
                 "attempts": d["attempts"], "replayed": d["replayed"], "stayed": d["stayed"],
                 "filesRewritten": d["files_rewritten"], "replayedBySupervisor": d["replayed_by_supervisor"],
-                "stayedByReason": d["stayed_by_reason"], "message": d["message"]}
+                "stayedByReason": d["stayed_by_reason"], "cannotComeBack": d["cannot_come_back"],
+                "message": d["message"]}
 
 
 @dataclass
@@ -111,14 +122,10 @@ class _Parsed:
 
     rows: pa.Table | None  # the data rows (time_chunk last), None when none parse
     kept: pa.Table  # the file's dead letters after the replay (DEAD_SCHEMA)
-    replayed: list[tuple[str, int]]  # (partition, offset)
-    stayed_reasons: list[str]  # new reasons of the selected letters that still fail
+    replayed: list[tuple[str, int]]  # (partition, offset), once per row that came back
+    stayed_reasons: list[str]  # reasons of the selected letters that stay (new, or kept when left alone)
+    left: list[str]  # why, for each selected letter no spec can bring back (left as it is)
     changed: bool
-
-
-def lineage(supervisor_id: str) -> str:
-    m = BACKFILL_ID.match(supervisor_id)
-    return m.group("parent") if m else supervisor_id
 
 
 def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = None,
@@ -132,7 +139,7 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
     fallback = lineage_owner(actual, datasource)
     cache: dict[str, DeadFile] = {}
     parsed: dict[str, _Parsed] = {}
-    written: dict[frozenset, tuple[list[str], list[str], Any]] = {}
+    written: dict[frozenset, tuple[list[str], list[str], Any, str | None]] = {}
     write_id: str | None = None
     done: set[str] = set()
     try:
@@ -154,10 +161,10 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
             _count(result, changed, parsed, [f for f in mine if not parsed[f.path].changed], reason)
             if not changed or not result.replayed and dry_run:
                 result.message = (f"nothing comes back: {result.stayed} dead letter(s) still fail"
-                                  if result.stayed else "no dead letter matches")
+                                  + _left_note(result) if result.stayed else "no dead letter matches")
                 return result
             if dry_run:
-                result.message = f"would replay {result.replayed}; {result.stayed} would stay"
+                result.message = f"would replay {result.replayed}; {result.stayed} would stay" + _left_note(result)
                 return result
             if write_id is None:
                 write_id = new_write_id()
@@ -165,15 +172,15 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
             key = frozenset(f.path for f in changed)
             if key not in written:
                 written[key] = _write(tables, datasource, dead_table, changed, parsed, specs, write_id)
-            data_paths, dead_paths, data_schema = written[key]
+            data_paths, dead_paths, data_schema, granularity = written[key]
             faults.crash_point("replay-written", datasource)
             summary = _summary(datasource, changed, parsed)
             commits = []
             try:
-                if data_paths:
+                if data_paths:  # the lineages agree on rollup (crossfile.py): any one's says it
                     ds = specs[lineage(changed[0].supervisor)].data_schema
                     commits.append(tables.stage_append(datasource, data_paths, summary, schema=data_schema,
-                                                       granularity=ds.segment_granularity, rollup=ds.rollup,
+                                                       granularity=granularity, rollup=ds.rollup,
                                                        write_id=write_id, attempt=attempt))
                 commits.append(tables.stage(deadletter_table(datasource), _overwrite(changed, dead_paths, summary),
                                             write_id=write_id, attempt=attempt, expected=planned))
@@ -207,7 +214,7 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
             done = set(data_paths) | set(dead_paths)
             result.committed = True
             result.files_rewritten = len(changed)
-            result.message = f"replayed {result.replayed}; {result.stayed} stayed"
+            result.message = f"replayed {result.replayed}; {result.stayed} stayed" + _left_note(result)
             log.info("replay of %s: %s", datasource, result.message)
             return result
         result.message = f"gave up after {attempts} attempts: the tables kept moving; run it again"
@@ -245,33 +252,51 @@ def _specs(actual: dict[str, Any], datasource: str, supervisor: str | None) -> d
 
 
 def _parse(f: DeadFile, spec: Any, reason: str | None) -> _Parsed:
-    """Parse the file's selected dead letters again, as a batch's task would."""
+    """Parse the file's selected dead letters again, as a batch's task would. Each row is
+    judged on its own (a file may hold one offset twice); the rows' order is kept."""
     rows = f.rows
     reasons = rows.column("reason").to_pylist()
     selected = [reason is None or (r is not None and reason in r) for r in reasons]
-    if not any(selected):
-        return _Parsed(None, rows, [], [], False)
-    mask = pa.array(selected)
-    chosen = rows.filter(mask)
-    records = pa.RecordBatch.from_arrays(
-        [chosen.column("partition").combine_chunks(), chosen.column("offset").combine_chunks(),
-         chosen.column("key").combine_chunks(), chosen.column("value").combine_chunks(),
-         pa.nulls(chosen.num_rows, pa.timestamp("us", tz="UTC"))],
-        names=["partition", "offset", "key", "value", "stream_time"])
+    why = [cannot_come_back(r, spec.data_schema) if s else None for r, s in zip(reasons, selected, strict=True)]
+    left = [w for w in why if w]
+    parse = [s and not w for s, w in zip(selected, why, strict=True)]
+    if not any(parse):
+        return _Parsed(None, rows, [], [r for r, w in zip(reasons, why, strict=True) if w], left, False)
+    chosen = rows.filter(pa.array(parse))
+    cols = [chosen.column(c).combine_chunks() for c in ("partition", "offset", "key", "value")]
+    records = pa.RecordBatch.from_arrays([*cols, pa.nulls(chosen.num_rows, pa.timestamp("us", tz="UTC"))],
+                                         names=["partition", "offset", "key", "value", "stream_time"])
     t = Transformer(spec.data_schema)
     out, last = t(records), t.finish()
     data = pa.concat_tables([out.rows, last.rows])
-    failed = out.dead
-    back = set(zip(chosen.column("partition").to_pylist(), chosen.column("offset").to_pylist(), strict=True))
-    still = set(zip(failed.column("partition").to_pylist(), failed.column("offset").to_pylist(), strict=True))
-    kept = pa.concat_tables([rows.filter(pa.array([not s for s in selected])), failed.cast(DEAD_SCHEMA)])
-    old = dict(zip(zip(chosen.column("partition").to_pylist(), chosen.column("offset").to_pylist(), strict=True),
-                   chosen.column("reason").to_pylist(), strict=True))
-    new_reasons = failed.column("reason").to_pylist()
-    changed = len(still) < len(back) or any(old.get(k) != r for k, r in zip(
-        zip(failed.column("partition").to_pylist(), failed.column("offset").to_pylist(), strict=True),
-        new_reasons, strict=True))
-    return _Parsed(data if data.num_rows else None, kept, sorted(back - still), new_reasons, changed)
+    # A record's outcome depends on its partition, offset, key and value alone (no stream
+    # time here): the rows of ``out.dead`` are the chosen ones with those four equal.
+    new_reason = dict(zip(_identities(out.dead), out.dead.column("reason").to_pylist(), strict=True))
+    chosen_ids = iter(_identities(chosen))
+    replayed: list[tuple[str, int]] = []
+    stayed: list[str] = []
+    kept_reasons: list[str] = []
+    keep: list[bool] = []
+    for r, p, w in zip(reasons, parse, why, strict=True):
+        now = new_reason.get(ident := next(chosen_ids), _BACK) if p else r
+        keep.append(now is not _BACK)
+        if now is _BACK:
+            replayed.append(ident[:2])
+            continue
+        kept_reasons.append(now)
+        if p or w:
+            stayed.append(now)
+    changed = bool(replayed) or kept_reasons != [r for r, k in zip(reasons, keep, strict=True) if k]
+    kept = rows.filter(pa.array(keep))
+    kept = kept.set_column(kept.schema.get_field_index("reason"), "reason", pa.array(kept_reasons, pa.string()))
+    return _Parsed(data if data.num_rows else None, kept.cast(DEAD_SCHEMA), replayed, stayed, left, changed)
+
+
+_BACK = object()  # no new reason: the record parses now
+
+
+def _identities(t: pa.Table) -> list[tuple]:
+    return list(zip(*(t.column(c).to_pylist() for c in ("partition", "offset", "key", "value")), strict=True))
 
 
 def _count(result: ReplayResult, changed, parsed, unchanged, reason) -> None:
@@ -284,12 +309,34 @@ def _count(result: ReplayResult, changed, parsed, unchanged, reason) -> None:
     stayed = [r for f in [*changed, *unchanged] for r in parsed[f.path].stayed_reasons]
     result.stayed = len(stayed)
     result.stayed_by_reason = count_reasons(stayed)
+    left: collections.Counter[str] = collections.Counter(w for f in [*changed, *unchanged] for w in parsed[f.path].left)
+    result.cannot_come_back = dict(left.most_common())
+
+
+def _left_note(result: ReplayResult) -> str:
+    return "".join(f"; {n} cannot come back whatever the spec: {w}" for w, n in result.cannot_come_back.items())
+
+
+def _granularity(table: Any) -> str | None:
+    """The segment granularity the table is partitioned by now (its ``__time`` transform)."""
+    metadata = table.metadata
+    time_id = metadata.schema().find_field(TIME).field_id
+    for f in metadata.spec().fields:
+        if f.source_id == time_id:
+            return _BY_TRANSFORM.get(type(f.transform).__name__)
+    return None
+
+
+_BY_TRANSFORM = {"HourTransform": "hour", "DayTransform": "day", "MonthTransform": "month"}
 
 
 def _write(tables: Tables, datasource: str, dead_table: Any, changed: list[DeadFile], parsed: dict[str, _Parsed],
-           specs: dict[str, Any], write_id: str) -> tuple[list[str], list[str], Any]:
-    """Write the new rows and the rewritten dead letters under the write's directories."""
+           specs: dict[str, Any], write_id: str) -> tuple[list[str], list[str], Any, str | None]:
+    """Write the new rows, split by the table's time chunks as a batch splits its own, and
+    the rewritten dead letters under the write's directories. Returns the files and the
+    rows' schema and granularity (None: the table is not partitioned by time)."""
     table = tables.current(datasource)
+    granularity = _granularity(table)
     stem = f"part-replay-{uuid.uuid4().hex[:12]}"
     data_root = tables.storage.join(table.location(), "data", COMPACTED_DIR, write_id)
     dead_root = tables.storage.join(dead_table.location(), "data", COMPACTED_DIR, write_id)
@@ -306,7 +353,10 @@ def _write(tables: Tables, datasource: str, dead_table: Any, changed: list[DeadF
             for name in order:
                 if name not in r.column_names:
                     r = r.append_column(unified.field(name), pa.nulls(r.num_rows, unified.field(name).type))
-            files.add_table(r.select(order).cast(pa.schema([unified.field(n) for n in order])))
+            r = r.select(order).cast(pa.schema([unified.field(n) for n in order]))
+            if granularity is not None:
+                r = r.set_column(len(order) - 1, SEGMENT, chunk_strings(r.column(TIME), granularity))
+            files.add_table(r)
         data_paths = [tables.storage.join(data_root, w.name) for w in files.close()]
     dead_paths: list[str] = []
     by_sup: dict[str, list[pa.Table]] = {}
@@ -328,7 +378,7 @@ def _write(tables: Tables, datasource: str, dead_table: Any, changed: list[DeadF
                 d = d.parent
             dirs |= {d, d.parent}
         durable.sync(paths, dirs)
-    return data_paths, dead_paths, data_schema
+    return data_paths, dead_paths, data_schema, granularity
 
 
 def _store_json(tables: Tables) -> str | None:
@@ -343,6 +393,8 @@ def _ranges(offsets: list[tuple[str, int]]) -> list[list]:
     out: list[list] = []
     for p, group in itertools.groupby(sorted(offsets), key=lambda x: x[0]):
         for o in (o for _, o in group):
+            if out and out[-1][0] == p and out[-1][1] <= o < out[-1][2]:
+                continue  # the same offset twice (a file may hold it twice): one range
             if out and out[-1][0] == p and out[-1][2] == o:
                 out[-1][2] = o + 1
             else:
@@ -390,7 +442,7 @@ def _finish(tables: Tables, store: Any, datasource: str, write_id: str, written:
     """Files of attempts the commit does not reference go now; a replay that did not commit
     is fenced first, then its files deleted (a fence that cannot be set: recovery's)."""
     if done:
-        for data_paths, dead_paths, _ in written.values():
+        for data_paths, dead_paths, _, _ in written.values():
             for p in [*data_paths, *dead_paths]:
                 if p not in done:
                     _unlink(p)

@@ -20,9 +20,9 @@ from reconciler.table.writeids import new_write_id
 T0 = datetime(2026, 11, 20, 10, tzinfo=UTC)
 
 
-def spec_document(sid: str = "clicks", fmt: str = "millis", datasource: str = "clicks") -> dict:
+def spec_document(sid: str = "clicks", fmt: str = "millis", datasource: str = "clicks", column: str = "ts") -> dict:
     return {"id": sid, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": sid},
-            "dataSchema": {"datasource": datasource, "timestamp": {"column": "ts", "format": fmt},
+            "dataSchema": {"datasource": datasource, "timestamp": {"column": column, "format": fmt},
                            "dimensions": ["id", "__partition", "__offset"]}}
 
 
@@ -31,9 +31,9 @@ def create(store: Store, sid: str = "clicks", fmt: str = "millis") -> None:
     store.init_checkpoints(sid, {"0": 0})
 
 
-def set_format(store: Store, sid: str, fmt: str) -> None:
+def set_format(store: Store, sid: str, fmt: str, column: str = "ts") -> None:
     """The spec fixed (as apply records a changed file)."""
-    store.update_spec(SupervisorSpec.from_document(spec_document(sid, fmt)), None, actor="test")
+    store.update_spec(SupervisorSpec.from_document(spec_document(sid, fmt, column=column)), None, actor="test")
 
 
 def values(start: int, end: int, bad_every: int = 2) -> list[bytes]:

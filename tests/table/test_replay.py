@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
+import pyarrow as pa
 import pytest
 
 from reconciler import faults
+from reconciler.control.requests import from_cli
+from reconciler.control.resets import Positions, compute_reset
+from reconciler.model import DataSchema, Position, SupervisorSpec
 from reconciler.observe import events
+from reconciler.pipeline.transform import DEAD_SCHEMA
 from reconciler.store.store import Store
 from reconciler.table import catalog as cat
-from reconciler.table.replay import ReplayRefused, replay
+from reconciler.table.deadletters import STREAM_TIME_WHY, DeadFile
+from reconciler.table.replay import ReplayRefused, _parse, _ranges, replay
 from tests.e2e import helpers as h
 from tests.table import replaykit as kit
 
@@ -233,3 +240,140 @@ def test_a_datasource_without_dead_letters_is_refused(setup):
     kit.publish(store, tables, "clicks", 0, 5, raw=[b'{"id":"a","ts":1}'] * 5)
     code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
     assert code == 1 and "no dead letters" in json.loads(out)["error"]
+
+
+# --------------------------------------------------------------------------- review of 79c0c37 / bd9f2e9
+
+
+def _dead_rows(offsets: list[int], values: list[bytes], reasons: list[str]) -> pa.Table:
+    return pa.table({"partition": ["0"] * len(offsets), "offset": pa.array(offsets, pa.int64()),
+                     "key": pa.array([f"k{o}".encode() for o in offsets], pa.binary()),
+                     "value": pa.array(values, pa.binary()), "reason": reasons}).cast(DEAD_SCHEMA)
+
+
+class _Spec:
+    def __init__(self, **kw):
+        self.data_schema = DataSchema(datasource="clicks", dimensions=("id",), **kw)
+
+
+def test_a_spec_timed_by_stream_time_leaves_its_dead_letters_where_they_are():
+    """The operator moved the spec to ``__stream_time`` (the records' ``ts`` was bad); the
+    dead letters of before keep no stream time, so none comes back, and each keeps the
+    reason that said what was wrong with the record (it was rewritten to ``missing
+    timestamp column '__stream_time'``, and ``--reason 'unparseable'`` no longer found it)."""
+    before = ["unparseable timestamp (millis): 2026-11-20T10:00:00Z", "unparseable timestamp (millis): soon"]
+    rows = _dead_rows([4, 6], [b'{"id":"r4","ts":"2026-11-20T10:00:00Z"}', b'{"id":"r6","ts":"soon"}'], before)
+    parsed = _parse(DeadFile(task=None, supervisor="clicks", rows=rows), _Spec(timestamp_column="__stream_time"), None)
+    assert parsed.replayed == []
+    assert parsed.kept.column("reason").to_pylist() == before, parsed.kept.column("reason").to_pylist()
+    assert not parsed.changed
+    assert parsed.left == [STREAM_TIME_WHY] * 2 and parsed.stayed_reasons == before
+
+
+def test_under_a_stream_time_spec_the_dry_run_and_list_say_why_the_letters_stay(setup):
+    s, store, tables = setup
+    _ingest(store, tables, batches=1)
+    dead = _dead(tables)
+    reasons_before = sorted(tables.load("clicks_deadletter").scan().to_arrow().column("reason").to_pylist())
+    kit.set_format(store, "clicks", "millis", column="__stream_time")
+    code, out = h.run_cli(s, "deadletter", "replay", "clicks", "--dry-run", "-o", "json")
+    dry = json.loads(out)
+    assert code == 0 and dry["replayed"] == 0 and dry["stayed"] == len(dead), dry
+    assert dry["cannotComeBack"] == {STREAM_TIME_WHY: len(dead)} and STREAM_TIME_WHY in dry["message"]
+    code, text = h.run_cli(s, "deadletter", "replay", "clicks", "--dry-run")
+    assert STREAM_TIME_WHY in text
+    code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
+    assert not json.loads(out)["committed"]
+    after = sorted(tables.load("clicks_deadletter").scan().to_arrow().column("reason").to_pylist())
+    assert _dead(tables) == dead and after == reasons_before
+    code, out = h.run_cli(s, "deadletter", "list", "clicks", "-o", "json")
+    assert json.loads(out)["cannotComeBack"] == [{"why": STREAM_TIME_WHY, "count": len(dead)}]
+    code, text = h.run_cli(s, "deadletter", "list", "clicks")
+    assert f"{len(dead)} will stay whatever the spec: {STREAM_TIME_WHY}" in text
+
+
+def test_one_offset_twice_in_a_dead_letter_file_each_row_is_judged_on_its_own():
+    """Offset 5 twice (a value that now parses and one that does not) and offset 7 twice
+    (the same record): keyed by (partition, offset), the good 5 was appended but not
+    counted as replayed, and the bad 5's letter was the only one kept."""
+    good, bad = b'{"id":"r5","ts":"2026-11-20T10:00:00Z"}', b'{"id":"r5","ts":"soon"}'
+    same = b'{"id":"r7","ts":"2026-11-20T11:00:00Z"}'
+    old = "unparseable timestamp (millis): x"
+    rows = _dead_rows([5, 5, 7, 7], [good, bad, same, same], [old] * 4)
+    parsed = _parse(DeadFile(task=None, supervisor="clicks", rows=rows), _Spec(timestamp_column="ts"), None)
+    assert sorted(parsed.replayed) == [("0", 5), ("0", 7), ("0", 7)] and parsed.rows.num_rows == 3
+    assert parsed.kept.column("value").to_pylist() == [bad]
+    assert parsed.kept.column("reason").to_pylist() == ["unparseable timestamp (auto): soon"]
+    assert parsed.changed and parsed.stayed_reasons == ["unparseable timestamp (auto): soon"]
+    assert _ranges(parsed.replayed) == [["0", 5, 6], ["0", 7, 8]]
+
+
+def test_status_of_one_supervisor_counts_its_backfills_dead_letters(setup):
+    """``status clicks`` shows the main alone: its pending count counted the items shown,
+    so the backfill's dead letters were missing from it (and the replayed count, from the
+    audit log, had them: pending could go to 0 with letters left)."""
+    s, store, tables = setup
+    kit.publish(store, tables, "clicks", 0, 20)
+    pos = Positions(earliest={"0": 0}, latest={"0": 40})
+    res = store.apply_reset(from_cli("clicks", Position("latest"), operation_id="r"),
+                            lambda cp: compute_reset(Position("latest"), cp, pos, backfill=True),
+                            initial={}, earliest=pos.earliest, actor="t")
+    kit.publish(store, tables, res.backfill_id, 20, 40)
+    pending = len(_dead(tables))
+    assert pending == 24
+    every = {x["id"]: x for x in h.cli_json(s, "status", "--no-lag")["supervisors"]}
+    [one] = h.cli_json(s, "status", "clicks", "--no-lag")["supervisors"]
+    assert every["clicks"]["deadLetters"]["pending"] == one["deadLetters"]["pending"] == pending
+
+
+# --------------------------------------------------------------------------- two lineages
+
+
+def _doc(sid: str, segment: str, fmt: str) -> dict:
+    d = kit.spec_document(sid, fmt, datasource="clicks")
+    d["dataSchema"]["granularity"] = {"segment": segment}
+    return d
+
+
+@pytest.fixture
+def two(db_url, tmp_path):
+    s = h.make_settings(tmp_path, db=db_url)
+    store = Store(db_url)
+    store.migrate()
+    for sid, seg in (("clicks", "hour"), ("views", "day")):
+        store.create_supervisor(SupervisorSpec.from_document(_doc(sid, seg, "millis")), None, actor="test")
+        store.init_checkpoints(sid, {"0": 0})
+    tables = cat.Tables(store.engine, s.segments_dir)
+    yield s, store, tables
+    store.close()
+
+
+def _values(start: int, end: int) -> list[bytes]:
+    """Even offsets: ISO text (dead under millis), hours apart; odd: epoch millis."""
+    out = []
+    for o in range(start, end):
+        t = kit.T0 + timedelta(hours=o % 6)
+        ts = f'"{t.strftime("%Y-%m-%dT%H:%M:%SZ")}"' if o % 2 == 0 else str(int(t.timestamp() * 1000))
+        out.append(f'{{"id":"r{o}","ts":{ts}}}'.encode())
+    return out
+
+
+def test_replay_of_a_datasource_two_lineages_write_with_other_segment_granularities(two):
+    """Two supervisors write datasource ``clicks`` (allowed: crossfile.py asks them to
+    agree on rollup and columns only), one by hour, one by day. Each batch stages its
+    append with its own spec's granularity. A replay wrote every lineage's rows in ONE
+    append staged with the granularity of ``changed[0]``'s spec: when that was the hourly
+    one, the daily lineage's files (a day of hours each) could not be given one hour
+    partition and the replay failed, every time (ValueError from the partition
+    inference). Now the rows are split by the table's own partitioning."""
+    s, store, tables = two
+    for sid in ("views", "clicks"):  # two topics, each partition 0, offsets 0..11
+        kit.publish(store, tables, sid, 0, 12, raw=_values(0, 12))
+    for sid, seg in (("clicks", "hour"), ("views", "day")):
+        store.update_spec(SupervisorSpec.from_document(_doc(sid, seg, "auto")), None, actor="test")
+    dead = kit.table_offsets(tables, "clicks_deadletter")
+    assert len(dead) == 12  # the even offsets of each
+    result = replay(tables, store, "clicks", actor="t")
+    assert result.committed and result.replayed == 12, result
+    assert kit.table_offsets(tables, "clicks_deadletter") == []
+    assert kit.table_offsets(tables, "clicks") == sorted(list(range(12)) * 2)
