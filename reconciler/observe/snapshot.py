@@ -1,4 +1,4 @@
-"""One rendering of a status page shared by every request that asks for it meanwhile.
+"""One rendering of a status page (or of /metrics) shared by every request that asks for it meanwhile.
 
 With 400 supervisors the status page is half a megabyte and takes a database read and a
 render; rendered once per request, a burst of requests cost a burst of renders and kept
@@ -22,7 +22,7 @@ MAX_AGE = 1.0  # seconds a rendered page is served again before the next request
 @dataclass
 class _Entry:
     done: threading.Event = field(default_factory=threading.Event)
-    value: str | None = None
+    value: str | bytes | None = None
     error: BaseException | None = None
     finished: float = 0.0
 
@@ -31,14 +31,14 @@ class SharedRender:
     """``get(path)`` is ``render(path)``, shared: at most one rendering of a path runs at a
     time, and its result serves every request until it is ``max_age`` seconds old."""
 
-    def __init__(self, render: Callable[[str], str | None], max_age: float = MAX_AGE) -> None:
+    def __init__(self, render: Callable[[str], str | bytes | None], max_age: float = MAX_AGE) -> None:
         self._render = render
         self.max_age = max_age
         self.renders = 0  # renderings run: what the tests count
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> str | None:
+    def get(self, path: str) -> str | bytes | None:
         with self._lock:
             now = time.monotonic()
             self._forget_old(now)

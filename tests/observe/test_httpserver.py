@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -133,8 +134,8 @@ def test_400_unread_page_requests_neither_hold_healthz_nor_queue_without_bound()
             took = time.monotonic() - started
             assert status == 200 and body, path
             assert took < 2.0, f"{path} answered after {took:.1f}s behind unread pages"
-        # the page workers are stuck on clients that do not read (once the socket buffers are
-        # full), MAX_QUEUED wait, and the rest were answered 503 at once rather than queued
+        # the page workers render while the heads arrive, MAX_QUEUED wait, and the rest were
+        # answered 503 at once rather than queued
         statuses = [_status_line(c).split(b" ")[1:2] for c in clients]
         busy = statuses.count([b"503"])
         assert busy == srv.shed and busy >= 200, (busy, len(renders))
@@ -171,6 +172,81 @@ def test_a_page_larger_than_the_socket_buffer_reaches_a_slow_reader_whole():
         head, _, body = bytes(data).partition(b"\r\n\r\n")
         assert f"Content-Length: {len(page)}".encode() in head
         assert len(body) == len(page)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_clients_that_do_not_read_hold_no_worker():
+    """Ten 8 MB pages to clients that never read, one page worker: the next reader is
+    answered at once (a worker writing with ``sendall`` was held ``SEND_TIMEOUT`` by each)."""
+    metrics = Metrics()
+    page = "<!doctype html>" + "y" * 8_000_000
+    srv = serve(metrics, "127.0.0.1:0", page=lambda path: page)
+    port = srv.server_address[1]
+    clients = []
+    try:
+        for _ in range(10):
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            c.connect(("127.0.0.1", port))
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            clients.append(c)
+        time.sleep(0.5)
+        started = time.monotonic()
+        status, _, body = _get(port, "/")
+        took = time.monotonic() - started
+        assert (status, len(body), took < 3.0) == (200, len(page), True), took
+    finally:
+        for c in clients:
+            c.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_client_that_does_not_read_is_dropped_after_the_send_timeout():
+    srv = serve(Metrics(), "127.0.0.1:0", page=lambda path: "<!doctype html>" + "y" * 8_000_000)
+    srv.send_timeout = 0.5
+    try:
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+        c.connect(srv.server_address)
+        c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        time.sleep(1.5)  # past the deadline: the rest of the answer goes with the connection
+        c.settimeout(10)
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := c.recv(1 << 20):
+                got += len(chunk)
+        assert got < 8_000_000
+        c.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_metrics_requests_together_share_one_rendering(monkeypatch):
+    from reconciler.observe import metrics as metrics_module
+
+    renders = []
+
+    def counted(registry):
+        renders.append(1)
+        time.sleep(0.3)  # long enough for every request to arrive while it runs
+        return real(registry)
+
+    real = metrics_module.generate_latest
+    monkeypatch.setattr(metrics_module, "generate_latest", counted)
+    srv = serve(Metrics(), "127.0.0.1:0")
+    port = srv.server_address[1]
+    try:
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(_get(port, "/metrics")[0])) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert (results, len(renders)) == ([200] * 20, 1)
     finally:
         srv.shutdown()
         srv.server_close()
