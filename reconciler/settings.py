@@ -198,8 +198,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
         raise PermanentError(f"logFormat must be text or json, not {settings.log_format!r}")
     if str(settings.log_level).upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise PermanentError(f"logLevel must be DEBUG, INFO, WARNING or ERROR, not {settings.log_level!r}")
-    if settings.lag_interval < 0:
-        raise PermanentError(f"lagInterval must be 0 (off) or positive, not {settings.lag_interval}")
+    if bad := [(k, v) for k, v in (("lagInterval", settings.lag_interval), ("readerGrace", settings.reader_grace)) if v < 0]:
+        raise PermanentError(f"{bad[0][0]} must be 0 (off) or positive, not {bad[0][1]}")
     webhook_urls(settings.webhook)
     check_segments(settings.segments)
     _check_spark(settings)

@@ -372,7 +372,7 @@ class Tables:
                 _evolve_partitioning(tx, granularity)
             retention.converge_properties(tx)
             append_files(tx, files, properties)
-            retention.expire_beyond(tx, self.snapshots_kept)
+            retention.expire_beyond(tx, self.snapshots_kept, readers=self.retired.grace > 0)
 
         return self.stage(name, build, write_id=write_id, attempt=attempt)
 

@@ -19,7 +19,7 @@ from reconciler import faults
 from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
-from reconciler.table import summary
+from reconciler.table import grace, summary
 from reconciler.table.catalog import TableConflict as StagedOnAnother
 from reconciler.table.catalog import (
     Tables,
@@ -64,8 +64,9 @@ def expire_snapshots(
     """Remove the snapshots of table ``name`` that are older than ``older_than`` AND not
     among the last ``retain_last``, then delete the files only they referenced.
 
-    Never expired: the current snapshot, branch and tag heads, and every snapshot that
-    was the current one at some time after the cut-off (a reader may still hold it). A
+    Never expired: the current snapshot, branch and tag heads, every snapshot that was
+    the current one at some time after the cut-off (a reader may still hold it) and, with
+    a reader's grace, the one current in each version of the metadata log (grace.py). A
     file still live in any retained snapshot is never deleted. The offset ranges of
     expired snapshots are kept, merged, in the table property ``reconciler.expired-ranges``
     (committed with the expiry).
@@ -92,6 +93,8 @@ def expire_snapshots(
         if metadata.current_snapshot_id is not None:
             protected.add(metadata.current_snapshot_id)
         protected |= _recently_current(metadata, cutoff_ms)
+        if tables.retired.grace > 0:  # a reader may hold any version of the metadata log (grace.py)
+            protected |= grace.log_snapshots(metadata, table.metadata_location, table.io)
         newest = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
         protected |= {s.snapshot_id for s in newest[:retain_last]}
         expired = [s for s in metadata.snapshots if s.snapshot_id not in protected and s.timestamp_ms < cutoff_ms]
@@ -144,8 +147,14 @@ def expire_snapshots(
         result.committed = True
         faults.point("expire-delete", name)
         tables.retired.retire(gone)  # a reader may still be on a version that lists them (grace.py)
-        later = f" after the readers' grace of {tables.retired.grace:g}s" if tables.retired.grace > 0 else ""
-        result.message = f"expired {len(expired)} snapshot(s), {len(gone)} file(s) to delete{later}"
+        if tables.retired.grace > 0 and gone:
+            # This process may exit first (``reconciler maintain``): then orphan clean-up deletes them.
+            later = (f"{len(gone)} file(s) only they needed are kept for the readers' grace of "
+                     f"{tables.retired.grace:g}s, then deleted (by the next orphan clean-up if this "
+                     "process has exited)")
+        else:
+            later = f"{len(gone)} file(s) deleted"
+        result.message = f"expired {len(expired)} snapshot(s); {later}"
         log.info("maintenance of %s: %s", name, result.message)
         return result
     if write_id is not None:

@@ -87,6 +87,8 @@ def remove_orphans(
     now = now or datetime.now(UTC)
     cutoff = (now - older_than).timestamp()
     result = OrphanResult(table=name, dry_run=dry_run)
+    if not dry_run:
+        tables.retired.retire()  # the maintenance tick: what is due goes, even when nothing commits
     table = tables.load(name)
     if table is None:
         result.message = f"no table {name}"

@@ -9,7 +9,8 @@ metadata file several MiB and each publish a large part of a second. So:
   ``keep`` (with some slack, so it happens every few commits, not every one), folding
   their offset ranges into ``reconciler.expired-ranges`` exactly as ``expire_snapshots``
   does (``verify`` keeps covering them). The current snapshot and branch and tag heads
-  are never expired;
+  are never expired, nor, with a reader's grace, the snapshot current in any version of
+  the metadata log (``grace.py``: a reader may hold those versions);
 * after the commit, the files only the expired snapshots needed are deleted
   (``superseded``): their manifest lists, the manifests no kept snapshot lists, the data
   files a compaction replaced once no kept snapshot sees them, and the metadata files
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Mapping
 
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from reconciler.table import summary
+from reconciler.table import grace, summary
 
 DEFAULT_KEPT = 25  # settings.snapshotsKept
 SLACK = 5  # expire when the history exceeds keep + SLACK, down to keep
@@ -58,9 +59,11 @@ def converge_properties(tx) -> None:
         tx.set_properties(missing)
 
 
-def expire_beyond(tx, keep: int) -> list[int]:
+def expire_beyond(tx, keep: int, readers: bool = False) -> list[int]:
     """Within ``tx`` (after its new snapshot is added): expire the snapshots beyond the newest
-    ``keep`` when there are more than ``keep + SLACK``; returns their ids."""
+    ``keep`` when more than ``SLACK`` of them may go; returns their ids. With ``readers`` (a
+    reader's grace), the snapshot current in the version ``tx`` is staged on or in any
+    version of its metadata log may not go (``grace.log_snapshots``)."""
     if keep <= 0:
         return []
     metadata = tx.table_metadata
@@ -70,8 +73,11 @@ def expire_beyond(tx, keep: int) -> list[int]:
     protected = {ref.snapshot_id for ref in metadata.refs.values()}
     if metadata.current_snapshot_id is not None:
         protected.add(metadata.current_snapshot_id)
+    if readers:
+        base = tx._table  # the version staged on: it and its log hold the new log, and one more
+        protected |= grace.log_snapshots(base.metadata, base.metadata_location, base.io)
     expired = [s for s in snapshots[:-keep] if s.snapshot_id not in protected]
-    if not expired:
+    if len(expired) <= SLACK:  # every few commits, also when some are held for readers
         return []
     folded = summary.fold_expired(metadata.properties, [_props(s) for s in expired])
     ExpireSnapshots(tx).by_ids([s.snapshot_id for s in expired]).commit()

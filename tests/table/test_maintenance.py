@@ -212,6 +212,8 @@ def _age(path: Path, seconds: float) -> None:
 
 def test_expire_and_orphans_never_remove_a_referenced_file(env):
     store, tables = env
+    # Expired down to one snapshot: no reader's grace, which keeps the log's (test_reader_grace.py).
+    tables = Tables(store.engine, tables.warehouse, reader_grace=0)
     for b in range(4):
         _append_batch(tables, "clicks", f"b{b}", _rows(range(b * 10, b * 10 + 10), lambda k: 0, lambda k: "u"),
                       [("0", b * 10, b * 10 + 10)])
@@ -423,9 +425,10 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
 # --------------------------------------------------------------------------- command line
 
 
-def test_compact_and_maintain_commands(tmp_path):
+def test_compact_and_maintain_commands(tmp_path, monkeypatch):
     from tests.e2e import helpers as h
 
+    monkeypatch.setenv("RECONCILER_READER_GRACE", "0")  # --retain-last 1 reaches the metadata log's snapshots
     s = h.make_settings(tmp_path)
     store = Store(s.db_url)
     store.migrate()
