@@ -22,8 +22,9 @@ credentials. A spec may therefore read only what the operator granted:
 * per spec (``secretGrants``): which specs may use which of those secrets. A key names
   secrets (``file:GLOB``, a path under the secrets directory, or ``env:GLOB``; a bare GLOB is
   ``file:``), its value the ids of the specs that may use them (ids or id globs, comma-
-  separated: ``team-b-*``). The directory and the variables are the daemon's, shared by
-  every team; without a per-spec grant, Team A's ``client.id: ${file:team-b-password}``
+  separated: ``team-b-*``; a selector must match both the spec's id and its file's name,
+  and a file is matched by its real path, links resolved). The directory and the variables
+  are the daemon's, shared by every team; without a per-spec grant, Team A's ``client.id: ${file:team-b-password}``
   sent Team B's password to a broker Team A chose. Once ``secretGrants`` names anything,
   every secret a spec uses must be granted to it there (strict). Left empty, the old form
   stands: every spec may use every secret of the directory and the variables, and a
@@ -129,22 +130,64 @@ class Grants:
         """Whether anything is granted: ``validate`` checks grants only then."""
         return bool(self.secrets_dir or self.env or self.per_spec)
 
-    def spec_may_use(self, spec_id: object, kind: str, name: str) -> str | None:
-        """Why spec ``spec_id`` may not use secret ``name`` (``kind`` file: its path under the
-        secrets directory; env: the variable), or None. Without ``secretGrants`` every spec may."""
+    def spec_may_use(self, spec_id: object, stem: str, kind: str, name: str) -> str | None:
+        """Why spec ``spec_id``, read from a file named ``stem`` (``file_stem``), may not use
+        secret ``name`` (``kind`` file: its real path under the secrets directory; env: the
+        variable), or None. A grant's spec selector must match both the id and the file's name:
+        the id is whatever the file declares, while a config repo's owners rules (CODEOWNERS)
+        follow paths. Without ``secretGrants`` every spec may."""
         if not self.per_spec:
             return None
         sid = str(spec_id) if isinstance(spec_id, str) else ""
-        for (k, pattern), selectors in self.per_spec:
-            if k == kind and fnmatchcase(name, pattern) and sid and any(fnmatchcase(sid, s) for s in selectors):
+        for selectors in self._selectors(kind, name):
+            if sid and any(fnmatchcase(sid, s) and fnmatchcase(stem, s) for s in selectors):
                 return None
         what = f"file {name} of the secrets directory" if kind == "file" else f"environment variable {name}"
-        return (f"uses {what}, which is not granted to spec {sid or '(no id)'}: the operator grants it with "
+        whose = f"spec {sid or '(no id)'}"
+        if stem != sid:
+            whose += f" of file {stem}.yaml (a grant must match both the spec's id and its file's name)"
+        return (f"uses {what}, which is not granted to {whose}: the operator grants it with "
                 f"{HOW_SPECS} ({kind}:{name}: {sid or 'ID'})")
 
+    def _selectors(self, kind: str, name: str) -> list[tuple[str, ...]]:
+        return [selectors for (k, pattern), selectors in self.per_spec if k == kind and fnmatchcase(name, pattern)]
+
     def file_name(self, path: str) -> str:
-        """A granted file's name as ``secretGrants`` matches it: its path under the secrets directory."""
-        return os.path.relpath(path, self.secrets_dir) if self.secrets_dir else path
+        """A file's name as ``secretGrants`` matches it: its real path (links resolved) under
+        the real secrets directory. A link's own name is chosen by whoever may write where it
+        lies; what is read is its target."""
+        if not self.secrets_dir:
+            return path
+        return os.path.relpath(os.path.realpath(path), os.path.realpath(self.secrets_dir))
+
+    def link_refusal(self, path: str) -> str | None:
+        """Why a file argument whose path (``path``, links not resolved) leads through a link
+        may not be read for whoever its name is granted to, or None: with ``secretGrants``,
+        its target must be granted to every spec its name is (``team-a/stolen`` ->
+        ``../team-b/kafka-password`` is not). Checked where no spec is known: a client build."""
+        if not self.per_spec or not self.secrets_dir:
+            return None
+        name, target = os.path.relpath(path, self.secrets_dir), self.file_name(path)
+        if name == target:
+            return None
+        have = [s for selectors in self._selectors("file", target) for s in selectors]
+        need = [s for selectors in self._selectors("file", name) for s in selectors]
+        if all(any(_covers(t, s) for t in have) for s in need):
+            return None
+        return (f"resolves through a link to {target} of the secrets directory, which is not granted to every "
+                f"spec {name} is granted to ({HOW_SPECS})")
+
+
+def _covers(wide: str, narrow: str) -> bool:
+    """Whether every id the selector ``narrow`` matches is matched by ``wide`` (sure only for
+    an id, ``*`` and a literal prefix followed by ``*``; anything else is not covered)."""
+    if wide in (narrow, "*"):
+        return True
+    literal = re.split(r"[*?\[]", narrow, maxsplit=1)[0]
+    if literal == narrow:
+        return fnmatchcase(narrow, wide)
+    prefix = wide[:-1]
+    return wide.endswith("*") and not re.search(r"[*?\[]", prefix) and literal.startswith(prefix)
 
 
 def _per_spec(value: str | Mapping[str, str | Iterable[str]]) -> tuple[tuple[tuple[str, str], tuple[str, ...]], ...]:
@@ -253,6 +296,8 @@ def check_file(arg: str, grants: Grants, max_bytes: int = MAX_SECRET_BYTES) -> s
     real = os.path.realpath(path)
     if not _inside(real, base):
         return f"resolves through a link to {real}, outside the secrets directory {grants.secrets_dir}"
+    if why := grants.link_refusal(path):
+        return why
     try:
         st = os.stat(real)
     except OSError as exc:
@@ -303,6 +348,8 @@ def secret_path(arg: str, grants: Grants, reference: str) -> str:
     real = os.path.realpath(path)
     if not _inside(real, base):
         raise _refused(reference, f"resolves through a link to {real}, outside the secrets directory")
+    if why := grants.link_refusal(path):
+        raise _refused(reference, why)
     return real
 
 

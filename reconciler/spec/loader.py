@@ -218,7 +218,7 @@ def _judged(results: list[SpecResult], grants: Grants | None) -> list[SpecResult
     if grants is not None:
         for i, r in enumerate(results):
             if r.spec is not None and not r.problems:
-                refused = references.grant_findings(r.spec.document, grants)
+                refused = references.grant_findings(r.spec.document, grants, r.path)
                 if refused:
                     results[i] = with_problems(r, located(r, refused))
     clashes = crossfile.findings([crossfile.Entry(r.path, r.spec) for r in results if r.spec is not None

@@ -8,7 +8,8 @@ Two kinds of check, both as ``SpecProblem``s with file:line:
 * ``grant_findings`` applies the operator's grants (``grants``): every ``${env:}`` names a
   granted and set variable, every ``${file:}`` (and every librdkafka property that reads a
   file) names a readable regular file of bounded size under the secrets directory, and
-  each of them is granted to this spec's id (``secretGrants``, when the operator set it).
+  each of them is granted to this spec's id and file name (``secretGrants``, when the
+  operator set it; a file by its real path, links resolved).
   The daemon and ``plan`` run it on every pass (grants may change with SIGHUP; a spec's
   parse is cached, its grants are not); ``validate`` runs it when grants are given.
 """
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from reconciler.errors import SpecProblem
+from reconciler.model import file_stem
 from reconciler.spec import grants as grants_mod
 from reconciler.spec.grants import Grants
 from reconciler.spec.secrets import references
@@ -69,36 +71,38 @@ def syntax_problems(parsed: ParsedYaml) -> list[SpecProblem]:
     return out
 
 
-def grant_findings(data: Any, grants: Grants) -> list[tuple[YamlPath, str]]:
-    """(field, message) of every reference and file property ``grants`` do not allow, naming
-    the setting that would grant it (positions are added by the caller, only when needed)."""
+def grant_findings(data: Any, grants: Grants, path: str) -> list[tuple[YamlPath, str]]:
+    """(field, message) of every reference and file property ``grants`` do not allow to the
+    spec ``data`` read from file ``path``, naming the setting that would grant it (positions
+    are added by the caller, only when needed)."""
     parsed = ParsedYaml(path="", data=data)
-    spec_id = data.get("id") if isinstance(data, Mapping) else None
+    spec = (data.get("id") if isinstance(data, Mapping) else None, file_stem(path))
     out = []
     for at, value in _strings(_source(parsed), ("source",)):
         for kind, arg in references(value):
             if kind == "env":
                 if not grants_mod.ENV_NAME.match(arg):
                     continue  # syntax_problems says so
-                why = grants_mod.check_env(arg, grants) or grants.spec_may_use(spec_id, "env", arg)
+                why = grants_mod.check_env(arg, grants) or grants.spec_may_use(*spec, "env", arg)
             else:
-                why = grants_mod.check_file(arg, grants) or _file_for_spec(arg, spec_id, grants)
+                why = grants_mod.check_file(arg, grants) or _file_for_spec(arg, spec, grants)
             if why:
                 out.append((at, f"${{{kind}:{arg}}} is refused: it {why}"))
     for at, key, value in _properties(parsed):
         if grants_mod.reads_file(key, value) and not any(True for _ in references(value)):
             why = grants_mod.check_property(key, value, grants)
             if not why:
-                why = _file_for_spec(value, spec_id, grants)
+                why = _file_for_spec(value, spec, grants)
                 why = f"{key} reads a file and {why}" if why else None
             if why:
                 out.append((at, why))
     return out
 
 
-def _file_for_spec(arg: str, spec_id: Any, grants: Grants) -> str | None:
-    """Why this spec may not read the (already granted) file ``arg`` names, or None."""
+def _file_for_spec(arg: str, spec: tuple[Any, str], grants: Grants) -> str | None:
+    """Why this spec (id, file name) may not read the (already granted) file ``arg`` names,
+    or None; the file is judged by its real path, never by the name of a link to it."""
     path, why = grants_mod._target(arg, grants)
     if why or path is None:
         return why
-    return grants.spec_may_use(spec_id, "file", grants.file_name(path))
+    return grants.spec_may_use(*spec, "file", grants.file_name(path))

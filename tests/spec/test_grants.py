@@ -260,10 +260,10 @@ def test_per_spec_grants_cover_environment_variables_and_file_properties(teams, 
 
     doc = {"id": "team-a-clicks", "source": {"type": "kafka", "consumerProperties": {
         "sasl.username": "${env:TEAM_B_TOKEN}", "ssl.key.location": str(vault / "team-b.key")}}}
-    found = dict((at[-1], why) for at, why in grant_findings(doc, g))
+    found = dict((at[-1], why) for at, why in grant_findings(doc, g, "specs/team-a-clicks.yaml"))
     assert "environment variable TEAM_B_TOKEN, which is not granted to spec team-a-clicks" in found["sasl.username"]
     assert found["ssl.key.location"].startswith("ssl.key.location reads a file and uses file team-b.key")
-    assert grant_findings({**doc, "id": "team-b-orders"}, g) == []
+    assert grant_findings({**doc, "id": "team-b-orders"}, g, "specs/team-b-orders.yaml") == []
 
 
 def test_without_per_spec_grants_every_spec_may_use_every_secret_with_a_warning(teams, caplog):
@@ -298,3 +298,81 @@ def test_per_spec_grants_from_the_config_file_map(teams, tmp_path):
     state = load_directory(str(specs), check_permissions=False, grants=granted)
     assert list(state.specs) == [str(specs / "team-b-orders.yaml")]
     assert "not granted to spec team-a-clicks" in str(state.invalid[str(specs / "team-a-clicks.yaml")])
+
+
+# ------------------------------------ a grant is judged on what is read and on who wrote it
+#
+# A link inside the secrets directory (``team-a/stolen`` -> ``../team-b/kafka-password``) was
+# granted by its own name, to whoever may write in Team A's part, while its target was read;
+# and the id a grant is matched against is whatever the file declares (``team-a-clicks.yaml``
+# saying ``id: team-b-zzz`` was granted every team-b-* secret), while a config repo's owners
+# rules follow file paths.
+
+GRANTS = "team-a/*=team-a-*;team-b/*=team-b-*"
+
+
+def _vault(tmp_path: Path) -> Path:
+    vault = tmp_path / "credentials"
+    (vault / "team-a").mkdir(parents=True)
+    (vault / "team-b").mkdir()
+    (vault / "team-a" / "kafka-password").write_text("TEAM-A-s3cret\n")
+    (vault / "team-b" / "kafka-password").write_text("TEAM-B-s3cret\n")
+    return vault
+
+
+def test_a_link_in_a_granted_part_of_the_secrets_directory_does_not_grant_its_target(tmp_path):
+    vault = _vault(tmp_path)
+    os.symlink("../team-b/kafka-password", vault / "team-a" / "stolen")  # Team A's own part
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "team-a-clicks.yaml").write_text(spec_text("team-a-clicks", {"client.id": "${file:team-a/stolen}"}))
+    result = CliRunner().invoke(cli, ["--secrets-dir", str(vault), "--secret-grants", GRANTS,
+                                      "validate", str(specs)], env=CLEAN_ENV)
+    assert result.exit_code == 1, f"validate accepts it: {result.output}"
+    assert "${file:team-a/stolen} is refused: it resolves through a link to team-b/kafka-password" in result.stderr
+    assert "s3cret" not in result.output + result.stderr
+    # what a client of team-a-clicks would be built with: Team B's password went to Team A's broker
+    with pytest.raises(PermanentError, match=r"\$\{file:team-a/stolen\} is refused: it resolves through a link"
+                       ) as refused:
+        secrets.resolve_mapping({"client.id": "${file:team-a/stolen}"}, Grants.of(str(vault), "", GRANTS))
+    assert "s3cret" not in str(refused.value)
+
+
+def test_the_id_a_spec_declares_is_not_bound_to_its_file_name(tmp_path):
+    vault = _vault(tmp_path)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    # a Team A file (team-a-*.yaml, what a config repo's owners rules see) declaring a Team B id
+    (specs / "team-a-clicks.yaml").write_text(spec_text("team-b-zzz", {"client.id": "${file:team-b/kafka-password}"}))
+    result = CliRunner().invoke(cli, ["--secrets-dir", str(vault), "--secret-grants", GRANTS,
+                                      "validate", str(specs)], env=CLEAN_ENV)
+    assert result.exit_code == 1, f"team-a-clicks.yaml is granted team-b/kafka-password: {result.output}"
+    assert "not granted to spec team-b-zzz of file team-a-clicks.yaml" in result.stderr
+
+
+def test_a_link_to_a_file_granted_to_the_same_specs_still_resolves(tmp_path):
+    """Rotation by link (``team-a/current`` -> ``kafka-password``) and a shared CA granted to
+    every spec stay usable: the target is granted to every spec the link's name is."""
+    vault = _vault(tmp_path)
+    (vault / "ca.pem").write_text("CA")
+    os.symlink("kafka-password", vault / "team-a" / "current")
+    os.symlink("../ca.pem", vault / "team-a" / "ca.pem")
+    granted = Grants.of(str(vault), "", GRANTS + ";ca.pem=*")
+    resolved = secrets.resolve_mapping({"sasl.password": "${file:team-a/current}",
+                                        "ssl.ca.location": "team-a/ca.pem"}, granted)
+    assert resolved == {"sasl.password": "TEAM-A-s3cret", "ssl.ca.location": str(vault / "ca.pem")}
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "team-a-clicks.yaml").write_text(spec_text("team-a-clicks", {"sasl.password": "${file:team-a/current}"}))
+    (specs / "team-b-orders.yaml").write_text(spec_text("team-b-orders", {"ssl.ca.location": "team-a/ca.pem"}))
+    state = load_directory(str(specs), check_permissions=False, grants=granted)
+    assert not state.invalid and len(state.specs) == 2
+
+
+@pytest.mark.parametrize("wide, narrow, covered", [
+    ("*", "team-a-*", True), ("team-a-*", "team-a-clicks", True), ("team-*", "team-a-*", True),
+    ("team-a-*", "team-*", False), ("?", "*", False), ("team-a-clicks", "team-a-*", False),
+    ("team-[ab]-*", "team-a-x", True), ("team-[ab]-*", "team-a-*", False),
+])
+def test_a_link_s_selectors_are_covered_only_when_sure(wide, narrow, covered):
+    assert grants._covers(wide, narrow) is covered
