@@ -38,6 +38,9 @@ T0 = 1_700_000_000_000
 
 @pytest.fixture
 def registry():
+    from reconciler.pipeline.formats import registry as sources
+
+    sources._FETCHED.clear()  # a port reused by a later test's registry must not see these ids
     with Registry() as reg:
         yield reg
 
@@ -222,3 +225,26 @@ def test_a_nested_path_and_schema_file(tmp_path):
     d = format_for(ds, str(tmp_path)).decode(pa.array([buf.getvalue()], pa.binary()),
                                              [Field("country", ("geo", "country"), "string")])
     assert d.columns["country"].to_pylist() == ["FR"]
+
+
+def test_through_the_transform(registry):
+    """The pipeline's Transformer picks the format by name and writes its dead letters."""
+    from reconciler.model import Metric
+    from reconciler.pipeline.transform import Transformer
+    from reconciler.streams.base import record_schema
+
+    ser = serializer(registry, V1)
+    values = [ser(order(i), CTX) for i in range(4)] + [b"\x05x"]
+    ds = DataSchema("orders", "ts", format="avro", dimensions=("country",),
+                    metrics=(Metric("amount", "doubleSum", "amount"),),
+                    format_options={"schemaRegistry": {"url": registry.url}})
+    n = len(values)
+    cols = {"partition": pa.array(["0"] * n), "offset": pa.array(range(n), pa.int64()),
+            "key": pa.nulls(n, pa.binary()), "value": pa.array(values, pa.binary()),
+            "stream_time": pa.array([T0 * 1000] * n, pa.timestamp("us", tz="UTC"))}
+    schema = record_schema("us")
+    out = Transformer(ds)(pa.RecordBatch.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema))
+    assert out.rows.column("amount").to_pylist() == [0.0, 0.5, 1.0, 1.5]
+    assert out.rows.column("country").to_pylist() == [None, "DE", "DE", None]
+    assert out.dead.column("reason").to_pylist() == [
+        "no magic byte: not in the Confluent wire format (byte 0 must be 0)"]

@@ -68,6 +68,9 @@ def pb(tmp_path_factory):
 
 @pytest.fixture
 def registry():
+    from reconciler.pipeline.formats import registry as sources
+
+    sources._FETCHED.clear()  # a port reused by a later test's registry must not see these ids
     with Registry() as reg:
         yield reg
 
@@ -150,10 +153,13 @@ def test_registry_down_is_retryable_and_schemas_are_cached(pb, registry):
     f.decode(values, [Field("id", ("id",))])
     f.decode(values, [Field("id", ("id",))])
     assert registry.requests["GET /schemas/ids/1"] == 1
-    g = fmt(registry)
+    g = fmt(registry)  # a later task: the schema fetched before serves it
+    assert g.decode(values, [Field("id", ("id",))]).dead is None
+    assert registry.requests["GET /schemas/ids/1"] == 1
+    sid = registry.register("x-value", 'syntax = "proto3"; message X { int32 id = 1; }', "PROTOBUF")
     registry.down()
     with pytest.raises(RetryableError, match="unreachable"):
-        g.decode(values, [Field("id", ("id",))])
+        g.decode(pa.array([b"\x00" + sid.to_bytes(4, "big") + b"\x00"], pa.binary()), [Field("id", ("id",))])
 
 
 def test_a_descriptor_file_and_plain_bodies(pb, tmp_path):

@@ -2,8 +2,9 @@
 
 * ``RegistrySource``: a Confluent-compatible schema registry (``schemaRegistry: {url,
   basicAuth: {username, password}}``), read through confluent-kafka's own
-  ``SchemaRegistryClient``. Each id is fetched once and cached for the life of the source
-  (a registered schema never changes under its id). A registry that does not answer, or
+  ``SchemaRegistryClient``. Each id is fetched once per process and kept (a registered
+  schema never changes under its id; an id the registry did not know is asked again by
+  the next task). A registry that does not answer, or
   answers 5xx, raises ``RegistryUnavailable``: the batch fails and is retried, its records
   wait. A 404 for an id is an answer: those records are dead letters ("unknown schema id").
 * ``FileSource``: one schema from a file in the config repo (``schemaFile`` /
@@ -53,6 +54,11 @@ class WriterSchema:
     references: Mapping[str, str] = field(default_factory=dict)
 
 
+# Shared by every source of this process (a Spark worker runs many tasks): an id names one
+# schema for the life of its registry, so a schema fetched once serves every later task.
+_FETCHED: dict[tuple[str, int], WriterSchema] = {}
+
+
 class RegistrySource:
     wire = True
 
@@ -66,13 +72,12 @@ class RegistrySource:
             conf["basic.auth.user.info"] = f"{username}:{password or ''}"
         self.url = secrets.redact_uri(url)
         self._client = SchemaRegistryClient(conf)
-        self._cache: dict[int, WriterSchema] = {}
         self._unknown: set[int] = set()
 
     def get(self, schema_id: int) -> WriterSchema:
         """The writer schema of an id (cached); ``UnknownSchema`` on the registry's 404."""
-        if schema_id in self._cache:
-            return self._cache[schema_id]
+        if (self.url, schema_id) in _FETCHED:
+            return _FETCHED[(self.url, schema_id)]
         if schema_id in self._unknown:
             raise UnknownSchema(schema_id)
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -93,7 +98,7 @@ class RegistrySource:
                 f"schema registry {self.url} is unreachable ({type(e).__name__}: {e}): "
                 f"the batch waits and is retried") from None
         out = WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str, refs)
-        self._cache[schema_id] = out
+        _FETCHED[(self.url, schema_id)] = out
         return out
 
 
