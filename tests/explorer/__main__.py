@@ -46,16 +46,18 @@ def _replay(result: Result) -> str:
 
 # What random schedules must get to do, as a share of them (CI fails below: an explorer whose
 # operations find nothing to do tests nothing). Each about a third of the rate measured on
-# seeds 0..199 (compacted 9.5 %, expired 2.5 %, tagged 6 %, cancelled in flight 5.5 %,
-# committed under faults 16 %, reset 47 %, took over 19 %): low enough that 140 schedules pass by chance
-# alone with odds under 1 in 100 of a false alarm per counter.
-FLOORS = {"compacted": 0.025, "expired": 0.005, "tagged": 0.015, "cancelled-in-flight": 0.005,
+# seeds 0..149 (compacted 11 %, tagged 6 %, cancelled in flight 4 %, committed under faults
+# 17 %, reset 46 %, took over 21 %): low enough that 140 schedules pass by chance alone with
+# odds under 1 in 100 of a false alarm per counter. ``expired`` (an expiry that removed
+# snapshots) is counted but has no floor yet: its rate is under 1 % (the tables rarely hold
+# more snapshots than an expiry must keep), too low to judge on 140 schedules.
+FLOORS = {"compacted": 0.03, "tagged": 0.01, "cancelled-in-flight": 0.005,
           "committed-under-faults": 0.05, "reset": 0.2, "took-over": 0.06}
 
 
 def coverage(results: list[dict]) -> dict[str, int]:
     """How many of the random schedules reached each of ``FLOORS`` (and what else they reached)."""
-    counts = dict.fromkeys(FLOORS, 0)
+    counts = dict.fromkeys([*FLOORS, "expired"], 0)
     for r in results:
         if r["name"] == "random":
             for what in r.get("reached", ()):

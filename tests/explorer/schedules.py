@@ -110,7 +110,7 @@ def random_schedule(seed: int) -> Schedule:
                    tables=rng.random() < 0.8,  # else the first batch creates them, under the faults
                    snapshots_kept=rng.choice([1, 3, 25, 25]),  # small: publishes expire as they commit
                    under_report=rng.choice([0, 0, 4]))  # the broker's end a few offsets short
-    main_steps = rng.randint(2, 6)
+    main_steps = rng.randint(3, 8)
     s.actors.append(("main", "daemon", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(main_steps)])))
     if rng.random() < 0.6:
         s.actors.append(("reset", "cli-reset", _seq(_op("reset"))))
@@ -120,11 +120,11 @@ def random_schedule(seed: int) -> Schedule:
     if rng.random() < 0.5:
         s.actors.append(("compact", "cli-compact", _seq(_wait("compact", rng.randint(5, 60)),
                                                         *[_op("compact") for _ in range(rng.randint(1, 2))])))
-    if rng.random() < 0.5:
-        retain = rng.choice([1, 1, 2, 5])
+    if rng.random() < 0.6:
+        retain = rng.choice([1, 1, 1, 2, 3])
         s.actors.append(("maintain", "cli-maintain", _seq(
-            _wait("expire", rng.randint(5, 60), more=retain),
-            _op("expire", retain_last=retain, keep_back=rng.choice([None, None, 1, 2, 4])),
+            _wait("expire", rng.randint(20, 120), more=retain),
+            _op("expire", retain_last=retain, keep_back=rng.choice([None, None, None, 2])),
             _op("orphans"))))
     if rng.random() < 0.3:
         s.actors.append(("tagger", "cli-iceberg", _seq(_wait("expire", rng.randint(1, 30)), *[
@@ -133,9 +133,9 @@ def random_schedule(seed: int) -> Schedule:
         s.actors.append(("cancel", "cli-cancel", _seq(_wait("backfill-in-flight", rng.randint(20, 120)),
                                                       _op("cancel"))))
     if rng.random() < 0.3:  # a standby's leadership loop; the leader's lease lapses at some turn
-        # (-1: while a write is in flight), or never
+        # (-1: while a write is in flight, -2: a compaction's), or never
         s.actors.append(("takeover", "daemon2", _seq(_op("take_over", rng.randint(3, 60),
-                                                         rng.choice([0, 2, 5, -1, -1, None]), rng.randint(1, 3)))))
+                                                         rng.choice([0, 2, 5, -1, -2, -2, None]), rng.randint(1, 3)))))
     if rng.random() < 0.3:
         s.actors.append(("producer", "producer", _plain(lambda w: w.produce(7))))
     if rng.random() < 0.1:

@@ -178,13 +178,13 @@ class World:
         """A standby running the product's leadership loop (``daemon.leadership.Leadership``:
         ``hold`` takes the lease only once it ran out, then recovery): it polls ``turns``
         times, the others running in between; at turn ``lapse_at`` (-1: once another's write
-        is in flight, a batch or a compaction) the leader's lease runs out (the leader paused
+        is in flight, a batch or a compaction; -2: a compaction) the leader's lease runs out (the leader paused
         past its TTL: it is deposed, and still runs). Once leading it ingests ``steps`` times."""
         from tests.explorer.leader import ExplorerLeadership
 
         leadership = ExplorerLeadership(self, proc)
         for turn in range(turns):
-            if turn == lapse_at or (lapse_at == -1 and self._write_in_flight(proc)):
+            if turn == lapse_at or (lapse_at < 0 and self._write_in_flight(proc, compaction=lapse_at == -2)):
                 with proc.store.engine.begin() as c:
                     c.execute(sa.text("UPDATE leases SET expires_at = :t WHERE name = 'leader'"),
                               {"t": datetime.now(UTC) - timedelta(seconds=1)})
@@ -205,13 +205,17 @@ class World:
         self.deposed = (",".join(sorted(old)), committed)
         self.step(proc, MAIN, steps)
 
-    def _write_in_flight(self, proc: Process) -> bool:
-        return any(a.state == "parked" and a.point in IN_FLIGHT | {"compact-written", "compact-commit"}
-                   and a.process != proc.name for a in self.sched.actors.values()) if self.sched else False
+    def _write_in_flight(self, proc: Process, compaction: bool = False) -> bool:
+        """Another process is parked in the middle of a write (``compaction``: of a compaction)."""
+        points = {"compact-written", "compact-commit"} | (set() if compaction else IN_FLIGHT)
+        return any(a.state == "parked" and a.point in points and a.process != proc.name
+                   for a in self.sched.actors.values()) if self.sched else False
 
     def recovering(self, process: str) -> None:
         """At every recovery (the ``recover`` point): nobody else may hold a live lease, or
         recovery fences and deletes the running leader's writes in flight."""
+        if self.sched is not None and self._write_in_flight(self.processes[process]):
+            self.reached.add("recovered-during-write")
         lease = self.shared.lease() if self.shared is not None else None
         if lease is not None and lease.holder != process and lease.expires_at > datetime.now(UTC):
             self.violations.append(f"{process} ran recovery while {lease.holder}'s lease (token {lease.token}) was live")
