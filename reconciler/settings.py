@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconciler.errors import PermanentError, SparkMisconfigured
+from reconciler.errors import PermanentError, SparkMisconfigured, printable
 from reconciler.model import parse_seconds
 
 DEFAULT_CONFIG = Path("/etc/stream-reconciler/config.yaml")
@@ -210,8 +210,8 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
 
 
 def webhook_urls(text: str) -> tuple[str, ...]:
-    """``"https://a/x, http://b:8080/y"`` -> both URLs; a malformed one is refused naming its
-    scheme and host only (the rest of a webhook URL is often a secret token)."""
+    """``"https://a/x, http://b:8080/y"`` -> both URLs; a malformed one (a space or a control character too:
+    http.client quotes those escaped) is refused naming its scheme and host only, escaped (the rest is a token)."""
     urls = tuple(u.strip() for u in str(text or "").split(",") if u.strip())
     for url in urls:
         try:
@@ -219,12 +219,12 @@ def webhook_urls(text: str) -> tuple[str, ...]:
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         except ValueError:
             parts = None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            shown = f"{parts.scheme}://{parts.hostname or ''}" if parts else "a URL"
-            raise PermanentError(f"webhook: {shown}... is not an http(s) URL with a host "
+        shown = printable(f"{parts.scheme}://{parts.hostname or ''}" if parts else "a URL")
+        if not parts or parts.scheme not in ("http", "https") or not parts.hostname or " " in url or not url.isprintable():
+            raise PermanentError(f"webhook: {shown}... is not an http(s) URL with a host, no space nor control character "
                                  "(set --webhook / RECONCILER_WEBHOOK / webhook: one URL or several separated by commas)")
         if "@" in parts.netloc:  # never sent as Basic auth; urllib put the password in a traceback
-            raise PermanentError(f"webhook: {parts.scheme}://{parts.hostname}... carries credentials (user:password@): "
+            raise PermanentError(f"webhook: {shown}... carries credentials (user:password@): "
                                  "refused; put a token in the URL's path (--webhook / RECONCILER_WEBHOOK / webhook)")
     return urls
 
@@ -298,7 +298,7 @@ def check_http(address: str) -> None:
     if not address or str(address).strip().lower() == "off":  # daemon.http.http_off
         return
     _, sep, port = str(address).rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:  # "²".isdigit()
         raise PermanentError(f"setting http (--http, RECONCILER_HTTP): {address!r} is not HOST:PORT with a port "
                              "number, e.g. 127.0.0.1:9187 (off disables it)")
 

@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import ReconcilerError, printable
 from reconciler.observe import webhook_post
 from reconciler.observe.events import event
 from reconciler.observe.webhook_post import DeliveryFailed, describe, post, short
@@ -66,9 +66,10 @@ def endpoint_key(url: str) -> str:
 
 
 def endpoint_label(url: str) -> str:
-    """``https://hooks.slack.com/services/T0/B0/XYZ`` -> ``https://hooks.slack.com#1a2b3c``."""
+    """``https://hooks.slack.com/services/T0/B0/XYZ`` -> ``https://hooks.slack.com#1a2b3c``
+    (a control character of the host escaped: the label is printed in terminals)."""
     parts = urlsplit(url)
-    host = parts.hostname or "?"
+    host = printable(parts.hostname or "?")
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}#{endpoint_key(url)[:6]}"
 

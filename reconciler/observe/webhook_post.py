@@ -14,9 +14,10 @@ person can read in ``reconciler status``; never another exception, never a redir
   whatever host the ``Location`` names, and the event counted as delivered. A 3xx here is a
   failure (retried, shown): the operator sets the URL that answers.
 * **No credentials, no secrets in messages.** A URL with ``user:password@`` is refused (the
-  settings refuse it first); a message never holds the URL's path (often a token, as Slack's),
-  and the receiver's reason phrase is made printable and cut short: it is the receiver's text,
-  shown in an operator's terminal.
+  settings refuse it first, as they refuse spaces and control characters); a message is built
+  from an exception's type and ``scheme://host:port``, never from its text, which may quote
+  the URL's path (often a token, as Slack's); the receiver's reason phrase is made printable
+  and cut short: it is the receiver's text, shown in an operator's terminal.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
+import re
 import socket
+import ssl
 import threading
 import urllib.request
 from typing import Any
@@ -44,16 +48,46 @@ class DeliveryFailed(Exception):
 
 
 def describe(exc: BaseException, url: str = "") -> str:
-    """``exc`` as one short printable line without the URL's path (its secret)."""
-    text = str(exc)
-    parts = urlsplit(url) if url else None
-    for secret in (url, parts.path if parts and len(parts.path) > 1 else "", parts.query if parts else ""):
-        if secret:
-            text = text.replace(secret, "...")
+    """``exc`` as one short printable line: its type, a reason we know to hold no URL (the
+    system's text for an ``OSError``'s number, OpenSSL's reason code, a known ``http.client``
+    refusal) and where it went, ``scheme://host:port`` (``endpoint``). Never the exception's
+    own text: ``http.client`` quotes a path it refuses escaped (``\\x01``), past any search for
+    the path, and the path is often a token."""
     name = type(exc).__name__
     if isinstance(exc, TimeoutError):
-        text = "timed out" if not text or text == "timed out" else f"timed out: {text}"
-    return short(f"{name}: {text}" if text and not text.startswith(name) else text or name)
+        why = "timed out"
+    elif isinstance(exc, ssl.SSLError):
+        why = str(exc.reason or "")
+    elif isinstance(exc, socket.gaierror):  # getaddrinfo's own table: "Name or service not known"
+        why = exc.strerror if isinstance(exc.strerror, str) else "name look-up failed"
+    elif isinstance(exc, OSError) and isinstance(exc.errno, int):
+        why = os.strerror(exc.errno)
+    elif isinstance(exc, OSError):  # a proxy refusing CONNECT: its status code only (the rest is its text)
+        tunnel = re.match(r"Tunnel connection failed: (\d{3})\b", str(exc))
+        why = f"Tunnel connection failed: {tunnel[1]}" if tunnel else ""
+    else:
+        why = _KNOWN.get(str(exc), "") if isinstance(exc, http.client.HTTPException) else ""
+    where = endpoint(url) if url else ""
+    return short(f"{name}{': ' + why if why else ''}{f' ({where})' if where else ''}")
+
+
+# http.client's texts we recognise (compared, never quoted: a new wording shows the type only)
+_KNOWN = {"got more than 100 headers": "more than 100 headers"}
+
+
+def endpoint(url: str) -> str:
+    """``scheme://host:port`` of a URL (the port 80 or 443 when none is given), made printable:
+    what a message may say of it. Never its path or query, often a token."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "?", parts.port or _default_port(parts.scheme)
+    except ValueError:
+        return "an unreadable URL"
+    return short(f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}")
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
 
 
 def post(url: str, doc: dict[str, Any], timeout: float | None = None) -> None:
@@ -63,11 +97,13 @@ def post(url: str, doc: dict[str, Any], timeout: float | None = None) -> None:
     if "@" in parts.netloc:
         raise DeliveryFailed("the URL carries credentials (user:password@): refused, nothing sent")
     try:
-        port = parts.port
+        port = parts.port or _default_port(parts.scheme)  # always given: http.client reads "::1" as host ":", port 1
     except ValueError:
         raise DeliveryFailed("the URL's port is not a number") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise DeliveryFailed("not an http(s) URL with a host")
+    if not url.isprintable() or " " in url:  # the settings refuse it first
+        raise DeliveryFailed(f"the URL to {endpoint(url)} holds a space or a control character: refused, nothing sent")
     body = json.dumps(doc, default=str).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "stream-reconciler",
                "X-Reconciler-Event": str(doc.get("type")), "X-Reconciler-Delivery": str(doc.get("id"))}
@@ -88,7 +124,7 @@ def post(url: str, doc: dict[str, Any], timeout: float | None = None) -> None:
     judge(status, reason, location)
 
 
-def _connection(parts: SplitResult, port: int | None, deadline: float,
+def _connection(parts: SplitResult, port: int, deadline: float,
                 headers: dict[str, str]) -> tuple[_Watched, str]:
     """The connection to make and the request target: straight to the receiver, or through the
     proxy that ``http_proxy`` / ``https_proxy`` name (``no_proxy`` honoured), as urllib did."""
@@ -98,16 +134,17 @@ def _connection(parts: SplitResult, port: int | None, deadline: float,
     if not proxy or urllib.request.proxy_bypass(parts.hostname):
         return kind(parts.hostname, port, timeout=deadline), path
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    via_port = via.port or _default_port(via.scheme)
     auth = {}
     if via.username is not None:
         token = base64.b64encode(f"{unquote(via.username)}:{unquote(via.password or '')}".encode()).decode()
         auth = {"Proxy-Authorization": f"Basic {token}"}
     if parts.scheme == "https":  # a CONNECT tunnel: TLS runs end to end with the receiver
-        conn = kind(via.hostname, via.port, timeout=deadline)
+        conn = kind(via.hostname, via_port, timeout=deadline)
         conn.set_tunnel(parts.hostname, port, headers=auth)
         return conn, path
     headers.update(auth)
-    return _HTTPConnection(via.hostname, via.port, timeout=deadline), urlunsplit(
+    return _HTTPConnection(via.hostname, via_port, timeout=deadline), urlunsplit(
         ("http", parts.netloc, parts.path or "/", parts.query, ""))
 
 

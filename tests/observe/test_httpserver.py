@@ -250,3 +250,13 @@ def test_metrics_requests_together_share_one_rendering(monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8²", "127.0.0.1:٣٤", ":①"])
+def test_a_port_of_non_ascii_digits_is_a_setting_error_not_a_traceback(address):
+    """``"²".isdigit()`` is true and ``int("²")`` raises: the check took it, the daemon's start did not."""
+    from reconciler.errors import PermanentError
+    from reconciler.settings import check_http
+
+    with pytest.raises(PermanentError, match="is not HOST:PORT with a port number"):
+        check_http(address)
