@@ -66,8 +66,9 @@ def parse_duration(text: str) -> timedelta:
 
 
 def datasource_rollup(store, datasource: str):
-    """The rollup of the spec that writes ``datasource`` (its main supervisor's, preferably a
-    live one), or None. Backfills share their main's dataSchema."""
+    """The rollup of the specs that write ``datasource`` (``Rollup.of_all``: every spec's
+    metrics; for a name two give, its main supervisor's, preferably a live one), or None.
+    Backfills share their main's dataSchema."""
     from reconciler.table.compact import Rollup
 
     records = [r for r in store.read_actual().supervisors.values()
@@ -76,7 +77,7 @@ def datasource_rollup(store, datasource: str):
         return None
     records.sort(key=lambda r: (r.kind != "main", r.state == "TERMINATED",
                                 -(r.updated_at.timestamp() if r.updated_at else 0)))
-    return Rollup.of(records[0].spec.data_schema)
+    return Rollup.of_all(r.spec.data_schema for r in records)
 
 
 # -- compact ------------------------------------------------------------------------------

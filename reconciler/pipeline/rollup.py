@@ -12,6 +12,8 @@ up again).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from reconciler.model import DataSchema
@@ -63,35 +65,47 @@ class Held:
         return merged
 
     def _first(self, keys: dict[str, pa.Array], values: list[pa.Array | None]) -> pa.Table:
-        columns = {_key(j): keys[k] for j, k in enumerate(self.keys)}
-        aggs: list[tuple[str | None, str]] = []
-        for i, ((_, kind), value) in enumerate(zip(self.metrics, values, strict=True)):
-            if kind == "count":
-                aggs.append((None, "count_all"))
-            else:
-                columns[_value(i)] = value
-                aggs.append((_value(i), _FIRST[kind]))
-        return self._group(pa.table(columns), aggs)
+        aggs = [(name, value, _FIRST[kind]) for (name, kind), value in zip(self.metrics, values, strict=True)]
+        return aggregate({k: keys[k] for k in self.keys}, aggs)
 
     def _merge(self) -> pa.Table:
         if len(self._parts) == 1:
             return self._parts[0]
         table = pa.concat_tables(self._parts)
-        table = table.rename_columns([*map(_key, range(len(self.keys))), *map(_value, range(len(self.metrics)))])
-        return self._group(table, [(_value(i), _AGAIN[kind]) for i, (_, kind) in enumerate(self.metrics)])
+        n = len(self.keys)
+        keys = {k: table.column(j) for j, k in enumerate(self.keys)}
+        return aggregate(keys, [(name, table.column(n + i), _AGAIN[kind])
+                                for i, (name, kind) in enumerate(self.metrics)])
 
-    def _group(self, table: pa.Table, aggs: list[tuple[str | None, str]]) -> pa.Table:
-        """``table`` (columns named by ``_key`` and ``_value``) grouped by the keys: the
-        keys then the metrics, named. aggregate names a result "<column>_<function>", a
-        count "count_all": the internal names keep every result's name unique, whatever
-        the dimensions and metrics are called (a dimension "count_all", two counts)."""
-        spec: list[tuple] = [(col, fn) for col, fn in aggs if col is not None]
-        if any(col is None for col, _ in aggs):
-            spec.append(([], "count_all"))  # once, for every count metric
-        out = table.group_by([_key(j) for j in range(len(self.keys))], use_threads=False).aggregate(spec)
-        arrays = [out.column(_key(j)) for j in range(len(self.keys))]
-        arrays += [out.column("count_all" if col is None else f"{col}_{fn}") for col, fn in aggs]
-        return pa.Table.from_arrays(arrays, names=[*self.keys, *(name for name, _ in self.metrics)])
+
+Values = pa.Array | pa.ChunkedArray
+
+
+def aggregate(keys: dict[str, Values], aggs: Sequence[tuple[str, Values | None, str]]) -> pa.Table:
+    """The rows grouped by the ``keys`` columns (null is a value like any other): the keys,
+    then one column per ``(name, values, function)`` of ``aggs``, pyarrow's hash aggregate
+    ``function`` of ``values`` (``count_all`` with None: the rows of the group).
+
+    aggregate names a result "<column>_<function>", a count "count_all": the columns go in
+    under internal names, so every result's name is unique whatever the keys and results
+    are called (a dimension "count_all" or "bytes_sum" beside a sum of "bytes", two counts).
+    Also compaction's (``table.compact.rollup_rows``)."""
+    columns = {_key(j): col for j, col in enumerate(keys.values())}
+    spec: list[tuple] = []
+    results = []
+    for i, (_, values, fn) in enumerate(aggs):
+        if values is None:
+            if ([], "count_all") not in spec:
+                spec.append(([], "count_all"))  # once, for every count
+            results.append("count_all")
+        else:
+            columns[_value(i)] = values
+            spec.append((_value(i), fn))
+            results.append(f"{_value(i)}_{fn}")
+    out = pa.table(columns).group_by(list(map(_key, range(len(keys)))), use_threads=False).aggregate(spec)
+    arrays = [out.column(_key(j)) for j in range(len(keys))]
+    arrays += [out.column(r) for r in results]
+    return pa.Table.from_arrays(arrays, names=[*keys, *(name for name, _, _ in aggs)])
 
 
 def _key(j: int) -> str:

@@ -115,15 +115,15 @@ class Compactor:
             log.warning("table maintenance failed (retried in the next run): %s", exc, exc_info=True)
 
     def datasources(self) -> dict[str, object]:
-        """Datasource -> its rollup (None without), from the supervisors' specs (main first)."""
+        """Datasource -> its rollup (None without), from the supervisors' specs (main first):
+        the metrics of all of them (``Rollup.of_all``)."""
         from reconciler.table.compact import Rollup
 
-        out: dict[str, object] = {}
+        by_datasource: dict[str, list] = {}
         records = sorted(self.ctx.store.read_actual().supervisors.values(), key=lambda r: r.kind != "main")
         for r in records:
-            ds = r.spec.data_schema
-            out.setdefault(ds.datasource, Rollup.of(ds))
-        return out
+            by_datasource.setdefault(r.spec.data_schema.datasource, []).append(r.spec.data_schema)
+        return {ds: Rollup.of_all(schemas) for ds, schemas in by_datasource.items()}
 
     def run_once(self) -> list:
         from reconciler.table.compact import DEFAULT_TARGET_FILE_SIZE, compact

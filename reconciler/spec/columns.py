@@ -11,11 +11,9 @@ Hence:
 * a name that is a virtual column's in another case (``__KEY``) is refused: it would read a
   JSON field yet look like, and clash in readers with, the virtual ``__key``;
 * names are unique whatever their case: ``[user, USER]``, or a ``count`` dimension beside a
-  ``count`` metric with rollup;
-* with rollup, no dimension is named as compaction's result for a metric (pyarrow names it
-  ``<metric>_sum``, ``_min`` or ``_max``): a dimension ``bytes_sum`` beside a ``longSum``
-  metric ``bytes`` would fail every compaction. (The tasks' own rollup names its results
-  so that nothing clashes: a dimension ``count_all`` is fine.)
+  ``count`` metric with rollup. (Rollup, the tasks' and compaction's, names its results
+  so that nothing clashes: dimensions ``count_all`` or ``bytes_sum`` beside a ``longSum``
+  metric ``bytes`` are fine.)
 
 ``output_columns`` also gives each column's type, which ``crossfile`` compares between the
 supervisors of one datasource (one table). ``tests/spec/test_columns.py`` checks that these
@@ -37,9 +35,6 @@ VIRTUAL_TYPES = {"__key": "string", "__partition": "string", "__offset": "long",
 assert set(VIRTUAL_TYPES) == set(VIRTUAL_COLUMNS)
 _DOUBLE_METRICS = ("doubleSum", "doubleMin", "doubleMax")
 _DS: YamlPath = ("dataSchema",)
-# How compaction combines each metric type again (``table.compact.rollup_rows``).
-_COMBINED = {"count": "sum", "longSum": "sum", "doubleSum": "sum", "longMin": "min", "doubleMin": "min",
-             "longMax": "max", "doubleMax": "max"}
 
 
 @dataclass(frozen=True)
@@ -104,24 +99,6 @@ def problems(parsed: ParsedYaml) -> list[SpecProblem]:
                                              "column names must be unique, whatever their case"))
         else:
             seen[lower] = col
-    return out + _rollup_problems(parsed, ds)
-
-
-def _rollup_problems(parsed: ParsedYaml, ds: Mapping[str, Any]) -> list[SpecProblem]:
-    granularity = ds.get("granularity")
-    if not (isinstance(granularity, Mapping) and granularity.get("rollup") is True):
-        return []
-    dims = {d: i for i, d in enumerate(ds.get("dimensions") or ()) if isinstance(d, str)}
-    out = []
-    for i, m in enumerate(ds.get("metrics") or ()):
-        if not isinstance(m, Mapping) or not isinstance(m.get("name"), str):
-            continue
-        result = f"{m['name']}_{_COMBINED.get(m.get('type'), '')}"
-        if result in dims:
-            col = Column(m["name"], "", (*_DS, "metrics", i, "name"))
-            out.append(_problem(parsed, col, (
-                f"compaction rolls metric {m['name']!r} up into a column named {result!r}, which is already "
-                f"the dimension at {format_field((*_DS, 'dimensions', dims[result]))}: rename the metric")))
     return out
 
 

@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from pyiceberg.table import Table, TableProperties, WriteTask
 
 from reconciler import faults
 from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
+from reconciler.pipeline.rollup import aggregate
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
 from reconciler.table import durable
@@ -72,6 +74,22 @@ class Rollup:
         if data_schema is None or not getattr(data_schema, "rollup", False):
             return None
         return cls(tuple(data_schema.dimensions), tuple((m.name, m.type) for m in data_schema.metrics))
+
+    @classmethod
+    def of_all(cls, data_schemas: Iterable[Any]) -> Rollup | None:
+        """The rollup of a datasource written by several specs: every spec's metrics (a
+        metric column only one spec names, read as a grouping key, would keep its rows
+        apart forever), the first spec's type for a name two specs give; None when none
+        rolls up."""
+        rollups = [r for r in map(cls.of, data_schemas) if r is not None]
+        if not rollups:
+            return None
+        metrics: dict[str, str] = {}
+        for r in rollups:
+            for name, kind in r.metrics:
+                metrics.setdefault(name, kind)
+        dims = dict.fromkeys(d for r in rollups for d in r.dimensions if d not in metrics)
+        return cls(tuple(dims), tuple(metrics.items()))
 
 
 @dataclass
@@ -372,19 +390,21 @@ def rollup_rows(rows: pa.Table, rollup: Rollup) -> pa.Table:
     """One row per (``__time``, dimensions): count and sums add up, mins and maxes combine.
 
     Columns that are neither a metric nor ``__time`` are grouping keys too (a dimension
-    the spec no longer names still separates rows: never merge what may differ)."""
+    the spec no longer names still separates rows: never merge what may differ). Those
+    are the table's, any spec's of the datasource, so the results are named as in the
+    tasks' rollup (``rollup.aggregate``): a column ``bytes_sum`` beside a sum of ``bytes``
+    is no clash."""
     metrics = {name: kind for name, kind in rollup.metrics if name in rows.column_names}
-    keys = [c for c in rows.column_names if c not in metrics]
     aggs = []
     for name, kind in metrics.items():
         fn = "sum" if kind in _SUMS else "min" if kind in _MINS else "max" if kind in _MAXES else None
         if fn is None:
             raise MaintenanceError(f"metric {name}: type {kind!r} cannot be rolled up")
-        aggs.append((name, fn))
-    grouped = rows.group_by(keys, use_threads=False).aggregate(aggs)
+        aggs.append((name, rows.column(name), fn))
+    grouped = aggregate({c: rows.column(c) for c in rows.column_names if c not in metrics}, aggs)
     columns = []
     for f in rows.schema:
-        col = grouped.column(f"{f.name}_{dict(aggs)[f.name]}" if f.name in metrics else f.name)
+        col = grouped.column(f.name)
         columns.append(col.cast(f.type) if col.type != f.type else col)
     return pa.Table.from_arrays(columns, schema=rows.schema)
 
