@@ -199,16 +199,45 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class Dimension:
+    """A dimension: its column ``name``, the ``type`` it is read as (string | long | double |
+    boolean | timestamp | json) and the dotted ``path`` of its field (``(name,)`` when flat)."""
+
+    name: str
+    type: str = "string"
+    path: tuple[str, ...] = ()
+
+    @classmethod
+    def from_document(cls, doc: str | Mapping[str, Any]) -> Dimension:
+        if isinstance(doc, str):
+            return cls(doc, "string", (doc,))
+        name = str(doc["name"])
+        path = tuple(str(doc["path"]).split(".")) if doc.get("path") else (name,)
+        return cls(name, str(doc.get("type", "string")), path)
+
+
+@dataclass(frozen=True)
 class DataSchema:
     datasource: str
     timestamp_column: str
     timestamp_format: str = "auto"  # auto | iso | millis | seconds
     format: str = "json"
-    dimensions: tuple[str, ...] = ()
+    dimensions: tuple[str, ...] = ()  # the dimension columns' names (``typed`` has the rest)
     metrics: tuple[Metric, ...] = ()
     segment_granularity: str = "hour"
     query_granularity: str = "none"
     rollup: bool = False
+    # One per dimension, in order; empty: every dimension a flat string (as before typed ones).
+    typed: tuple[Dimension, ...] = ()
+    # The format's block of the spec (``avro:``, ``protobuf:``, ``csv:``), as written.
+    format_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    schema_discovery: bool = False
+
+    def dimension(self, name: str) -> Dimension:
+        for d in self.typed:
+            if d.name == name:
+                return d
+        return Dimension(name, "string", (name,))
 
 
 @dataclass(frozen=True)
@@ -282,12 +311,16 @@ class SupervisorSpec:
         ds = doc["dataSchema"]
         ts = ds["timestamp"]
         gran = ds.get("granularity") or {}
+        dims = tuple(Dimension.from_document(d) for d in ds.get("dimensions") or ())
         data_schema = DataSchema(
             datasource=ds["datasource"],
             timestamp_column=ts["column"],
             timestamp_format=ts.get("format", "auto"),
             format=ds.get("format", "json"),
-            dimensions=tuple(ds.get("dimensions") or ()),
+            dimensions=tuple(d.name for d in dims),
+            typed=dims,
+            format_options=dict(ds.get(ds.get("format", "json")) or {}),
+            schema_discovery=bool(ds.get("schemaDiscovery", False)),
             metrics=tuple(
                 Metric(name=m["name"], type=m["type"], field=m.get("field"))
                 for m in ds.get("metrics") or ()

@@ -22,6 +22,7 @@ is pyarrow.compute.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -30,8 +31,7 @@ import pyarrow.compute as pc
 
 from reconciler.model import SEGMENT, VIRTUAL_COLUMNS, DataSchema
 from reconciler.pipeline import rollup
-from reconciler.pipeline.jsonfields import FieldParser
-from reconciler.pipeline.jsonparse import parse_values
+from reconciler.pipeline.formats import ARROW_TYPES, Field, format_for
 from reconciler.pipeline.times import (
     TIME_FROM_MICROS,
     TIME_UNTIL_MICROS,
@@ -39,6 +39,7 @@ from reconciler.pipeline.times import (
     to_double,
     to_long,
 )
+from reconciler.pipeline.typed import as_text, typed_values
 
 TIME = "__time"
 DEAD_COLUMNS = ("partition", "offset", "key", "value", "reason")
@@ -158,16 +159,26 @@ def _metric_field_types(data_schema: DataSchema) -> dict[str, str]:
 
 
 def json_fields(data_schema: DataSchema) -> list[str]:
-    """The top-level JSON fields the data schema reads."""
-    names: list[str] = []
-    for name in (
-        data_schema.timestamp_column,
-        *data_schema.dimensions,
-        *(m.field for m in data_schema.metrics if m.field),
-    ):
-        if name and name not in VIRTUAL_COLUMNS and name not in names:
-            names.append(name)
-    return names
+    """The top-level fields the data schema reads."""
+    return list(dict.fromkeys(f.top for f in read_fields(data_schema)))
+
+
+def read_fields(data_schema: DataSchema) -> list[Field]:
+    """What the format reads from each record: the timestamp (its own type), the typed
+    dimensions (by path) and the metric fields that are not dimensions."""
+    out = [Field(name, (name,)) for name in (data_schema.timestamp_column,) if name not in VIRTUAL_COLUMNS]
+    for name in data_schema.dimensions:
+        d = data_schema.dimension(name)
+        if name not in VIRTUAL_COLUMNS and name != data_schema.timestamp_column:
+            out.append(Field(name, d.path or (name,), d.type))
+    names = {f.name for f in out}
+    # A field read only as a double is a double (the JSON bulk parser may hand it over as
+    # a float); one also read as a long keeps its own type (text), read by each metric's rule.
+    not_only_double = {m.field for m in data_schema.metrics if m.type not in _DOUBLE_METRICS}
+    for name in _metric_field_types(data_schema):
+        if name not in VIRTUAL_COLUMNS and name not in names:
+            out.append(Field(name, (name,), None if name in not_only_double else "double"))
+    return out
 
 
 def output_columns(data_schema: DataSchema) -> list[str]:
@@ -195,7 +206,8 @@ def output_schemas(data_schema: DataSchema) -> tuple[pa.Schema, pa.Schema]:
     existing Iceberg tables were created from."""
     output_columns(data_schema)
     fields = [pa.field(TIME, _TS_TYPE)]
-    fields += [pa.field(d, _VIRTUAL_TYPES.get(d, pa.string())) for d in data_schema.dimensions]
+    fields += [pa.field(d, _VIRTUAL_TYPES.get(d) or ARROW_TYPES[data_schema.dimension(d).type])
+               for d in data_schema.dimensions]
     if data_schema.rollup:
         for m in data_schema.metrics:
             kind = "double" if m.type in _DOUBLE_METRICS else "long"
@@ -224,13 +236,12 @@ class Transformed:
 class Transformer:
     """One per Spark task: ``t(batch)`` per record batch, ``t.finish()`` at the end.
 
-    It keeps the bulk parser's learned types across the task's batches and, with rollup,
-    the aggregated rows (``rollup.Held``). ``bulk=False`` parses every record in Python
-    (the reference the tests compare with)."""
+    Its format (``formats.format_for``, chosen once) keeps what it learns across the task's
+    batches (the JSON bulk parser's types) and, with rollup, the aggregated rows
+    (``rollup.Held``). ``bulk=False`` parses every JSON record in Python (the reference the
+    tests compare with)."""
 
     def __init__(self, data_schema: DataSchema, *, bulk: bool = True):
-        if data_schema.format != "json":
-            raise ValueError(f"unsupported format: {data_schema.format!r}")
         if data_schema.timestamp_format not in ("auto", "iso", "millis", "seconds"):
             raise ValueError(f"unknown timestamp format: {data_schema.timestamp_format!r}")
         floor_times(pa.array([], _TS_TYPE), data_schema.query_granularity)
@@ -238,12 +249,9 @@ class Transformer:
             raise ValueError(f"unknown segment granularity: {data_schema.segment_granularity!r}")
         self.ds = data_schema
         self.rows_schema, _ = output_schemas(data_schema)
-        self.fields = json_fields(data_schema)
-        # Fields read only as doubles: the bulk parser may hand them over as floats.
-        numeric = {m.field for m in data_schema.metrics if m.type in _DOUBLE_METRICS}
-        numeric -= {m.field for m in data_schema.metrics if m.type not in _DOUBLE_METRICS}
-        numeric -= {data_schema.timestamp_column, *data_schema.dimensions}
-        self._parser = FieldParser(self.fields, sorted(n for n in numeric if n)) if bulk else None
+        self.fields = read_fields(data_schema)
+        self.format = format_for(data_schema)
+        self.format.bulk = bulk  # the JSON format's reference path; others have none
         self._held = rollup.Held(data_schema) if data_schema.rollup else None
 
     def __call__(self, batch: pa.RecordBatch) -> Transformed:
@@ -251,10 +259,12 @@ class Transformer:
         n = len(cols["value"])
         size = pc.sum(pc.add(pc.binary_length(cols["key"]).fill_null(0),
                              pc.binary_length(cols["value"]).fill_null(0))).as_py() or 0
-        ok, texts = self._parse(cols["value"])
-        field = dict(zip(self.fields, texts, strict=True))
+        decoded = self.format.decode(cols["value"], self.fields)
+        field = decoded.columns
         ts_text, micros = self._time(cols, field)
-        reasons = _reasons(self.ds, cols, ok, ts_text, micros)
+        typed = {d: typed_values(field[d], self.ds.dimension(d).type) for d in self._typed_names()}
+        reasons = _reasons(self.ds, cols, decoded.dead, ts_text, micros,
+                           [(d, self.ds.dimension(d).type, field[d], bad) for d, (_, bad) in typed.items()])
         if reasons is None:
             dead = DEAD_SCHEMA.empty_table()
             good = None
@@ -263,7 +273,8 @@ class Transformer:
                 [cols[c].filter(reasons.is_valid()) for c in DEAD_COLUMNS[:-1]]
                 + [reasons.drop_null()], schema=DEAD_SCHEMA)
             good = reasons.is_null()
-        rows = self._rows(cols, field, micros, good)
+        dims = {d: values for d, (values, _) in typed.items()}
+        rows = self._rows(cols, field, dims, micros, good)
         return Transformed(rows, dead, n, int(size))
 
     def finish(self) -> Transformed:
@@ -273,23 +284,8 @@ class Transformer:
 
     # ----------------------------------------------------------------- steps
 
-    def _parse(self, values: pa.Array) -> tuple[pa.Array, list[pa.Array]]:
-        """(``ok``: the value is a JSON object, the fields' texts) for every record."""
-        n = len(values)
-        if self._parser is None:
-            bulk = FieldParser(self.fields).none(n)
-        else:
-            bulk = self._parser.parse(values)
-        rest = pc.and_(pc.invert(bulk.exact), values.is_valid())
-        if not pc.any(rest).as_py():
-            return bulk.exact, list(bulk.texts)
-        index = pc.indices_nonzero(rest)
-        parsed = parse_values(values.take(index).to_pylist(), self.fields)
-        positions = _positions(rest)  # the Python results spread over the records
-        ok = pc.or_(bulk.exact, pc.fill_null(parsed.ok.take(positions), False))
-        texts = [pc.if_else(bulk.exact, b, p.take(positions))
-                 for b, p in zip(bulk.texts, parsed.texts, strict=True)]
-        return ok, texts
+    def _typed_names(self) -> list[str]:
+        return [d for d in self.ds.dimensions if d not in VIRTUAL_COLUMNS]
 
     def _value_text(self, name: str, cols: dict[str, pa.Array], field: dict[str, pa.Array]) -> pa.Array:
         if name == "__key":
@@ -298,7 +294,7 @@ class Transformer:
             return cols[name[2:]].cast(pa.string())
         if name == "__stream_time":
             return _spark_time_text(cols["stream_time"])
-        return field[name]
+        return as_text(field[name])
 
     def _time(self, cols: dict[str, pa.Array], field: dict[str, pa.Array]) -> tuple[pa.Array, pa.Array]:
         """(the timestamp's text, its microseconds or null)."""
@@ -308,8 +304,11 @@ class Transformer:
             return pc.if_else(st.is_valid(), "", pa.scalar(None, pa.string())), st.cast(pa.int64())
         if name in VIRTUAL_COLUMNS:
             text = self._value_text(name, cols, field)
+        elif pa.types.is_timestamp(field[name].type):  # a format's own instant, whatever `format` says
+            micros = field[name].cast(_TS_TYPE).cast(pa.int64())
+            return as_text(field[name]), micros
         else:
-            text = pc.utf8_trim(field[name], " ")  # as Spark's trim: spaces only
+            text = pc.utf8_trim(as_text(field[name]), " ")  # as Spark's trim: spaces only
         return text, parse_times(text, self.ds.timestamp_format)
 
     def _metric_values(self, name: str, kind: str, cols: dict[str, pa.Array],
@@ -324,8 +323,8 @@ class Transformer:
         text = self._value_text(name, cols, field)
         return to_double(text) if kind == "double" else to_long(text)
 
-    def _rows(self, cols: dict[str, pa.Array], field: dict[str, pa.Array], micros: pa.Array,
-              good: pa.Array | None) -> pa.Table:
+    def _rows(self, cols: dict[str, pa.Array], field: dict[str, pa.Array], dims: dict[str, pa.Array],
+              micros: pa.Array, good: pa.Array | None) -> pa.Table:
         ds = self.ds
 
         def keep(a: pa.Array) -> pa.Array:
@@ -335,8 +334,10 @@ class Transformer:
         for d in ds.dimensions:
             if d in ("__offset", "__stream_time"):
                 arrays[d] = keep(cols[d[2:]])
-            else:
+            elif d in VIRTUAL_COLUMNS:
                 arrays[d] = keep(self._value_text(d, cols, field))
+            else:
+                arrays[d] = keep(dims[d])
         if ds.rollup:
             assert self._held is not None
             values = [
@@ -370,40 +371,48 @@ def _records(batch: pa.RecordBatch) -> dict[str, pa.Array]:
     return cols
 
 
-def _reasons(ds: DataSchema, cols: dict[str, pa.Array], ok: pa.Array, ts_text: pa.Array,
-             micros: pa.Array) -> pa.Array | None:
+def _reasons(ds: DataSchema, cols: dict[str, pa.Array], undecoded: pa.Array | None, ts_text: pa.Array,
+             micros: pa.Array, typed: list[tuple[str, str, pa.Array, pa.Array | None]]) -> pa.Array | None:
     """Each record's dead-letter reason (null for a good one), or None when all are good.
-    The checks in order: null value, not a JSON object, missing, unparseable, out of range."""
+    The checks in order: null value, the format's own (not a JSON object), missing,
+    unparseable, out of range timestamp, then each typed dimension's value that does not fit."""
     null_value = cols["value"].is_null()
-    bad_json = pc.invert(ok)
+    bad_format = undecoded.is_valid() if undecoded is not None else pa.repeat(pa.scalar(False), len(null_value))
     missing = ts_text.is_null()
     unparseable = micros.is_null()
     out_of_range = pc.or_(pc.less(micros, TIME_FROM_MICROS), pc.greater_equal(micros, TIME_UNTIL_MICROS))
-    masks = [null_value, bad_json, missing, unparseable, out_of_range.fill_null(False)]
+    misfits = [bad for _, _, _, bad in typed if bad is not None]
+    masks = [null_value, bad_format, missing, unparseable, out_of_range.fill_null(False), *misfits]
     dead = masks[0]
     for m in masks[1:]:
         dead = pc.or_(dead, m)
     if not pc.any(dead).as_py():
         return None
     index = pc.indices_nonzero(dead)
-    which = [m.take(index).to_pylist() for m in masks]
+    which = [m.take(index).to_pylist() for m in masks[:5]]
     if ds.timestamp_column == "__stream_time":
         text = _spark_time_text(cols["stream_time"].take(index)).to_pylist()
     else:
         text = ts_text.take(index).to_pylist()
+    format_reason = undecoded.take(index).to_pylist() if undecoded is not None else None
+    fits = [(name, kind, as_text(values).take(index).to_pylist(), bad.take(index).to_pylist())
+            for name, kind, values, bad in typed if bad is not None]
     fmt = ds.timestamp_format
     reasons = []
-    for i, (nv, bj, ms, up, _) in enumerate(zip(*which, strict=True)):
+    for i, (nv, bf, ms, up, late) in enumerate(zip(*which, strict=True)):
         if nv:
             reasons.append("null value")
-        elif bj:
-            reasons.append("invalid JSON: not a JSON object")
+        elif bf:
+            reasons.append(format_reason[i])  # type: ignore[index]
         elif ms:
             reasons.append(f"missing timestamp column {ds.timestamp_column!r}")
         elif up:
             reasons.append(f"unparseable timestamp ({fmt}): {text[i][:100]}")
-        else:
+        elif late:
             reasons.append(f"timestamp out of range (years 1 to 9999): {text[i][:100]}")
+        else:
+            reasons.append(next(f"{name}: {json.dumps(values[i][:100], ensure_ascii=False)} is not a {kind}"
+                                for name, kind, values, bad in fits if bad[i]))
     return pa.array(reasons, pa.string()).take(_positions(dead))
 
 

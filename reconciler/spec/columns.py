@@ -42,18 +42,20 @@ class Column:
     """One output column: its name, its type in the table, and the field that declares it."""
 
     name: str
-    type: str  # string | long | double | timestamp
+    type: str  # string | long | double | boolean | timestamp (a json dimension is a string column)
     at: YamlPath
 
 
 def output_columns(data_schema: Mapping[str, Any]) -> list[Column]:
     """The table's columns (``__time`` first, without ``time_chunk``), as the pipeline writes them."""
-    dims = [d for d in data_schema.get("dimensions") or () if isinstance(d, str)]
+    typed = [_dimension(d) for d in data_schema.get("dimensions") or ()]
+    dims = [d for d, _ in typed if d is not None]
     metrics = [m for m in data_schema.get("metrics") or () if isinstance(m, Mapping)]
     granularity = data_schema.get("granularity")
     rollup = bool(granularity.get("rollup", False)) if isinstance(granularity, Mapping) else False
     cols = [Column(TIME, "timestamp", (*_DS, "timestamp"))]
-    cols += [Column(d, VIRTUAL_TYPES.get(d, "string"), (*_DS, "dimensions", i)) for i, d in enumerate(dims)]
+    cols += [Column(d, VIRTUAL_TYPES.get(d, kind), (*_DS, "dimensions", i))
+             for i, (d, kind) in enumerate(typed) if d is not None]
     if rollup:
         for i, m in enumerate(metrics):
             kind = "long" if m.get("type") == "count" else _metric_type(m.get("type"))
@@ -71,6 +73,16 @@ def output_columns(data_schema: Mapping[str, Any]) -> list[Column]:
             fields[name] = Column(name, kind, seen.at)
     cols += [c for name, c in fields.items() if name not in dims]
     return cols
+
+
+def _dimension(doc: Any) -> tuple[str | None, str]:
+    """(name, type) of a dimension as written: a name is a string column."""
+    if isinstance(doc, str):
+        return doc, "string"
+    if isinstance(doc, Mapping) and isinstance(doc.get("name"), str):
+        kind = doc.get("type", "string")
+        return doc["name"], "string" if kind == "json" else str(kind)
+    return None, ""
 
 
 def _metric_type(kind: Any) -> str:

@@ -37,7 +37,7 @@ from referencing import Registry, Resource
 
 from reconciler.errors import SpecProblem
 from reconciler.model import parse_duration
-from reconciler.spec import columns, references
+from reconciler.spec import columns, formats, references
 from reconciler.spec.timeparse import TimestampError, parse_timestamp
 from reconciler.spec.uris import UriInvalid, split_stream_uri
 from reconciler.spec.yamlsafe import ParsedYaml, YamlPath, format_field
@@ -161,6 +161,8 @@ def _static_problems(parsed: ParsedYaml, found: list[SpecProblem]) -> list[SpecP
     out: list[SpecProblem] = []
     if not any(_within(p.field, at) for p in found for at in _COLUMN_PATHS):
         out += columns.problems(parsed)
+    if not any(_within(p.field, ("dataSchema",)) for p in found):
+        out += formats.problems(parsed)
     if not any(_within(p.field, ("source",)) for p in found):
         out += references.syntax_problems(parsed)
         source = parsed.data.get("source")

@@ -378,9 +378,10 @@ def transformed(values, ds, per_batch, *, bulk=True, shared=True):
             t = Transformer(ds, bulk=bulk)
         part = batch.slice(start, per_batch)
         if bulk:
-            fast += t._parser.parse(part.column("value")).exact.to_pylist()
-            t._parser._misses = 0
-            t._parser._schema = None if not shared else t._parser._schema
+            parser = t.format.parser_for(t.fields)
+            fast += parser.parse(part.column("value")).exact.to_pylist()
+            parser._misses = 0
+            parser._schema = None if not shared else parser._schema
         out = t(part)
         good.append(out.rows)
         dead.append(out.dead)

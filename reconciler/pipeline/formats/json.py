@@ -32,11 +32,17 @@ class JsonFormat(Format):
         self._parser: FieldParser | None = None
         self._heads: list[str] = []
 
-    def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
+    def parser_for(self, fields: Sequence[Field]) -> FieldParser:
+        """The bulk parser of these fields, kept across batches (what it learnt stays)."""
         heads = list(dict.fromkeys(f.top for f in fields))
         if heads != self._heads or self._parser is None:
             self._heads = heads
             self._parser = FieldParser(heads, _numeric(fields))
+        return self._parser
+
+    def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
+        self.parser_for(fields)
+        heads = self._heads
         ok, texts = self._parse(values)
         by_head = dict(zip(heads, texts, strict=True))
         columns: dict[str, pa.Array] = {}
