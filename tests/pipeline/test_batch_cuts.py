@@ -190,3 +190,62 @@ def test_differential_over_many_random_records(request):
         n = min(total - done, rng.randint(1, 2000))
         check(make_records(rng, n), rng)
         done += n
+
+
+ROLLED = schema(dimensions=("d",), rollup=True, query_granularity="hour",
+                metrics=(Metric("c", "count"), Metric("ns", "longSum", "n"), Metric("lo", "longMin", "n"),
+                         Metric("hi", "longMax", "n"), Metric("xs", "doubleSum", "x"), Metric("xlo", "doubleMin", "x"),
+                         Metric("xhi", "doubleMax", "x")))
+_LONGS = [0, 1, -5, 123456789012, 2**63 - 1, -(2**63), 2**62]  # sums wrap past 64 bits
+_DOUBLES = [0.1, 0.2, 0.3, -1.5, 1e16, -1e16, 2.5e-3, 3.0]  # no overflow: see test_rollup_cuts.py
+
+
+def test_rolled_up_records_that_share_a_group_give_the_same_rows_cut_anywhere():
+    """Records of a few groups (``d``), cut at random points into the batches of one task or
+    into tasks, then rolled up again as compaction does: counts, long sums (wrapping), mins
+    and maxes are exactly those of the records; a double sum is the exact sum up to
+    rounding (README, JSON rules: its last bits depend on the cuts)."""
+    from reconciler.table.compact import Rollup, rollup_rows
+
+    rng = random.Random(41_10)
+    for _ in range(40):
+        n = rng.randint(1, 60)
+        docs = [{"ts": T0_MS + rng.randrange(3_600_000), "d": rng.choice(["a", "b", None]),
+                 "n": rng.choice([*_LONGS, None]), "x": rng.choice([*_DOUBLES, None])} for _ in range(n)]
+        expected = {}
+        for key in {_group(doc) for doc in docs}:
+            group = [doc for doc in docs if _group(doc) == key]
+            ns = [doc["n"] for doc in group if doc["n"] is not None]
+            xs = [doc["x"] for doc in group if doc["x"] is not None]
+            expected[key] = {"c": len(group),
+                           "ns": (sum(ns) + 2**63) % 2**64 - 2**63 if ns else None,
+                           "lo": min(ns, default=None), "hi": max(ns, default=None),
+                           "xlo": min(xs, default=None), "xhi": max(xs, default=None),
+                           "xs": (math.fsum(xs), math.fsum(map(abs, xs))) if xs else None}
+        batch = records([{k: v for k, v in doc.items() if v is not None} for doc in docs])
+        for shared in (True, False):
+            cuts = cut_points(rng, n)
+            bounds = [0, *cuts, n]
+            t, parts = Transformer(ROLLED), []
+            for start, end in zip(bounds, bounds[1:], strict=False):
+                if not shared and start:
+                    parts.append(t.finish().rows)
+                    t = Transformer(ROLLED)
+                parts.append(t(batch.slice(start, end - start)).rows)
+            parts.append(t.finish().rows)
+            rows = rollup_rows(pa.concat_tables(parts), Rollup.of(ROLLED)).to_pylist()
+            keys = [(int(r["__time"].timestamp() * 1000), r["d"]) for r in rows]
+            assert len(keys) == len(set(keys)) and set(keys) == set(expected), (shared, cuts)
+            for key, r in zip(keys, rows, strict=True):
+                want = dict(expected[key])
+                exact, scale = want.pop("xs") or (None, 0.0)
+                assert {k: r[k] for k in want} == want, (shared, cuts, r)
+                if exact is None:
+                    assert r["xs"] is None
+                else:  # a float sum's rounding: under n * 2**-53 of the sum of magnitudes
+                    assert abs(r["xs"] - exact) <= 1e-12 * scale, (shared, cuts, r["xs"], exact)
+
+
+def _group(doc: dict) -> tuple[int, str | None]:
+    """A record's rollup group under ``ROLLED``: (its hour in epoch ms, ``d``)."""
+    return doc["ts"] - doc["ts"] % 3_600_000, doc["d"]
