@@ -164,7 +164,11 @@ def plan_cmd(c: Context, output, no_positions):
         raise click.ClickException(str(exc)) from None
     errors = ([f"{c.settings.specs}: {directory.error}"] if not directory.ok else []) + \
         [str(problem) for problem in directory.problems]
+    schema_lines, refusals = _schema_preview(c, directory) if store is not None else ([], [])
+    errors += refusals
     doc = {**p.to_dict(), "errors": errors}
+    if schema_lines:
+        doc["schemaChanges"] = schema_lines
     doc["notes"] += notes
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
@@ -176,9 +180,31 @@ def plan_cmd(c: Context, output, no_positions):
         click.echo(text)
         for held in p.held_terminations:
             click.echo(f"held: terminate {held} (confirm with `reconciler apply --confirm-terminations`)")
+        for line in schema_lines:
+            click.echo(f"schema: {render.printable(line)}")
         for error in errors:
             click.echo(f"error: {render.printable(error)}")
-    sys.exit(1 if errors else 2 if p.changes else 0)
+    sys.exit(1 if errors else 2 if p.changes or schema_lines else 0)
+
+
+def _schema_preview(c: Context, directory) -> tuple[list[str], list[str]]:
+    """(each valid spec's change to its table: ``orders: + column coupon string (optional)``,
+    the changes its table cannot take as errors). A dry run: the tables are only read."""
+    from reconciler.cli.tables import open_tables
+    from reconciler.pipeline.transform import output_schemas
+    from reconciler.table.types import changes
+
+    tables = open_tables(c)
+    lines, refusals = [], []
+    for path, spec in sorted(directory.specs.items()):
+        ds = spec.data_schema
+        table = tables.load(ds.datasource)
+        if table is None:
+            continue
+        for change in changes(table.schema(), output_schemas(ds)[0]):
+            text = f"{ds.datasource}: {change}"
+            (refusals if change.kind == "refuse" else lines).append(f"{path}: {text}" if change.kind == "refuse" else text)
+    return list(dict.fromkeys(lines)), refusals
 
 
 @cli.command(epilog="Example: reconciler apply && reconciler status")

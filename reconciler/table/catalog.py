@@ -427,8 +427,11 @@ def granularity_name(granularity: str) -> str:
 
 
 def _new_columns(metadata: TableMetadata, schema: pa.Schema) -> bool:
-    have = {f.name for f in metadata.schema().fields}
-    return any(name not in have for name in schema.names)
+    """Whether the batch adds a column or widens one (Iceberg's promotions; ``union_by_name``
+    refuses anything else, and the publish with it)."""
+    from reconciler.table.types import changes
+
+    return bool(changes(metadata.schema(), schema))
 
 
 def _evolve_partitioning(tx, granularity: str) -> None:

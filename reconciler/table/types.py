@@ -1,0 +1,81 @@
+"""The Iceberg type of each output column, and which changes a table can take.
+
+The table follows the data (issue 42): a new column is added as optional (old rows read
+null); a column widens only by Iceberg's promotions (int -> long, float -> double, a
+decimal's precision up); a column that leaves the spec stays in the table, null from then
+on. Anything else (a narrowing, string -> long) is refused, with the reason, before a
+spec is applied (``validate``/``plan``) and never half-done at a publish.
+
+``changes(current, wanted)`` is pure: the table's current Iceberg schema and the spec's
+Arrow schema in, the changes (or refusals) out, printed by ``plan`` as
+``+ column coupon string (optional)`` / ``~ column qty int -> long``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.schema import Schema, promote
+from pyiceberg.table.name_mapping import MappedField, NameMapping
+from pyiceberg.types import IcebergType
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # "add" | "widen" | "refuse"
+    column: str
+    before: str | None
+    after: str
+
+    def __str__(self) -> str:
+        if self.kind == "add":
+            return f"+ column {self.column} {self.after} (optional)"
+        if self.kind == "widen":
+            return f"~ column {self.column} {self.before} -> {self.after}"
+        return f"! column {self.column} {self.before} -> {self.after}: refused ({_why(self.before, self.after)})"
+
+
+def iceberg_types(schema: pa.Schema) -> dict[str, IcebergType]:
+    """Each Arrow column's Iceberg type (pyiceberg's own mapping, names as ids)."""
+    mapping = NameMapping([MappedField(field_id=i + 1, names=[f.name]) for i, f in enumerate(schema)])
+    converted = pyarrow_to_schema(schema, name_mapping=mapping)
+    return {f.name: f.field_type for f in converted.fields}
+
+
+def changes(current: Schema, wanted: pa.Schema) -> list[Change]:
+    """What writing ``wanted`` into a table of ``current`` changes, in ``wanted``'s order."""
+    have = {f.name.lower(): f for f in current.fields}
+    out = []
+    for name, kind in iceberg_types(wanted).items():
+        field = have.get(name.lower())
+        if field is None:
+            out.append(Change("add", name, None, str(kind)))
+        elif field.field_type != kind:
+            try:
+                promote(field.field_type, kind)
+                out.append(Change("widen", name, str(field.field_type), str(kind)))
+            except Exception:  # pyiceberg's ResolveError: not a promotion
+                if _narrows(field.field_type, kind):
+                    continue  # a narrower value fits the wider column: written as it
+                out.append(Change("refuse", name, str(field.field_type), str(kind)))
+    return out
+
+
+def refused(found: list[Change]) -> list[Change]:
+    return [c for c in found if c.kind == "refuse"]
+
+
+def _narrows(have: IcebergType, want: IcebergType) -> bool:
+    """Whether ``want`` is promotable to ``have`` (the table is already wider: fine)."""
+    try:
+        promote(want, have)
+        return True
+    except Exception:
+        return False
+
+
+def _why(before: str | None, after: str) -> str:
+    return (f"Iceberg cannot change a {before} column to {after}: only int -> long, float -> double and a "
+            "decimal's precision up; use a new column name")

@@ -1,0 +1,34 @@
+"""Which schema changes a table takes (issue 42): add optional columns, widen by Iceberg's
+promotions, refuse the rest; what ``plan`` prints for them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyiceberg.schema import Schema
+from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType
+
+from reconciler.model import DataSchema, Dimension
+from reconciler.pipeline.transform import output_schemas
+from reconciler.table.types import changes, refused
+
+CURRENT = Schema(NestedField(1, "qty", IntegerType(), required=False),
+                 NestedField(2, "user", StringType(), required=False),
+                 NestedField(3, "price", DoubleType(), required=False),
+                 NestedField(4, "n", LongType(), required=False))
+
+
+def test_a_new_column_is_added_optional_and_a_promotion_widens():
+    found = changes(CURRENT, pa.schema([("qty", pa.int64()), ("coupon", pa.string()), ("user", pa.string())]))
+    assert [str(c) for c in found] == ["~ column qty int -> long", "+ column coupon string (optional)"]
+    assert not refused(found)
+
+
+def test_an_incompatible_change_is_refused_with_the_reason_and_a_narrower_value_is_fine():
+    found = changes(CURRENT, pa.schema([("user", pa.int64()), ("price", pa.float32()), ("n", pa.int32())]))
+    assert [c.column for c in refused(found)] == ["user"]
+    assert str(found[0]).startswith("! column user string -> long: refused (Iceberg cannot change a string column")
+
+
+def test_a_spec_typing_a_string_dimension_is_refused_against_its_table():
+    ds = DataSchema("d", "ts", dimensions=("user",), typed=(Dimension("user", "long", ("user",)),))
+    assert [c.column for c in refused(changes(CURRENT, output_schemas(ds)[0]))] == ["user"]
