@@ -109,7 +109,8 @@ def random_schedule(seed: int) -> Schedule:
                    marker_every=rng.choice([0, 0, 7]), bad_every=rng.choice([0, 0, 9]),
                    tables=rng.random() < 0.8,  # else the first batch creates them, under the faults
                    snapshots_kept=rng.choice([1, 3, 25, 25]),  # small: publishes expire as they commit
-                   under_report=rng.choice([0, 0, 4]))  # the broker's end a few offsets short
+                   under_report=rng.choice([0, 0, 4]),
+                   reader_grace=rng.choice([0.0, 600.0]))  # 600: every logged version's snapshots kept  # the broker's end a few offsets short
     main_steps = rng.randint(3, 8)
     s.actors.append(("main", "daemon", _seq(_op("lead"), *[_op("step", MAIN, 1) for _ in range(main_steps)])))
     if rng.random() < 0.6:
@@ -498,6 +499,21 @@ def continuous_expiry() -> Schedule:
     return s
 
 
+def tags_then_expire() -> Schedule:
+    """Issue 41.14: an expiry on a table with a tag and a branch on older snapshots, keeping
+    the last 3: it must keep those, and the tagged and branched snapshots with their files."""
+    s = Schedule("tags-then-expire", 21)
+    s.world = dict(partitions=1, records=120, snapshots_kept=25, reader_grace=0.0)
+    s.actors = [("main", "daemon", _ingest(10)),
+                ("tagger", "cli-iceberg", _seq(_op("tag", "audit-2026", branch=False, back=4),
+                                               _op("tag", "experiment", branch=True, back=3))),
+                ("maintain", "cli-maintain", _seq(_op("expire", retain_last=3)))]
+    s.script = [("main", END), ("tagger", END), ("maintain", END)]
+    s.expect = lambda w, tables, store: ([] if {"tagged", "expired"} <= w.reached else
+                                         [f"the schedule did not get to tag and expire: {sorted(w.reached)}"])
+    return s
+
+
 def percent_path() -> Schedule:
     """A warehouse path that needs percent-encoding: clean-up must look where pyiceberg wrote."""
     s = Schedule("percent-path", 15)
@@ -699,5 +715,5 @@ NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     orphans_during_publish, orphans_during_compaction, ambiguous_commit, power_cut_after_commit,
     power_cut_after_compaction, two_upgrades, many_batch_directories, cancel_during_publish, rollup_flip,
     verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
-    continuous_expiry, orphans_read_then_publish, orphans_read_then_compaction, compaction_unknown_then_orphans, power_cut_table_created,
+    continuous_expiry, tags_then_expire, orphans_read_then_publish, orphans_read_then_compaction, compaction_unknown_then_orphans, power_cut_table_created,
     fresh_start_deep)}

@@ -89,7 +89,7 @@ class Process:
                 store=self.store, segments_dir=w.warehouse, spark=lambda: None,
                 lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
                 job=ModelJob(w.stream, self.name, w.batch_owner), adapters=lambda source: ModelAdapter(w.stream),
-                snapshots_kept=w.snapshots_kept)
+                snapshots_kept=w.snapshots_kept, reader_grace=w.reader_grace)
         return self._ctx
 
     @property
@@ -107,7 +107,7 @@ class World:
     def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
                  rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
                  bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25,
-                 under_report: int = 0):
+                 under_report: int = 0, reader_grace: float = 600.0):
         """A world over a database and warehouse already set up (``setup``). ``store`` is
         shared by the world's processes (one engine: its compiled statements are reused
         from schedule to schedule; each process still has its own connections)."""
@@ -118,6 +118,7 @@ class World:
         for p in range(partitions):
             self.stream.produce(str(p), records, marker_every=marker_every, bad_every=bad_every)
         self.stream.under_report = under_report
+        self.reader_grace = reader_grace  # 0: expiry and clean-up keep nothing for readers (grace.py)
         self.rollup = rollup
         self.snapshots_kept = snapshots_kept  # small: the publishes expire snapshots as they go
         self.shared = store
