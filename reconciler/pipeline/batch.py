@@ -36,11 +36,13 @@ def run_batch(
     dead_dir: str | os.PathLike[str],
     task_count: int | None = None,
     max_batch_rows: int | None = None,
+    spec_dir: str | None = None,
 ) -> seg.WrittenBatch:
     """Read ``ranges`` of ``spec.source``, transform, and write the data files: one Arrow
-    task per group of sub-ranges (``split_ranges`` into ``task_count`` groups)."""
+    task per group of sub-ranges (``split_ranges`` into ``task_count`` groups). A schema
+    file the format names is read under ``spec_dir`` (the spec's directory)."""
     seg.check_batch_id(batch_id)
-    plan = task_plan(spec, ranges, data_dir, dead_dir, task_count, max_batch_rows)
+    plan = task_plan(spec, ranges, data_dir, dead_dir, task_count, max_batch_rows, spec_dir)
     if not plan.groups:
         return seg.WrittenBatch(batch_id, (), (), input_rows=0, input_bytes=0)
     return seg.finish(tasks.run(spark, plan), data_dir, dead_dir, batch_id)
@@ -53,9 +55,11 @@ def task_plan(
     dead_dir: str | os.PathLike[str],
     task_count: int | None = None,
     max_batch_rows: int | None = None,
+    spec_dir: str | None = None,
 ) -> tasks.TaskPlan:
     """What the batch's tasks get: its sub-ranges in ``task_count`` groups, the source with
     secret references only, and an object store's public settings (never credentials)."""
+    from reconciler.pipeline.formats import schema_files
     from reconciler.table import storage
 
     groups = split_ranges([r for r in ranges if r.size > 0], max(1, int(task_count or spec.task_count or 1)))
@@ -68,4 +72,5 @@ def task_plan(
         dead_dir=str(dead_dir) if remote else os.path.abspath(dead_dir),
         store=storage.current().to_json() if remote else None,
         max_batch_rows=max_batch_rows or DEFAULT_MAX_BATCH_ROWS,
+        format_files=schema_files(spec.data_schema, spec_dir),
     )

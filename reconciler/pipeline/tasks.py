@@ -45,6 +45,9 @@ class TaskPlan:
     # Builds the reader from ``source`` instead of the stream client: the tests' stand-in
     # stream (``tests/pipeline/conftest.py``), pickled with the plan. The product never sets it.
     reader: Callable[[dict[str, Any]], Any] | None = None
+    # The schema file the format block names, read by the driver (name as written -> bytes):
+    # an executor on another host has no config repo to read it from.
+    format_files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
     stem = _stem()
     rows = sink.Files(plan.data_dir, stem, SEGMENT, storage=sink.task_storage(plan.data_dir, plan.store))
     dead = sink.Files(plan.dead_dir, stem, None, storage=sink.task_storage(plan.dead_dir, plan.store))
-    transformer = Transformer(plan.data_schema)
+    transformer = Transformer(plan.data_schema, files=plan.format_files)
     # partition -> [records, bytes]; a range that delivered nothing is known as 0, not unknown
     read: dict[str, list[int]] = {r.partition: [0, 0] for r in ranges}
     reader = plan.reader(plan.source) if plan.reader is not None else open_reader(plan.source)

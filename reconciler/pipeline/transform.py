@@ -241,7 +241,8 @@ class Transformer:
     (``rollup.Held``). ``bulk=False`` parses every JSON record in Python (the reference the
     tests compare with)."""
 
-    def __init__(self, data_schema: DataSchema, *, bulk: bool = True):
+    def __init__(self, data_schema: DataSchema, *, bulk: bool = True, base_dir: str | None = None,
+                 files: dict[str, bytes] | None = None):
         if data_schema.timestamp_format not in ("auto", "iso", "millis", "seconds"):
             raise ValueError(f"unknown timestamp format: {data_schema.timestamp_format!r}")
         floor_times(pa.array([], _TS_TYPE), data_schema.query_granularity)
@@ -250,7 +251,7 @@ class Transformer:
         self.ds = data_schema
         self.rows_schema, _ = output_schemas(data_schema)
         self.fields = read_fields(data_schema)
-        self.format = format_for(data_schema)
+        self.format = format_for(data_schema, base_dir, files)
         self.format.bulk = bulk  # the JSON format's reference path; others have none
         self._held = rollup.Held(data_schema) if data_schema.rollup else None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ from reconciler import faults
 from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
+from reconciler.pipeline.formats import FILE_KEYS
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
@@ -296,7 +298,11 @@ class SupervisorRuntime:
         # and the checkpoints at the ranges' ends) or nothing.
         tasks = batch_tasks(ranges, spec.task_count, bounded=rec.bounded)
         try:
-            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=tasks)
+            # a format's schema file is relative to the spec's directory (only those formats
+            # take it: other jobs, the explorer's, know nothing of it)
+            extra = {"spec_dir": self._spec_dir(rec)} if ds.format in FILE_KEYS else {}
+            written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=tasks,
+                              **extra)
         except Exception:  # a failed job's partial output must not linger
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
@@ -325,6 +331,14 @@ class SupervisorRuntime:
                  capture, phases["plan"], phases["job"], phases["publish"],
                  extra={"supervisor": rec.id, "batch": batch_id, "phases": phases})
         return records
+
+    def _spec_dir(self, rec: SupervisorRecord) -> str | None:
+        """The directory of the spec file (a backfill's: its main's)."""
+        path = rec.spec_path
+        if path is None and rec.parent_id:
+            parent = self.ctx.store.get(rec.parent_id)
+            path = parent.spec_path if parent is not None else None
+        return os.path.dirname(os.path.abspath(path)) if path else None
 
     def _abandon(self, batch_id: str, table_names, dirs) -> None:
         """Delete a batch's files, but only after fencing it (``Store.fence_write``): a batch

@@ -8,7 +8,9 @@ The interface (for every format module)::
 
     class XFormat(Format):
         name = "x"                                    # the spec's dataSchema.format
-        def __init__(self, data_schema, base_dir=None) # base_dir: the spec's directory
+        def __init__(self, data_schema, base_dir=None, files=None)
+        # base_dir: the spec's directory; files: the schema files it names, read by the
+        # driver (``schema_files``): a task in a remote executor has no config repo
         def decode(self, values, fields) -> Decoded
 
 * ``values``: a binary ``pa.Array``, one value per record. A null value (a tombstone)
@@ -37,7 +39,7 @@ The interface (for every format module)::
   ``FormatUnavailable``: the batch fails and is retried; records never become dead
   letters for that.
 
-``format_for(data_schema, base_dir)`` imports the module of ``data_schema.format`` from
+``format_for(data_schema, base_dir, files)`` imports the module of ``data_schema.format`` from
 ``FORMATS`` (``reconciler.pipeline.formats.<format>``, class ``<Name>Format``).
 """
 
@@ -47,6 +49,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
@@ -100,20 +103,44 @@ class FormatUnavailable(Exception):
 class Format(ABC):
     name: ClassVar[str]
 
-    def __init__(self, data_schema: DataSchema, base_dir: str | None = None):
+    def __init__(self, data_schema: DataSchema, base_dir: str | None = None,
+                 files: Mapping[str, bytes] | None = None):
         self.data_schema = data_schema
         self.base_dir = base_dir
+        self.files = dict(files or {})
 
     @abstractmethod
     def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
         """The fields of every value (see the module's docstring)."""
 
 
-def format_for(data_schema: DataSchema, base_dir: str | None = None) -> Format:
+# The format blocks' keys that name a file, relative to the spec's directory.
+FILE_KEYS: Mapping[str, str] = {"avro": "schemaFile", "protobuf": "descriptorFile"}
+
+
+def schema_files(data_schema: DataSchema, base_dir: str | None) -> dict[str, bytes]:
+    """The file a data schema's format block names (its name as written -> its bytes),
+    read where the spec lives (the driver): what the tasks get instead of a path."""
+    key = FILE_KEYS.get(data_schema.format)
+    options = dict(getattr(data_schema, "format_options", None) or {})
+    options = options.get(data_schema.format, options)
+    name = options.get(key) if key else None
+    if not isinstance(name, str) or options.get("schemaRegistry"):
+        return {}
+    path = Path(base_dir or ".") / name
+    try:
+        return {name: path.read_bytes()}
+    except OSError as e:
+        raise ValueError(f"{data_schema.format}.{key} {name!r} cannot be read "
+                         f"(looked for {str(path.absolute())!r}): {e.strerror or e}") from None
+
+
+def format_for(data_schema: DataSchema, base_dir: str | None = None,
+               files: Mapping[str, bytes] | None = None) -> Format:
     """The one ``Format`` of a data schema (chosen once per task)."""
     name = data_schema.format
     if name not in FORMATS:
         raise ValueError(f"unknown format {name!r}: one of {', '.join(FORMATS)}")
     module = importlib.import_module(f"{__name__}.{name}")
     cls: type[Format] = getattr(module, FORMATS[name])
-    return cls(data_schema, base_dir)
+    return cls(data_schema, base_dir, files)

@@ -252,11 +252,12 @@ class AvroFormat(Format):
     name = "avro"
     bulk = True  # False: every group record by record (the reference the tests compare with)
 
-    def __init__(self, data_schema: Any, base_dir: str | None = None, *, source: Any = None):
-        super().__init__(data_schema, base_dir)
+    def __init__(self, data_schema: Any, base_dir: str | None = None, files: Any = None, *,
+                 source: Any = None):
+        super().__init__(data_schema, base_dir, files)
         options = dict(getattr(data_schema, "format_options", None) or {})
         options = options.get("avro", options)
-        self.source = source or source_from(options, base_dir, "AVRO", "schemaFile")
+        self.source = source or source_from(options, base_dir, "AVRO", "schemaFile", self.files)
         self._decoders: dict[int, AvroDecoder] = {}
         self._reader: _DuckReader | None = None
 

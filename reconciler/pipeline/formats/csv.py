@@ -33,8 +33,8 @@ from reconciler.pipeline.formats import Decoded, Field, Format
 class CsvFormat(Format):
     name = "csv"
 
-    def __init__(self, data_schema: Any, base_dir: str | None = None):
-        super().__init__(data_schema, base_dir)
+    def __init__(self, data_schema: Any, base_dir: str | None = None, files: Any = None):
+        super().__init__(data_schema, base_dir, files)
         options = data_schema.format_options
         self.columns = [str(c) for c in options.get("columns") or ()]
         if not self.columns:

@@ -27,8 +27,8 @@ class JsonFormat(Format):
     name = "json"
     bulk = True  # False: every record by the per-record parser (the reference the tests compare with)
 
-    def __init__(self, data_schema: Any, base_dir: str | None = None):
-        super().__init__(data_schema, base_dir)
+    def __init__(self, data_schema: Any, base_dir: str | None = None, files: Any = None):
+        super().__init__(data_schema, base_dir, files)
         self._parser: FieldParser | None = None
         self._heads: list[str] = []
 

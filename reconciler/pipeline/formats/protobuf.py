@@ -215,11 +215,12 @@ def _field_converter(f: Any) -> Callable[[Any], Any]:
 class ProtobufFormat(Format):
     name = "protobuf"
 
-    def __init__(self, data_schema: Any, base_dir: str | None = None, *, source: Any = None):
-        super().__init__(data_schema, base_dir)
+    def __init__(self, data_schema: Any, base_dir: str | None = None, files: Any = None, *,
+                 source: Any = None):
+        super().__init__(data_schema, base_dir, files)
         options = dict(getattr(data_schema, "format_options", None) or {})
         options = options.get("protobuf", options)
-        self.source = source or source_from(options, base_dir, "PROTOBUF", "descriptorFile")
+        self.source = source or source_from(options, base_dir, "PROTOBUF", "descriptorFile", self.files)
         self.message = options.get("message")
         self._schemas: dict[int, ProtoSchema] = {}
 

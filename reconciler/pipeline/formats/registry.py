@@ -105,9 +105,9 @@ class RegistrySource:
 class FileSource:
     wire = False
 
-    def __init__(self, path: Path, kind: str):
+    def __init__(self, path: Path, kind: str, data: bytes | None = None):
         self.path = path
-        data = path.read_bytes()
+        data = path.read_bytes() if data is None else data
         self.schema = WriterSchema(0, kind, data if kind == "PROTOBUF" else data.decode("utf-8"))
 
     def get(self, schema_id: int) -> WriterSchema:
@@ -115,15 +115,17 @@ class FileSource:
 
 
 def source_from(options: Mapping[str, Any], base_dir: str | None, kind: str,
-                file_key: str) -> RegistrySource | FileSource:
-    """The source a format block names (``schemaRegistry`` or a schema file)."""
+                file_key: str, files: Mapping[str, bytes] | None = None) -> RegistrySource | FileSource:
+    """The source a format block names (``schemaRegistry`` or a schema file: its bytes from
+    ``files`` when the driver sent them, else read under ``base_dir``)."""
     if options.get("schemaRegistry"):
         reg = options["schemaRegistry"]
         auth = reg.get("basicAuth") or {}
         password = secrets.resolve(auth["password"]) if auth.get("password") is not None else None
         return RegistrySource(str(reg["url"]), auth.get("username"), password)
     if options.get(file_key):
-        return FileSource(Path(base_dir or ".") / str(options[file_key]), kind)
+        name = str(options[file_key])
+        return FileSource(Path(base_dir or ".") / name, kind, (files or {}).get(name))
     raise ValueError(f"{kind.lower()}: needs schemaRegistry or {file_key}")
 
 
