@@ -60,6 +60,9 @@ class RequestsMixin:
         """
         now = now or utcnow()
         try:
+            # The explorer switches threads here: a batch committing now must be read by the
+            # transaction (its checkpoints are read under lock inside it, never before).
+            faults.point("reset-begin", request.supervisor_id)
             with self._write() as c:
                 return self._apply_reset(c, request, compute, initial, earliest, actor, now)
         except sa_exc.IntegrityError as exc:

@@ -46,9 +46,9 @@ M = [
 EXTRA = {"05-expiry-keeps-only-current": (
   "        protected |= {s.snapshot_id for s in newest[:retain_last]}\n", ""),
 "11-reset-reads-checkpoints-before-its-transaction": (
-  "            with self._write() as c:\n                return self._apply_reset(c, request, compute, initial, earliest, actor, now)",
+  "            faults.point(\"reset-begin\", request.supervisor_id)\n",
   "            with self._read() as r:\n                self._stale = self._checkpoints(r, request.supervisor_id)\n"
-  "            with self._write() as c:\n                return self._apply_reset(c, request, compute, initial, earliest, actor, now)")}
+  "            faults.point(\"reset-begin\", request.supervisor_id)\n")}
 
 
 def main() -> None:
