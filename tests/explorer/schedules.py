@@ -145,9 +145,6 @@ def random_schedule(seed: int) -> Schedule:
     s.plan = FaultPlan() if quiet else FaultPlan(kill=0.012, power=0.004, drop=0.03, limbo=0.03, enospc=0.02)
     if rng.random() < 0.25:
         s.sabotage = rng.choice(SABOTAGES)
-    from tests.explorer import replay  # drawn last: the other draws of a seed stay as they were
-
-    replay.add_random(s, rng)
     return s
 
 
@@ -720,10 +717,6 @@ NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
     continuous_expiry, tags_then_expire, orphans_read_then_publish, orphans_read_then_compaction, compaction_unknown_then_orphans, power_cut_table_created,
     fresh_start_deep)}
-
-from tests.explorer import replay as _replay  # noqa: E402 - its schedules build on the helpers above
-
-NAMED.update({f().name: f for f in _replay.NAMED})
 
 
 # The moments the mutation audit needed (a module of their own: this one is long already).
