@@ -310,7 +310,15 @@ class Transformer:
             return as_text(field[name]), micros
         else:
             text = pc.utf8_trim(as_text(field[name]), " ")  # as Spark's trim: spaces only
-        return text, parse_times(text, self.ds.timestamp_format)
+        return text, parse_times(text, self._timestamp_rule())
+
+    def _timestamp_rule(self) -> str:
+        """``timestamp.format``, unless the column is a dimension typed ``timestamp``: then
+        that type's rule (ISO, or a number of seconds or millis), as the dimension reads it."""
+        name = self.ds.timestamp_column
+        if name in self.ds.dimensions and self.ds.dimension(name).type == "timestamp":
+            return "auto"
+        return self.ds.timestamp_format
 
     def _metric_values(self, name: str, kind: str, cols: dict[str, pa.Array],
                        field: dict[str, pa.Array]) -> pa.Array:
@@ -398,7 +406,8 @@ def _reasons(ds: DataSchema, cols: dict[str, pa.Array], undecoded: pa.Array | No
     format_reason = undecoded.take(index).to_pylist() if undecoded is not None else None
     fits = [(name, kind, as_text(values).take(index).to_pylist(), bad.take(index).to_pylist())
             for name, kind, values, bad in typed if bad is not None]
-    fmt = ds.timestamp_format
+    typed_ts = ds.timestamp_column in ds.dimensions and ds.dimension(ds.timestamp_column).type == "timestamp"
+    fmt = "auto" if typed_ts else ds.timestamp_format
     reasons = []
     for i, (nv, bf, ms, up, late) in enumerate(zip(*which, strict=True)):
         if nv:

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 _WRAPPED = "exception was thrown from the Python worker"
 # The last line of a Python traceback: "reconciler.errors.PermanentError: offsets [...] ..."
-_FINAL = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Conflict|Invalid)): (?P<msg>.+)$")
+_FINAL = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Conflict|Invalid|Unavailable)): (?P<msg>.+)$")
 _OURS = {
     "reconciler.errors.RetryableError": "retryable",
+    # a schema registry that does not answer: the batch waits, its records are no dead letters
+    "reconciler.pipeline.formats.registry.RegistryUnavailable": "unavailable",
+    "reconciler.pipeline.formats.FormatUnavailable": "unavailable",
     "reconciler.errors.PermanentError": "permanent",
     "reconciler.errors.SpecInvalid": "permanent",
     "reconciler.errors.PublishConflict": "conflict",
@@ -27,7 +30,7 @@ _OURS = {
 @dataclass(frozen=True)
 class WorkerError:
     message: str  # what the worker's code said, without Spark's wrapper
-    kind: str  # retryable | permanent | conflict | other (a bug or a library's own error)
+    kind: str  # retryable | unavailable (a format's registry) | permanent | conflict | other (a bug, a library's)
 
 
 def product_message(exc: BaseException) -> WorkerError | None:

@@ -25,8 +25,9 @@ from reconciler import faults
 from reconciler.control.actual import DetailedState, State, SupervisorRecord
 from reconciler.control.positions import start_offsets
 from reconciler.errors import PermanentError, PublishConflict, RetryableError
-from reconciler.pipeline.formats import FILE_KEYS
+from reconciler.pipeline.formats import FILE_KEYS, FormatUnavailable
 from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
+from reconciler.pipeline.worker_errors import product_message
 from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
 from reconciler.runtime.sourceguard import SourceGuard
@@ -124,11 +125,16 @@ class SupervisorRuntime:
             return StepOutcome(0.5)
         except (SparkUnavailable, SparkMisconfigured) as exc:  # the cluster, not the stream: no traceback
             return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
+        except FormatUnavailable as exc:  # the schema registry, not the stream: records wait
+            return self._failed(rec, DetailedState.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_SUPERVISOR, exc)
         except RetryableError as exc:
             return self._failed(rec, DetailedState.LOST_CONTACT_WITH_STREAM, State.UNHEALTHY_SUPERVISOR, exc)
         except PermanentError as exc:
             return self._failed(rec, DetailedState.UNABLE_TO_CONNECT_TO_STREAM, State.UNHEALTHY_SUPERVISOR, exc)
         except Exception as exc:  # a Spark job failed: the batch is lost, not its records
+            worker = product_message(exc)
+            if worker is not None and worker.kind == "unavailable":  # a task's registry was down
+                return self._failed(rec, DetailedState.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_SUPERVISOR, exc)
             log.exception("batch failed", extra={"supervisor": rec.id})
             return self._failed(rec, DetailedState.UNHEALTHY_TASKS, State.UNHEALTHY_TASKS, exc)
 
@@ -417,8 +423,6 @@ class SupervisorRuntime:
 
     def _failed(self, rec, detailed: DetailedState, unhealthy: State, exc: Exception) -> StepOutcome:
         self.failures += 1
-        from reconciler.pipeline.worker_errors import product_message
-
         worker = product_message(exc)  # status shows what the reader said; the log keeps Spark's wrapper
         message = worker.message if worker else f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         if isinstance(self.ctx.segments_dir, str) and "://" in self.ctx.segments_dir:

@@ -88,3 +88,33 @@ def test_a_missing_schema_file_says_where_it_was_looked_for(tmp_path):
     with pytest.raises(ValueError, match="avro.schemaFile 'schemas/nope.avsc' cannot be read.*specs"):
         batch.task_plan(spec(ds), [PartitionRange("0", 0, 1)], tmp_path / "d", tmp_path / "dl",
                         spec_dir=str(tmp_path / "specs"))
+
+
+@pytest.mark.parametrize("ts_format", ["auto", "iso", "seconds", "millis"])
+def test_an_avro_timestamp_is_that_instant_whatever_the_format(tmp_path, ts_format):
+    from reconciler.pipeline.transform import Transformer
+
+    (tmp_path / "o.avsc").write_text(json.dumps(SCHEMA))
+    ds = DataSchema("orders", "ts", timestamp_format=ts_format, format="avro", dimensions=("country",),
+                    format_options={"schemaFile": "o.avsc"})
+    values = [avro_body(SCHEMA, {"id": 1, "ts": T0 + 5, "country": "DE"})]
+    out = Transformer(ds, base_dir=str(tmp_path))(records(values))
+    assert out.dead.num_rows == 0
+    assert out.rows.column("__time").cast(pa.int64()).to_pylist() == [(T0 + 5) * 1000]
+
+
+@pytest.mark.parametrize("ts_format", ["iso", "seconds", "millis"])
+def test_a_typed_timestamp_dimension_is_read_as_an_instant_whatever_the_format(ts_format):
+    """JSON: the timestamp column declared as a ``timestamp`` dimension reads by that type's
+    rule (ISO text, or a number of seconds or millis) whatever ``timestamp.format`` says."""
+    from reconciler.model import Dimension
+    from reconciler.pipeline.transform import Transformer
+
+    ds = DataSchema("orders", "ts", timestamp_format=ts_format, format="json", dimensions=("ts", "country"),
+                    typed=(Dimension("ts", "timestamp", ("ts",)), Dimension("country", "string", ("country",))))
+    values = [json.dumps({"ts": v, "country": "DE"}).encode()
+              for v in ("2023-11-14T22:13:20.005Z", T0 + 5, (T0 + 5) / 1000)]
+    out = Transformer(ds)(records(values))
+    assert out.dead.num_rows == 0, out.dead.column("reason").to_pylist()
+    assert out.rows.column("__time").cast(pa.int64()).to_pylist() == [(T0 + 5) * 1000] * 3
+    assert out.rows.column("ts").cast(pa.int64()).to_pylist() == [(T0 + 5) * 1000] * 3
