@@ -7,7 +7,9 @@ one: nothing ends below a checkpoint, so nothing is probed. The record at an off
 already ingested tells them apart: per partition, ``(offset, timestamp)`` of the record at
 checkpoint - 1 is taken when a source generation is first seen, and asked again on the
 first step of each runtime and every ``RETENTION_CHECK_EVERY`` seconds. Another timestamp
-at that offset, or no record there any more, is a source that started over.
+at that offset, or no record there any more, is a source that started over, unless the
+earliest offset, read again after the fetch, has passed the offset: retention deleted the
+record during the check (``runtime.sourceguard``), and the fingerprint is taken again.
 
 Taken again only when retention deleted the record (or compaction, on Kafka: the broker
 answers a later offset, which proves nothing), so the audit log holds a few fingerprints
@@ -45,7 +47,7 @@ def ask(adapter, offsets: Mapping[str, int]) -> dict[str, Mark | None]:
     exact = getattr(adapter, "records_at", None)
     if exact is not None:
         return exact(offsets)
-    times = getattr(adapter, "record_times", None)  # RabbitMQ: its chunk's time, the same every time
+    times = getattr(adapter, "record_times", None)  # an adapter without records_at: paired with the offset asked
     if times is None:
         return {}
     out: dict[str, Mark | None] = {}

@@ -17,7 +17,9 @@ identity again between a batch's read and its publish):
   the partition still holds the record below the checkpoint (the last one ingested). A
   reported end below the checkpoint alone proves nothing: Tansu under-reports its end.
 
-What follows is the retention-loss rule (``SupervisorRuntime._past_retention``): with
+A Kafka topic is re-created as a whole: one partition proven re-created (by any of these
+signs, or the fingerprint's) moves every partition of the topic, unless the id, unchanged,
+proves the topic is the same one (``decide``). What follows is the retention-loss rule (``SupervisorRuntime._past_retention``): with
 ``onRetentionLoss: continue`` the truncated partitions go back to the new earliest offset
 in a new source generation, recorded in the audit log (``Store.restart_source``); by
 default the supervisor turns UNHEALTHY with what happened and the way out. ``decide`` is
@@ -79,10 +81,19 @@ def suspects(checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> dict[s
 
 
 def decide(checkpoint: Mapping[str, int], earliest: Mapping[str, int], identity: str | None,
-           previous: str | None, held: Mapping[str, bool], why: str | None = None) -> Restart | None:
+           previous: str | None, held: Mapping[str, bool], why: str | None = None, *,
+           whole: bool = True) -> Restart | None:
     """Pure: whether the source started over, and where each partition goes. ``held``: per
     partition, whether it still holds the records ingested there (the probe, the fingerprint);
     ``why`` says how a False was found.
+
+    ``whole``: the partitions are one source (a Kafka topic), deleted and created again
+    together. One partition proven re-created then moves every partition: a partition with
+    nothing to prove it by (a checkpoint set by ``startFrom: latest``, or no fingerprint yet)
+    would otherwise keep its old checkpoint over the new topic's records below it, skipped.
+    An unchanged id proves the topic was not re-created (a partition truncated alone, by an
+    unclean leader election): only the partitions found move then. A RabbitMQ stream is its
+    own source (``independent_partitions``): each is decided alone.
 
     A truncated partition whose checkpoint is at or below the new earliest offset moves
     nowhere here: the retention rule then reports what was deleted."""
@@ -95,10 +106,17 @@ def decide(checkpoint: Mapping[str, int], earliest: Mapping[str, int], identity:
     moves = {p: (checkpoint[p], earliest[p]) for p in gone if p in earliest and checkpoint[p] > earliest[p]}
     if not moves:
         return None
-    return Restart(moves, identity, previous,
-                   why or (f"partition(s) {', '.join(moves)} no longer hold the last record ingested (the offset "
-                           "below the checkpoint), and end below the checkpoint: truncated, or deleted and created "
-                           "again"), dropped)
+    why = why or (f"partition(s) {', '.join(moves)} no longer hold the last record ingested (the offset below the "
+                  "checkpoint), and end below the checkpoint: truncated, or deleted and created again")
+    if whole and not (identity is not None and identity == previous):
+        others = {p: (c, earliest[p]) for p, c in checkpoint.items()
+                  if p not in moves and p in earliest and c > earliest[p]}
+        if others:
+            moves |= others
+            why += (f"; a topic is deleted and created again as a whole, so partition(s) "
+                    f"{', '.join(sorted(others, key=_order))} go back to their new earliest offsets too (their "
+                    "records below the checkpoint may be new ones too, with nothing to tell them apart)")
+    return Restart(moves, identity, previous, why, dropped)
 
 
 def detect(adapter, checkpoint: Mapping[str, int], latest: Mapping[str, int],
@@ -117,7 +135,12 @@ def detect(adapter, checkpoint: Mapping[str, int], latest: Mapping[str, int],
         held = {p: _holds(adapter, p, o) for p, o in suspects(checkpoint, latest).items()}
         if all(held.values()):
             return identity, None
-    return identity, decide(checkpoint, adapter.earliest(), identity, previous, held)
+    return identity, decide(checkpoint, adapter.earliest(), identity, previous, held, whole=one_source(adapter))
+
+
+def one_source(adapter) -> bool:
+    """Whether the adapter's partitions are one source, re-created together (``decide``)."""
+    return not getattr(adapter, "independent_partitions", False)
 
 
 class SourceChanged(Exception):

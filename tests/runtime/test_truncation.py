@@ -152,3 +152,16 @@ def test_only_a_changed_identity_is_proof():
     assert truncation.decide({"0": 5}, {"0": 0}, None, "A", {}) is None  # no id now: the probe decides
     found = truncation.decide({"0": 5, "1": 0}, {"0": 0, "1": 0}, "B", "A", {})
     assert dict(found.moves) == {"0": (5, 0)}
+
+
+def test_a_partition_found_moves_the_whole_topic_unless_the_id_vouches_for_it():
+    """A topic is re-created as a whole: with no id to vouch for it, one partition found moves
+    every partition; the same id (an unclean leader election) moves only the one found; a
+    source whose partitions are sources of their own (RabbitMQ streams) only the one found."""
+    checkpoint, earliest, held = {"0": 15, "1": 15, "2": 0}, {"0": 0, "1": 0, "2": 0}, {"0": False}
+    assert truncation.decide(checkpoint, earliest, None, None, held).moves == {"0": (15, 0), "1": (15, 0)}
+    assert truncation.decide(checkpoint, earliest, "B", None, held).moves == {"0": (15, 0), "1": (15, 0)}
+    assert truncation.decide(checkpoint, earliest, "A", "A", held).moves == {"0": (15, 0)}
+    assert truncation.decide(checkpoint, earliest, None, None, held, whole=False).moves == {"0": (15, 0)}
+    found = truncation.decide(checkpoint, earliest, None, None, held)
+    assert "partition(s) 1 go back" in found.reason and """'{"0": 0, "1": 0}'""" in found.unhealthy_message("c")

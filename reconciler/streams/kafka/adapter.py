@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 class KafkaAdapter:
     """Positions of one Kafka topic. Partitions are named by their number as text."""
 
+    # A topic is deleted and created again as a whole: one partition found re-created moves
+    # them all (``runtime.truncation.decide``).
+    independent_partitions = False
+
     def __init__(self, source: KafkaSource, *, timeout: float = DEFAULT_TIMEOUT):
         self.source = source
         self.timeout = timeout

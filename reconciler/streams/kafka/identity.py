@@ -125,7 +125,9 @@ def record_at(config: ClientConfig, topic: str, partition: int, offset: int,
               timeout: float = PROBE_TIMEOUT) -> tuple[int, int] | None:
     """``(offset, timestamp ms)`` of the first record at or after ``offset``: the fingerprint of
     a record already ingested (``runtime.fingerprint``). None when the partition no longer
-    holds it (``holds`` says so on the broker's word); an unanswered fetch raises
+    holds it (``holds`` says so on the broker's word): truncated, or below the log start
+    (OFFSET_OUT_OF_RANGE), which retention may have moved since the caller read it; the
+    caller reads the earliest offsets again before calling it replaced. An unanswered fetch raises
     ``RetryableError``. The offset answered tells a record compacted away (a later offset:
     no conclusion) from a different record at the same offset (another timestamp)."""
     consumer, _errors = config.consumer_with_errors(**{"fetch.max.bytes": 1 << 20, "fetch.wait.max.ms": 500,

@@ -54,8 +54,20 @@ DEFAULT_TIMEOUT = 10.0  # seconds: connecting, each request, waiting for a range
 MAX_SUBSCRIPTIONS = 200  # per connection (the protocol allows 256 ids)
 
 
+def held_time(frame: schema.Deliver | None, offset: int) -> tuple[int, int] | None:
+    """Pure: ``(offset, chunk timestamp)`` when the delivered chunk holds ``offset``, else None
+    (no chunk: the end; a chunk starting after it: the first chunk kept after retention)."""
+    if frame is None or not frame.chunk_first_offset <= offset < frame.chunk_first_offset + frame.num_records:
+        return None
+    return offset, int(frame.timestamp)
+
+
 class RabbitStreamAdapter:
     """Positions of a set of RabbitMQ streams; each stream is one partition."""
+
+    # Each stream is its own source, deleted and declared again alone: a stream found
+    # re-declared moves only its own checkpoint (``runtime.truncation.decide``).
+    independent_partitions = True
 
     def __init__(
         self,
@@ -181,9 +193,14 @@ class RabbitStreamAdapter:
         return latest.result()
 
     async def _time_at(self, conns: Connections, stream: str, offset: int) -> int | None:
-        """The timestamp of the chunk holding ``offset`` (its records share it); None at the end."""
+        """The timestamp of the first chunk delivered at ``offset`` (its records share it): the
+        chunk holding it, or the first chunk still kept when retention deleted it; None at the end."""
         frame = await self._first_chunk(conns, stream, offset_spec(OffsetType.OFFSET, offset))
         return None if frame is None else int(frame.timestamp)
+
+    async def _held_at(self, conns: Connections, stream: str, offset: int) -> tuple[int, int] | None:
+        frame = await self._first_chunk(conns, stream, offset_spec(OffsetType.OFFSET, offset))
+        return held_time(frame, offset)
 
     # -- StreamAdapter ----------------------------------------------------------------
 
@@ -212,20 +229,34 @@ class RabbitStreamAdapter:
         return self._run("looking up offsets by time", lambda c: self._per_stream(c, per))
 
     def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
-        """The broker's timestamp of the record at each stream's offset (``streams.lagtime``):
-        one subscription per asked stream, at that offset, for its first chunk."""
+        """The broker's timestamp of the first record at or after each stream's offset
+        (``streams.lagtime``): one subscription per asked stream, at that offset, for its first
+        chunk. Below the first chunk still kept (retention deleted the offset) the subscription
+        is served from that chunk, so the time answered is of a LATER offset: right for a lag
+        (the oldest record not read), never a fingerprint of the offset (``records_at``)."""
+        return self._per_offset("reading record times", offsets, self._time_at)
+
+    def records_at(self, offsets: Mapping[str, int]) -> dict[str, tuple[int, int] | None]:
+        """Per stream, ``(offset, timestamp)`` of the record at the offset (``runtime.fingerprint``),
+        from the chunk that holds it; None when the stream does not hold it: past its end, or
+        below its first chunk still kept (the chunk delivered starts after the offset). None
+        is "not held", not "replaced": the caller reads the earliest offsets again and takes
+        an offset retention passed for retention."""
+        return self._per_offset("reading the records at offsets", offsets, self._held_at)
+
+    def _per_offset(self, doing: str, offsets: Mapping[str, int], fn: Callable[..., Awaitable[T]]) -> dict[str, T]:
         wanted = {s: int(o) for s, o in offsets.items() if s in self.source.streams}
 
-        async def work(conns: Connections) -> dict[str, int | None]:
-            out: dict[str, int | None] = {}
+        async def work(conns: Connections) -> dict[str, T]:
+            out: dict[str, T] = {}
             names = list(wanted)
             for i in range(0, len(names), MAX_SUBSCRIPTIONS):
                 group = names[i : i + MAX_SUBSCRIPTIONS]
-                values = await asyncio.gather(*(self._time_at(conns, s, wanted[s]) for s in group))
+                values = await asyncio.gather(*(fn(conns, s, wanted[s]) for s in group))
                 out.update(zip(group, values, strict=True))
             return out
 
-        return self._run("reading record times", work) if wanted else {}
+        return self._run(doing, work) if wanted else {}
 
     def identity(self) -> str | None:
         """RabbitMQ gives a stream no id that survives a look from outside: None, and the end
