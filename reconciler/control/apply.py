@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 Capture = Callable[[SupervisorSpec, Position, datetime], tuple[Positions, dict[str, int]]]
 
 
+class _AlreadyRecorded(Exception):
+    """The table's refusal of this spec is the supervisor's spec error already."""
+
+
 @dataclass(frozen=True)
 class ActionResult:
     action: Action
@@ -59,6 +63,10 @@ class Applier:
     # is rejected: a broker may answer "unknown topic" for a moment (just created, leader moving).
     missing_retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     sleep: Callable[[float], None] = time.sleep
+    # The output tables' warehouse: a spec whose columns its table cannot take (a long
+    # column now a string) is refused here as an invalid spec; None: not checked.
+    warehouse: str | None = None
+    _tables: Any = field(default=None, repr=False)
 
     def apply(self, actions: Iterable[Action]) -> list[ActionResult]:
         """Each action on its own: one supervisor's failure is reported on it and the pass goes on."""
@@ -68,6 +76,8 @@ class Applier:
                 message, details = self._handlers[action.kind](self, action)
                 results.append(ActionResult(action, True, message, details))
                 log.info("%s %s: %s", action.kind, action.supervisor_id, message)
+            except _AlreadyRecorded as exc:  # refused in an earlier pass: said then, not every tick
+                results.append(ActionResult(action, False, f"{exc}; keeps running on its last valid spec"))
             except ReconcilerError as exc:
                 results.append(ActionResult(action, False, str(exc)))
                 log.error("%s %s failed: %s", action.kind, action.supervisor_id, exc)
@@ -79,7 +89,35 @@ class Applier:
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    def _table_refuses(self, a: Action) -> None:
+        """Record a spec whose columns the table refuses as the supervisor's spec error (it
+        keeps running on its last valid spec) and fail the action; once recorded, again quietly."""
+        if self.warehouse is None or a.spec is None:
+            return
+        from reconciler.table.types import table_refusal
+
+        try:
+            if self._tables is None:
+                from reconciler.table.catalog import Tables
+
+                self._tables = Tables(self.store.engine, self.warehouse)
+            why = table_refusal(self._tables, a.spec.data_schema)
+        except Exception as exc:  # noqa: BLE001 - a warehouse out of reach: the publish refuses such a change
+            log.warning("%s: its table could not be checked (%s: %s); a change it cannot take fails at publish",
+                        a.supervisor_id, type(exc).__name__, exc)
+            return
+        if why is None:
+            return
+        error = f"{a.path}: {why}" if a.path else why
+        rec = self.store.get(a.supervisor_id)
+        if rec is not None and rec.spec_error == error and rec.last_attempted_hash == a.spec.spec_hash:
+            raise _AlreadyRecorded(error)
+        if rec is not None:
+            self.store.mark_invalid(a.supervisor_id, error, a.spec.spec_hash, actor=self.actor, path=a.path)
+        raise PermanentError(f"{error}; keeps running on its last valid spec")
+
     def _create(self, a: Action):
+        self._table_refuses(a)
         self.store.create_supervisor(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
         message = "created (suspended)" if a.spec.suspended else "created; PENDING until a runtime starts it"
         if a.fresh_start:
@@ -87,6 +125,7 @@ class Applier:
         return message, {}
 
     def _update(self, a: Action):
+        self._table_refuses(a)
         self.store.update_spec(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
         message = f"spec updated to {a.spec.spec_hash}"
         if a.fresh_start:

@@ -79,7 +79,8 @@ class Tick:
     def _reconcile(self, trigger: str, stable: Callable[[], bool]) -> str:
         started = time.monotonic()
         settings = self._settings()
-        applier = Applier(self._store, actor=f"daemon:{self._holder}", state_dir=settings.state_path)
+        applier = Applier(self._store, actor=f"daemon:{self._holder}", state_dir=settings.state_path,
+                          warehouse=settings.warehouse)
         ps = PlanSettings(max_termination_share=settings.max_termination_share)
         self._leadership.begin_pass()
         try:

@@ -79,3 +79,18 @@ def _narrows(have: IcebergType, want: IcebergType) -> bool:
 def _why(before: str | None, after: str) -> str:
     return (f"Iceberg cannot change a {before} column to {after}: only int -> long, float -> double and a "
             "decimal's precision up; use a new column name")
+
+
+def table_refusal(tables, data_schema) -> str | None:
+    """Why the datasource's table cannot take a data schema's columns (the refused
+    changes, named), or None: no table yet, or every change is an add or a promotion."""
+    from reconciler.pipeline.transform import output_schemas
+
+    table = tables.load(data_schema.datasource)
+    if table is None:
+        return None
+    found = refused(changes(table.schema(), output_schemas(data_schema)[0]))
+    if not found:
+        return None
+    return f"table {data_schema.datasource!r} cannot take the spec's columns: " + "; ".join(
+        str(c).removeprefix("! ") for c in found)
