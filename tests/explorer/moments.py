@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import random
+
+from reconciler import faults
 from tests.explorer.schedules import END, Schedule, _ingest, _op, _plain, _seq
 from tests.explorer.world import MAIN, World
 
@@ -88,6 +91,35 @@ def batch_before_reset_transaction() -> Schedule:
                 ("backfills", "daemon", _seq(*[_op("step_backfills", 1) for _ in range(4)]))]
     s.script = [("reset", "reset-begin"), ("main", END), ("reset", END), ("backfills", END)]
     return s
+
+
+def _near_end(turns: int):
+    """Wait (up to ``turns`` switches) until the main checkpoint is within the broker's
+    under-report of the stream's true end: a reset to latest then may see an end below it."""
+
+    def bind(world: World, process: str):
+        proc = world.process(process)
+
+        def run():
+            for _ in range(turns):
+                at = proc.store.read_actual().checkpoints.get(MAIN, {})
+                latest = world.stream.latest()
+                if at and all(at.get(p, 0) >= end - world.stream.under_report for p, end in latest.items()):
+                    return
+                faults.point("wait", "near-end")
+        return run
+
+    return bind
+
+
+def bias(s: Schedule) -> None:
+    """Random schedules meet the reset above the reported end more often: in a world whose
+    broker under-reports, the reset mostly waits until the checkpoint is near the end.
+    Drawn from a generator of its own: the seed's other draws stay as they were."""
+    rng = random.Random(s.seed * 104729 + 11)
+    at = {a[0]: i for i, a in enumerate(s.actors)}
+    if "reset" in at and s.world.get("under_report") and rng.random() < 0.7:
+        s.actors[at["reset"]] = ("reset", "cli-reset", _seq(_near_end(rng.randint(20, 80)), _op("reset")))
 
 
 SCHEDULES = (takeover_during_compaction, takeover_during_publish, reset_above_reported_end,

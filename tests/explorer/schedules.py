@@ -145,6 +145,9 @@ def random_schedule(seed: int) -> Schedule:
     s.plan = FaultPlan() if quiet else FaultPlan(kill=0.012, power=0.004, drop=0.03, limbo=0.03, enospc=0.02)
     if rng.random() < 0.25:
         s.sabotage = rng.choice(SABOTAGES)
+    from tests.explorer import moments  # its own generator: the draws above stay as they were
+
+    moments.bias(s)
     return s
 
 
