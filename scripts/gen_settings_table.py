@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write the README's settings table from ``reconciler/settings.py``, where each setting is
-declared once (default, environment variable, config-file key, help text).
+"""Write the settings table of docs/settings.md from ``reconciler/settings.py``, where each
+setting is declared once (default, environment variable, config-file key, help text).
 
-    .venv/bin/python scripts/gen_settings_table.py          # rewrite the table in README.md
-    .venv/bin/python scripts/gen_settings_table.py --check  # exit 1 if README.md differs
+    .venv/bin/python scripts/gen_settings_table.py          # rewrite the table in docs/settings.md
+    .venv/bin/python scripts/gen_settings_table.py --check  # exit 1 if docs/settings.md differs
 
-The table sits between two HTML comments in README.md; everything else is left alone.
+The table sits between two HTML comments in docs/settings.md; everything else is left alone.
 tests/test_docs.py runs ``--check``, so a setting added without this command fails the suite.
 """
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from reconciler.settings import MULTIPLE, Settings  # noqa: E402  (the checkout's, not an installed one)
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "settings.md"
 BEGIN = "<!-- settings table: generated from reconciler/settings.py by scripts/gen_settings_table.py; do not edit -->"
 END = "<!-- end of the generated settings table -->"
 COMMAND = ".venv/bin/python scripts/gen_settings_table.py"
@@ -59,32 +59,32 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def render(readme: str) -> str:
-    """The README with its table replaced by the one settings.py gives."""
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1:
-        raise SystemExit(f"{README.name}: expected one {BEGIN!r} and one {END!r} around the settings table")
-    head, rest = readme.split(BEGIN)
+def render(page: str) -> str:
+    """The page with its table replaced by the one settings.py gives."""
+    if page.count(BEGIN) != 1 or page.count(END) != 1:
+        raise SystemExit(f"docs/{PAGE.name}: expected one {BEGIN!r} and one {END!r} around the settings table")
+    head, rest = page.split(BEGIN)
     _, tail = rest.split(END)
     return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
 
 
 def main(argv: list[str]) -> int:
-    current = README.read_text(encoding="utf-8")
+    current = PAGE.read_text(encoding="utf-8")
     wanted = render(current)
     if argv == ["--check"]:
         if current != wanted:
-            print(f"README.md's settings table differs from reconciler/settings.py: run `{COMMAND}` "
-                  "and commit README.md", file=sys.stderr)
+            print(f"docs/settings.md's table differs from reconciler/settings.py: run `{COMMAND}` "
+                  "and commit docs/settings.md", file=sys.stderr)
             return 1
         return 0
     if argv:
         print(__doc__, file=sys.stderr)
         return 2
     if current != wanted:
-        README.write_text(wanted, encoding="utf-8")
-        print("README.md: settings table written")
+        PAGE.write_text(wanted, encoding="utf-8")
+        print("docs/settings.md: settings table written")
     else:
-        print("README.md: settings table up to date")
+        print("docs/settings.md: settings table up to date")
     return 0
 
 

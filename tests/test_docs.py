@@ -1,8 +1,11 @@
 """The docs say what the code does, and cannot drift from it.
 
-* The README's settings table is the one ``scripts/gen_settings_table.py`` writes from
-  ``reconciler/settings.py``.
-* Every ``reconciler ...`` command the README, ``specs/README.md``, ``examples/`` and the
+* The README is short (what it is, the quick start, a tour, links) and the reference is in
+  ``docs/``, one page a topic, each linked from the README; every relative link of the
+  README and of each page resolves, to the file and to the heading it names.
+* The settings table of ``docs/settings.md`` is the one ``scripts/gen_settings_table.py``
+  writes from ``reconciler/settings.py``.
+* Every ``reconciler ...`` command the README, ``docs/``, ``specs/README.md``, ``examples/`` and the
   commands' own ``--help`` examples show parses: its subcommand and every option exist and
   take the values shown. Those that need no broker run, as a reader would run them from a
   checkout: ``validate``, ``plan``, ``--help``, ``--version`` and ``maintain --dry-run``.
@@ -33,6 +36,88 @@ from reconciler.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "reconciler"
 
+# --------------------------------------------------------------------------- README and pages
+
+
+def _pages() -> list[Path]:
+    """The reference: docs/*.md, one page a topic."""
+    return sorted((ROOT / "docs").glob("*.md"))
+
+
+PAGES = {"settings.md", "output.md", "operations.md", "exactly-once.md", "benchmarks.md", "development.md"}
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_the_reference_is_in_docs_and_the_readme_links_every_page():
+    """Issue 46: a 1,000-line README nobody finished. Each page of docs/ is linked from it."""
+    pages = {p.name for p in _pages()}
+    assert PAGES <= pages, f"docs/ lacks {sorted(PAGES - pages)}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = {target.split("#")[0] for target in _links(readme)}
+    assert {f"docs/{p}" for p in pages} <= linked, f"README.md links no {sorted({f'docs/{p}' for p in pages} - linked)}"
+    assert re.search(r"^## Quick start$", readme, re.M) and "docs/screenshots/" in readme
+
+
+def _links(text: str) -> list[str]:
+    """The targets of a Markdown text's links and images, outside code blocks and spans."""
+    targets, inside = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            inside = not inside
+            continue
+        if not inside:
+            targets += LINK.findall(re.sub(r"`[^`]*`", "", line))
+    return targets
+
+
+def _anchors(text: str) -> set[str]:
+    """The ids GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+    hyphens, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    inside = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            inside = not inside
+            continue
+        m = None if inside else re.match(r"^#{1,6} (.*?)#*\s*$", line)
+        if m:
+            base = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            seen[base] = seen.get(base, -1) + 1
+            seen[f"{base}-{seen[base]}" if seen[base] else base] = 0
+    return set(seen)
+
+
+def broken_links(doc: Path) -> list[str]:
+    broken = []
+    for target in _links(doc.read_text(encoding="utf-8")):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not ours to check
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            broken.append(f"{doc.relative_to(ROOT)}: ({target}): no file {path}")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text(encoding="utf-8")):
+            broken.append(f"{doc.relative_to(ROOT)}: ({target}): {file.name} has no heading #{anchor}")
+    return broken
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *_pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc):
+    assert not (broken := broken_links(doc)), "\n".join(broken)
+
+
+def test_the_link_check_finds_what_it_looks_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Reading `status`\n\n```\n# not a heading\n```\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md) [ok](docs/a.md#reading-status) [ok](#top) ![ok](https://example.com/x.png)\n"
+        "[gone](docs/b.md) [no heading](docs/a.md#not-a-heading) `[code](docs/c.md)`\n\n# Top\n")
+    assert broken_links(tmp_path / "README.md") == [
+        "README.md: (docs/b.md): no file docs/b.md",
+        "README.md: (docs/a.md#not-a-heading): a.md has no heading #not-a-heading"]
+
+
 # --------------------------------------------------------------------------- settings
 
 
@@ -42,7 +127,8 @@ def test_the_settings_table_is_generated_from_settings_py():
     assert r.returncode == 0, r.stderr  # says the one command that regenerates it
 
 
-@pytest.mark.parametrize("doc", ["README.md", "examples/etc/config.yaml", "systemd/stream-reconciler.service"])
+@pytest.mark.parametrize("doc", ["docs/operations.md", "examples/etc/config.yaml",
+                                 "systemd/stream-reconciler.service"])
 def test_the_docs_name_every_setting_a_reload_cannot_change(doc):
     """Where a doc says which settings need a restart, it names each one the daemon keeps."""
     from dataclasses import fields
@@ -66,7 +152,7 @@ CUT = {"|", "||", "&&", ";", ">", ">>", "&", "<"}
 
 
 def _doc_files() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "specs" / "README.md"]
+    files = [ROOT / "README.md", ROOT / "specs" / "README.md", *_pages()]
     files += sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", ".yml"))
     return files
 

@@ -139,7 +139,8 @@ def test_no_document_names_a_release_tag_that_does_not_exist():
     """A tag named as what to check out or pin must exist in this repository; the release
     command's own example (scripts/release.sh 0.2.0) is not such a name."""
     tags = set(_git(ROOT, "tag", "-l").split())
-    docs = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "examples").rglob("*.y*ml"))]
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "CHANGELOG.md",
+            *sorted((ROOT / "examples").rglob("*.y*ml"))]
     named = set()
     for doc in docs:
         for line in doc.read_text().splitlines():

@@ -490,10 +490,11 @@ def test_every_command_is_listed():
                 ("verify",), ("compact",), ("maintain",), ("deadletter",), ("deadletter", "list"),
                 ("deadletter", "replay")}
     assert set(ALL_COMMANDS) == expected
-    readme = (ROOT / "README.md").read_text()
+    docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     for path in ALL_COMMANDS:
         if path not in (("db",), ("backfill",), ("deadletter",)):
-            assert f"reconciler {' '.join(path)}" in readme, f"README does not show `reconciler {' '.join(path)}`"
+            shown = f"reconciler {' '.join(path)}"
+            assert shown in docs, f"README.md and docs/ do not show `{shown}`"
 
 
 @pytest.mark.parametrize("path", ALL_COMMANDS, ids=[" ".join(p) for p in ALL_COMMANDS])

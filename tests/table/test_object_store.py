@@ -220,7 +220,7 @@ def test_a_missing_bucket_is_created_once(s3_server, s3_bucket, tmp_path):
 
 
 def test_duckdb_reads_a_table_from_the_bucket(bucket_env, s3_server, s3_bucket):
-    """The README's DuckDB example on a bucket, run: DuckDB's own Iceberg reader (and its
+    """The DuckDB example of docs/operations.md on a bucket, run: DuckDB's own Iceberg reader (and its
     S3 access, httpfs) reads the table from its current metadata object alone, every key
     once. The extensions are loaded by path from their PyPI wheels (no download)."""
     import duckdb

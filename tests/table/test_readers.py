@@ -1,4 +1,4 @@
-"""The README's reading example runs as written (pyiceberg's SqlCatalog, then DuckDB over
+"""The reading example of docs/output.md runs as written (pyiceberg's SqlCatalog, then DuckDB over
 the Arrow data) against a table the publish committed; only its paths are replaced."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 from reconciler.store.store import Store
 from reconciler.table import catalog as cat
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "output.md"
 SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("user", pa.string()), ("page", pa.string())])
 
 
 def _readme_example() -> str:
-    text = README.read_text()
+    text = PAGE.read_text()
     section = text[text.index("Reading it (pyiceberg"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
@@ -46,7 +46,7 @@ def test_the_readme_reading_example(tmp_path, capsys):
             .replace("sqlite:////var/lib/stream-reconciler/reconciler.db", db)
             .replace("file:///var/lib/stream-reconciler/segments", (tmp_path / "segments").as_uri()))
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    exec(compile(code, "docs/output.md", "exec"), scope)  # noqa: S102 - the documented example itself
     rows = scope["rows"]
     assert rows.num_rows == 3  # the 10:00 filter leaves the second hour only
     assert sorted(scope["duckdb"].sql("SELECT page, count(*) FROM rows GROUP BY page").fetchall()) == [
