@@ -30,8 +30,9 @@ from reconciler.control.resets import Positions
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 ROW_SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
                         ("__partition", pa.string()), ("__offset", pa.int64())])
-DEAD_SCHEMA = pa.schema([("partition", pa.string()), ("offset", pa.int64()), ("key", pa.string()),
-                         ("reason", pa.string())])
+# The product's own dead-letter layout (values kept): a replay parses them again.
+DEAD_SCHEMA = pa.schema([("partition", pa.string()), ("offset", pa.int64()), ("key", pa.binary()),
+                         ("value", pa.binary()), ("reason", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,25 @@ class Record:
     partition: str
     offset: int
     key: str
-    bad: bool = False  # does not parse: a dead letter
+    bad: bool = False  # does not parse under the spec's ``format: millis``: a dead letter
+    fixable: bool = False  # bad, with an ISO ``ts``: ``format: auto`` parses it (a replay brings it back)
 
     @property
     def time(self) -> datetime:
         return T0 + timedelta(minutes=7 * self.offset)  # a few hourly time chunks per batch
+
+    @property
+    def ts(self) -> str:
+        if not self.bad:
+            return str(int(self.time.timestamp() * 1000))
+        return self.time.isoformat() if self.fixable else "not a time"
+
+    def value(self) -> bytes:
+        ts = self.ts if not self.bad else f'"{self.ts}"'
+        return f'{{"id":"{self.key}","ts":{ts}}}'.encode()
+
+    def dead_under(self, timestamp_format: str) -> bool:
+        return self.bad and not (self.fixable and timestamp_format == "auto")
 
 
 @dataclass
@@ -70,7 +85,8 @@ class ModelStream:
                     records.append(None)
                     continue
                 bad = bool(bad_every) and off % bad_every == bad_every - 1
-                records.append(Record(partition, off, f"{self.prefix}{partition}-{off:06d}", bad))
+                fixable = bad and (off // bad_every) % 3 != 2  # one in three no spec brings back
+                records.append(Record(partition, off, f"{self.prefix}{partition}-{off:06d}", bad, fixable))
 
     def retain_from(self, partition: str, offset: int) -> None:
         """Retention deletes every record before ``offset``."""
@@ -151,6 +167,7 @@ class ModelJob:
         from reconciler.pipeline.sources import split_ranges
 
         self.owners[batch_id] = self.owner
+        fmt = spec.data_schema.timestamp_format
         bad: list[Record] = []
         counts: dict[str, int] = {}
         described: list[tasks.FileDescription] = []
@@ -164,7 +181,7 @@ class ModelJob:
                 counts[rng.partition] = counts.get(rng.partition, 0) + len(recs)
                 read += len(recs)
                 for r in recs:
-                    (bad if r.bad else good).append(r)
+                    (bad if r.dead_under(fmt) else good).append(r)
             by_chunk: dict[str, list[Record]] = {}
             for r in good:
                 by_chunk.setdefault(r.time.strftime("%Y%m%dT%H00Z"), []).append(r)
@@ -177,7 +194,8 @@ class ModelJob:
         if bad:
             described.append(_write(Path(dead_dir), "part-00000.parquet", tasks.DEAD, pa.table({
                 "partition": [r.partition for r in bad], "offset": pa.array([r.offset for r in bad], pa.int64()),
-                "key": [r.key for r in bad], "reason": ["does not parse"] * len(bad)}, schema=DEAD_SCHEMA), None))
+                "key": [r.key.encode() for r in bad], "value": [r.value() for r in bad],
+                "reason": [f"unparseable timestamp ({fmt}): {r.ts}" for r in bad]}, schema=DEAD_SCHEMA), None))
         faults.point("job-sync", batch_id)
         # The product's own driver side from here (pipeline/segments.py): what the tasks
         # described kept, anything else deleted, the files and their directories fsynced.

@@ -148,6 +148,9 @@ def random_schedule(seed: int) -> Schedule:
     from tests.explorer import moments  # its own generator: the draws above stay as they were
 
     moments.bias(s)
+    from tests.explorer import replay  # drawn last: the other draws of a seed stay as they were
+
+    replay.add_random(s, rng)
     return s
 
 
@@ -720,6 +723,10 @@ NAMED: dict[str, Callable[[], Schedule]] = {f().name: f for f in (
     verify_missing_file, verify_lost_commit, verify_foreign_append, two_expiries, fresh_start, percent_path,
     continuous_expiry, tags_then_expire, orphans_read_then_publish, orphans_read_then_compaction, compaction_unknown_then_orphans, power_cut_table_created,
     fresh_start_deep)}
+
+from tests.explorer import replay as _replay  # noqa: E402 - its schedules build on the helpers above
+
+NAMED.update({f().name: f for f in _replay.NAMED})
 
 
 # The moments the mutation audit needed (a module of their own: this one is long already).
