@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -37,15 +38,45 @@ def run_batch(
     task_count: int | None = None,
     max_batch_rows: int | None = None,
     spec_dir: str | None = None,
+    table_schema: pa.Schema | None = None,
 ) -> seg.WrittenBatch:
     """Read ``ranges`` of ``spec.source``, transform, and write the data files: one Arrow
     task per group of sub-ranges (``split_ranges`` into ``task_count`` groups). A schema
     file the format names is read under ``spec_dir`` (the spec's directory)."""
     seg.check_batch_id(batch_id)
-    plan = task_plan(spec, ranges, data_dir, dead_dir, task_count, max_batch_rows, spec_dir)
+    plan = task_plan(spec, ranges, data_dir, dead_dir, task_count, max_batch_rows, spec_dir, table_schema)
     if not plan.groups:
         return seg.WrittenBatch(batch_id, (), (), input_rows=0, input_bytes=0)
-    return seg.finish(tasks.run(spark, plan), data_dir, dead_dir, batch_id)
+    results = tasks.run(spark, plan)
+    written = seg.finish(results, data_dir, dead_dir, batch_id)
+    if not results.discovered:
+        return written
+    schema = discovered_schema(_output_schemas(spec.data_schema)[0], results.discovered)
+    return DiscoveredBatch(**{f.name: getattr(written, f.name) for f in fields(written)}, schema=schema)
+
+
+@dataclass(frozen=True)
+class DiscoveredBatch(seg.WrittenBatch):
+    """A batch of a spec with ``schemaDiscovery``: ``schema`` is what its rows hold (the
+    declared columns and the discovered ones), which the publish evolves the table to."""
+
+    schema: pa.Schema | None = None
+
+
+def discovered_schema(declared: pa.Schema, found: Sequence[pa.Schema]) -> pa.Schema:
+    """The declared columns, then each task's discovered ones in first-seen order. Tasks
+    that typed one column differently (each decided by its first batch) fail the batch,
+    naming the column and the types: the table could not read both kinds of files."""
+    out = {f.name: f for f in declared}
+    for schema in found:
+        for f in schema:
+            have = out.get(f.name)
+            if have is None:
+                out[f.name] = pa.field(f.name, f.type)
+            elif have.type != f.type:
+                raise ValueError(f"schemaDiscovery: field {f.name} is {have.type} in one task of the batch and "
+                                 f"{f.type} in another; give it a type in dimensions, or use taskCount: 1")
+    return pa.schema(list(out.values()))
 
 
 def task_plan(
@@ -56,6 +87,7 @@ def task_plan(
     task_count: int | None = None,
     max_batch_rows: int | None = None,
     spec_dir: str | None = None,
+    table_schema: pa.Schema | None = None,
 ) -> tasks.TaskPlan:
     """What the batch's tasks get: its sub-ranges in ``task_count`` groups, the source with
     secret references only, and an object store's public settings (never credentials)."""
@@ -73,4 +105,11 @@ def task_plan(
         store=storage.current().to_json() if remote else None,
         max_batch_rows=max_batch_rows or DEFAULT_MAX_BATCH_ROWS,
         format_files=schema_files(spec.data_schema, spec_dir),
+        table_types=_plain_types(table_schema) if spec.data_schema.schema_discovery else {},
     )
+
+
+def _plain_types(schema: pa.Schema | None) -> dict[str, pa.DataType]:
+    """A table's columns as the tasks' Arrow types (pyiceberg hands large strings)."""
+    plain = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    return {f.name: plain.get(f.type, f.type) for f in (schema or [])}

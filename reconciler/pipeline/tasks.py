@@ -29,6 +29,7 @@ from reconciler.model import DataSchema, PartitionRange
 # with its records and their bytes (``chunk`` holds the partition's name).
 RESULT_SCHEMA = "kind string, path string, chunk string, rows long, bytes long"
 DATA, DEAD, READ = "data", "dead", "read"
+SCHEMA = "schema"  # a task's discovered columns: ``path`` holds their Arrow schema (IPC, base64)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class TaskPlan:
     # The schema file the format block names, read by the driver (name as written -> bytes):
     # an executor on another host has no config repo to read it from.
     format_files: dict[str, bytes] = field(default_factory=dict)
+    # schemaDiscovery: the table's columns (name -> Arrow type), which decide a discovered
+    # column's type (``discovered``)
+    table_types: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class TaskResults:
     records: int  # records the tasks read
     input_bytes: int  # their keys' and values' bytes
     read_counts: dict[str, int] = field(default_factory=dict)  # partition -> records its readers delivered
+    discovered: tuple[Any, ...] = ()  # each task's discovered columns (an Arrow schema), schemaDiscovery only
 
 
 def run(spark: Any, plan: TaskPlan) -> TaskResults:
@@ -85,7 +90,16 @@ def run(spark: Any, plan: TaskPlan) -> TaskResults:
             read_counts[r.chunk] = read_counts.get(r.chunk, 0) + int(r.rows)
     records = sum(read_counts.values())
     read_bytes = sum(int(r.bytes) for r in rows if r.kind == READ)
-    return TaskResults(files, records, read_bytes, read_counts)
+    discovered = tuple(_schema_of(r.path) for r in rows if r.kind == SCHEMA)
+    return TaskResults(files, records, read_bytes, read_counts, discovered)
+
+
+def _schema_of(text: str) -> Any:
+    import base64
+
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def run_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
@@ -125,7 +139,7 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
     stem = _stem()
     rows = sink.Files(plan.data_dir, stem, SEGMENT, storage=sink.task_storage(plan.data_dir, plan.store))
     dead = sink.Files(plan.dead_dir, stem, None, storage=sink.task_storage(plan.dead_dir, plan.store))
-    transformer = Transformer(plan.data_schema, files=plan.format_files)
+    transformer = Transformer(plan.data_schema, files=plan.format_files, table_types=plan.table_types)
     # partition -> [records, bytes]; a range that delivered nothing is known as 0, not unknown
     read: dict[str, list[int]] = {r.partition: [0, 0] for r in ranges}
     reader = plan.reader(plan.source) if plan.reader is not None else open_reader(plan.source)
@@ -162,4 +176,10 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
                 for kind, f in written]
     out_rows += [{"kind": READ, "path": None, "chunk": partition, "rows": n, "bytes": size}
                  for partition, (n, size) in read.items()]
+    if transformer.discovery is not None and transformer.discovery.types:
+        import base64
+
+        found = pa.schema(transformer.discovery.schema()).serialize().to_pybytes()
+        out_rows.append({"kind": SCHEMA, "path": base64.b64encode(found).decode(), "chunk": None,
+                         "rows": 0, "bytes": 0})
     return out_rows

@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from reconciler.model import SEGMENT, VIRTUAL_COLUMNS, DataSchema
 from reconciler.pipeline import rollup
-from reconciler.pipeline.formats import ARROW_TYPES, Field, format_for
+from reconciler.pipeline.discovered import Discovered
+from reconciler.pipeline.formats import ARROW_TYPES, Decoded, Field, format_for
 from reconciler.pipeline.times import (
     TIME_FROM_MICROS,
     TIME_UNTIL_MICROS,
@@ -242,7 +243,7 @@ class Transformer:
     tests compare with)."""
 
     def __init__(self, data_schema: DataSchema, *, bulk: bool = True, base_dir: str | None = None,
-                 files: dict[str, bytes] | None = None):
+                 files: dict[str, bytes] | None = None, table_types: dict[str, pa.DataType] | None = None):
         if data_schema.timestamp_format not in ("auto", "iso", "millis", "seconds"):
             raise ValueError(f"unknown timestamp format: {data_schema.timestamp_format!r}")
         floor_times(pa.array([], _TS_TYPE), data_schema.query_granularity)
@@ -254,6 +255,10 @@ class Transformer:
         self.format = format_for(data_schema, base_dir, files)
         self.format.bulk = bulk  # the JSON format's reference path; others have none
         self._held = rollup.Held(data_schema) if data_schema.rollup else None
+        # schemaDiscovery: the record's other top-level fields as columns (not with rollup:
+        # they would be grouping keys no spec declared); ``table_types``: the table's columns
+        self.discovery = Discovered(table_types) if data_schema.schema_discovery and not data_schema.rollup else None
+        self._declared = {c.lower() for c in output_columns(data_schema)} | {data_schema.timestamp_column.lower()}
 
     def __call__(self, batch: pa.RecordBatch) -> Transformed:
         cols = _records(batch)
@@ -262,6 +267,11 @@ class Transformer:
                              pc.binary_length(cols["value"]).fill_null(0))).as_py() or 0
         decoded = self.format.decode(cols["value"], self.fields)
         field = decoded.columns
+        found: dict[str, pa.Array] = {}
+        if self.discovery is not None and decoded.discovered:
+            names = [k for k in decoded.discovered if k.lower() not in self._declared and k not in VIRTUAL_COLUMNS]
+            found, misfit = self.discovery.conform(field, names)
+            decoded = Decoded(field, _merge(decoded.dead, misfit), decoded.discovered)
         ts_text, micros = self._time(cols, field)
         typed = {d: typed_values(field[d], self.ds.dimension(d).type) for d in self._typed_names()}
         reasons = _reasons(self.ds, cols, decoded.dead, ts_text, micros,
@@ -275,7 +285,7 @@ class Transformer:
                 + [reasons.drop_null()], schema=DEAD_SCHEMA)
             good = reasons.is_null()
         dims = {d: values for d, (values, _) in typed.items()}
-        rows = self._rows(cols, field, dims, micros, good)
+        rows = self._rows(cols, field, {**dims, **found}, micros, good)
         return Transformed(rows, dead, n, int(size))
 
     def finish(self) -> Transformed:
@@ -358,14 +368,20 @@ class Transformer:
         for name, kind in _metric_field_types(ds).items():
             if name not in ds.dimensions:
                 arrays[name] = keep(self._metric_values(name, kind, cols, field))
+        for name in dims.keys() - arrays.keys():  # discovered columns
+            arrays[name] = keep(dims[name])
         return self._emit(pa.table(arrays))
 
     def _emit(self, table: pa.Table | None) -> pa.Table:
         """``table`` typed as the output schema, with ``time_chunk``."""
-        schema = self.rows_schema.append(pa.field(SEGMENT, pa.string()))
+        rows_schema = self.rows_schema
+        if self.discovery is not None:
+            rows_schema = pa.schema([*rows_schema, *self.discovery.schema()])
+        schema = rows_schema.append(pa.field(SEGMENT, pa.string()))
         if table is None or table.num_rows == 0:
             return schema.empty_table()
-        arrays = [table.column(f.name).combine_chunks().cast(f.type) for f in self.rows_schema]
+        arrays = [table.column(f.name).combine_chunks().cast(f.type) if f.name in table.column_names
+                  else pa.nulls(table.num_rows, f.type) for f in rows_schema]
         arrays.append(chunk_strings(arrays[0], self.ds.segment_granularity))
         return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -424,6 +440,15 @@ def _reasons(ds: DataSchema, cols: dict[str, pa.Array], undecoded: pa.Array | No
             reasons.append(next(f"{name}: {json.dumps(values[i][:100], ensure_ascii=False)} is not a {kind}"
                                 for name, kind, values, bad in fits if bad[i]))
     return pa.array(reasons, pa.string()).take(_positions(dead))
+
+
+def _merge(dead: pa.Array | None, more: list[str | None]) -> pa.Array | None:
+    """The format's reasons, and where it had none, discovery's."""
+    if not any(r is not None for r in more):
+        return dead
+    if dead is None:
+        return pa.array(more, pa.string())
+    return pc.coalesce(dead, pa.array(more, pa.string()))
 
 
 def _positions(mask: pa.Array) -> pa.Array:

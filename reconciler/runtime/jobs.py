@@ -37,11 +37,13 @@ class SparkJob:
         return _translated(lambda: output_schemas(self._spark(), data_schema))
 
     def run(self, spec: SupervisorSpec, ranges: Sequence[PartitionRange], batch_id: str, *,
-            data_dir: Path, dead_dir: Path, task_count: int, spec_dir: str | None = None) -> Any:
+            data_dir: Path, dead_dir: Path, task_count: int, spec_dir: str | None = None,
+            table_schema: Any = None) -> Any:
         from reconciler.pipeline.batch import run_batch
 
         return _translated(lambda: run_batch(self._spark(), spec, ranges, batch_id, data_dir=data_dir,
-                                             dead_dir=dead_dir, task_count=task_count, spec_dir=spec_dir))
+                                             dead_dir=dead_dir, task_count=task_count, spec_dir=spec_dir,
+                                             table_schema=table_schema))
 
 
 def _translated(call: Callable[[], Any]) -> Any:

@@ -306,7 +306,9 @@ class SupervisorRuntime:
         try:
             # a format's schema file is relative to the spec's directory (only those formats
             # take it: other jobs, the explorer's, know nothing of it)
-            extra = {"spec_dir": self._spec_dir(rec)} if ds.format in FILE_KEYS else {}
+            extra: dict[str, Any] = {"spec_dir": self._spec_dir(rec)} if ds.format in FILE_KEYS else {}
+            if ds.schema_discovery:  # the table's types decide a discovered column's
+                extra["table_schema"] = table.schema().as_arrow()
             written = job.run(spec, ranges, batch_id, data_dir=data_dir, dead_dir=dead_dir, task_count=tasks,
                               **extra)
         except Exception:  # a failed job's partial output must not linger
@@ -316,7 +318,9 @@ class SupervisorRuntime:
         job_done = time.monotonic()
         try:
             self._confirm_source(rec)
-            self._publish(rec, spec, ranges, written, schema, dead_schema, records)
+            # schemaDiscovery: the batch's own columns, which the publish evolves the table to
+            self._publish(rec, spec, ranges, written, getattr(written, "schema", None) or schema, dead_schema,
+                          records)
         except Exception:  # lost, fenced, or the database went away mid-commit: the fence decides
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise

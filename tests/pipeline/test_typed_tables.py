@@ -118,3 +118,94 @@ def test_a_typed_timestamp_dimension_is_read_as_an_instant_whatever_the_format(t
     assert out.dead.num_rows == 0, out.dead.column("reason").to_pylist()
     assert out.rows.column("__time").cast(pa.int64()).to_pylist() == [(T0 + 5) * 1000] * 3
     assert out.rows.column("ts").cast(pa.int64()).to_pylist() == [(T0 + 5) * 1000] * 3
+
+
+def _json_rows(out, names):
+    return {n: out.rows.column(n).to_pylist() for n in names}
+
+
+def test_json_discovery_types_each_field_and_the_first_batch_decides():
+    from reconciler.pipeline.transform import Transformer
+
+    ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", dimensions=("country",),
+                    schema_discovery=True)
+    t = Transformer(ds)
+    first = [{"ts": T0, "country": "DE", "qty": 1, "price": 2, "ok": True, "tags": ["a"], "note": "x"},
+             {"ts": T0, "country": "FR", "qty": 2, "price": 2.5, "geo": {"lat": 1}}]
+    out = t(records([json.dumps(r).encode() for r in first]))
+    types = {f.name: f.type for f in out.rows.schema}
+    assert types["qty"] == pa.int64() and types["price"] == pa.float64() and types["ok"] == pa.bool_()
+    assert types["tags"] == pa.string() and types["geo"] == pa.string() and types["note"] == pa.string()
+    assert _json_rows(out, ["qty", "price", "tags", "geo"]) == {
+        "qty": [1, 2], "price": [2.0, 2.5], "tags": ['["a"]', None], "geo": [None, '{"lat":1}']}
+    assert out.rows.column_names[:2] == ["__time", "country"] and out.dead.num_rows == 0
+    # later batches: an integer into the double column converts; a fraction into the long
+    # column, or a string into it, is a dead letter naming the field and both types
+    later = [{"ts": T0, "price": 3}, {"ts": T0, "qty": 1.5}, {"ts": T0, "qty": "many"}, {"ts": T0, "coupon": "C"}]
+    out = t(records([json.dumps(r).encode() for r in later]))
+    assert out.rows.column("price").to_pylist() == [3.0, None]
+    assert out.rows.column("coupon").to_pylist() == [None, "C"]
+    assert out.dead.column("reason").to_pylist() == [
+        "incompatible schema: field qty is double, the table reads long",
+        'field qty: "many" is a string, the field is double']  # within a batch: its first kind
+
+
+def test_json_discovery_follows_the_tables_types():
+    from reconciler.pipeline.transform import Transformer
+
+    ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", schema_discovery=True)
+    t = Transformer(ds, table_types={"qty": pa.float64(), "note": pa.string()})
+    out = t(records([json.dumps({"ts": T0, "qty": 2, "note": 5}).encode()]))
+    assert out.rows.column("qty").to_pylist() == [2.0] and out.rows.column("note").to_pylist() == ["5"]
+
+
+def test_a_mixed_json_field_in_one_batch_keeps_its_first_kind():
+    from reconciler.pipeline.transform import Transformer
+
+    ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", schema_discovery=True)
+    out = Transformer(ds)(records([json.dumps({"ts": T0, "a": v}).encode() for v in (1, "x", 2)]))
+    assert out.rows.column("a").to_pylist() == [1, 2]
+    assert out.dead.column("reason").to_pylist() == ['field a: "x" is a string, the field is long']
+
+
+def test_avro_discovery_writer_fields_and_a_type_the_table_refuses(tmp_path):
+    from reconciler.pipeline.transform import Transformer
+
+    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "n", "type": "int"},
+                                   {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+    (tmp_path / "o.avsc").write_text(json.dumps(schema))
+    ds = DataSchema("orders", "ts", format="avro", dimensions=("country",), schema_discovery=True,
+                    format_options={"schemaFile": "o.avsc"})
+    values = [avro_body(schema, {"id": 7, "ts": T0, "country": "DE", "n": 3, "tags": ["a"]})]
+    out = Transformer(ds, base_dir=str(tmp_path), table_types={"n": pa.int64()})(records(values))
+    assert out.rows.column_names == ["__time", "country", "id", "n", "tags", "time_chunk"]
+    assert out.rows.schema.field("n").type == pa.int64() and out.rows.column("tags").to_pylist() == [["a"]]
+    refused = Transformer(ds, base_dir=str(tmp_path), table_types={"id": pa.string(), "tags": pa.int64()})
+    out = refused(records(values))
+    assert out.rows.num_rows == 0
+    assert out.dead.column("reason").to_pylist() == [
+        "incompatible schema: field tags is list<element: string not null>, the table reads long"]
+
+
+def test_a_task_reports_its_discovered_columns_and_the_batch_unions_them(tmp_path):
+    """The plan carries the table's types; each task reports its discovered columns; the
+    batch's schema is the declared columns and those (what the publish evolves the table to)."""
+    ValuesReader.VALUES = [json.dumps({"ts": T0 + i, "country": "DE", "qty": i, "note": "n"}).encode()
+                           for i in range(3)]
+    ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", dimensions=("country",),
+                    schema_discovery=True)
+    table = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("country", pa.large_string()),
+                       ("note", pa.large_string())])
+    plan = batch.task_plan(spec(ds), [PartitionRange("0", 0, 3)], tmp_path / "d", tmp_path / "dl",
+                           table_schema=table)
+    assert plan.table_types["note"] == pa.string()
+    plan = tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader})
+    out = tasks._one(plan, plan.groups[0])
+    [row] = [r for r in out if r["kind"] == tasks.SCHEMA]
+    found = tasks._schema_of(row["path"])
+    assert [(f.name, f.type) for f in found] == [("qty", pa.int64()), ("note", pa.string())]
+    declared = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("country", pa.string())])
+    union = batch.discovered_schema(declared, [found, pa.schema([("coupon", pa.string()), ("qty", pa.int64())])])
+    assert union.names == ["__time", "country", "qty", "note", "coupon"]
+    with pytest.raises(ValueError, match="field qty is int64 in one task of the batch and double in another"):
+        batch.discovered_schema(declared, [found, pa.schema([("qty", pa.float64())])])

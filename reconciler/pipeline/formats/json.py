@@ -58,7 +58,15 @@ class JsonFormat(Format):
         dead = None
         if pc.any(bad).as_py():
             dead = pc.if_else(bad, NOT_AN_OBJECT, pa.scalar(None, pa.string()))
-        return Decoded(columns, dead)
+        if not self.data_schema.schema_discovery:
+            return Decoded(columns, dead)
+        from reconciler.pipeline.discovered import infer
+
+        found, misfit = infer(values, ok, {f.top for f in fields})
+        if any(r is not None for r in misfit):
+            more = pa.array(misfit, pa.string())
+            dead = more if dead is None else pc.coalesce(dead, more)
+        return Decoded({**found, **columns}, dead, {k: c.type for k, c in found.items()})
 
     def _parse(self, values: pa.Array) -> tuple[pa.Array, list[pa.Array]]:
         """(``ok``: the value is a JSON object, the fields' texts) for every record."""
