@@ -507,6 +507,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000, help="records per system (default 1,000,000)")
     ap.add_argument("--system", choices=["kafka", "rabbitmq", "both"], default="both")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (segments, logs)")
+    ap.add_argument("--format", choices=["json", "avro"], default="json",
+                    help="avro: Kafka only, Avro through a registry vs a naive fastavro script and vs JSON "
+                         "(benchmarks/ingest_formats.py)")
+    ap.add_argument("--typed-json", action="store_true", help="with --format avro: typed JSON vs string columns too")
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the product runs (e.g. to measure without a default: "
                          "spark.python.daemon.module=pyspark.daemon)")
@@ -526,9 +530,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.perf_counter()
     try:
-        if args.system in ("kafka", "both"):
+        if args.format == "avro":
+            from ingest_formats import bench_avro
+
+            doc["format"] = "avro"
+            doc["kafka_avro"] = bench_avro(args.records, work, args.typed_json, args.spark_conf)
+        elif args.system in ("kafka", "both"):
             doc["kafka"] = bench_kafka(args.records, work)
-        if args.system in ("rabbitmq", "both"):
+        if args.format == "json" and args.system in ("rabbitmq", "both"):
             doc["rabbitmq"] = bench_rabbit(args.records, work)
     finally:
         if not args.keep:
