@@ -37,7 +37,8 @@ def validate(c: Context, paths, output):
     together, per directory, as the daemon would (duplicate ids, datasources that collide).
     Secret references are checked against secretsDir and secretEnv when they are given,
     else for syntax only (said in one line). Needs no database and no broker, so it fits
-    a pre-commit hook or a pull request's CI job.
+    a pre-commit hook or a pull request's CI job; where the database is there, each
+    spec's columns are also checked against its table (a change it cannot take).
     """
     from reconciler.errors import SpecProblem
     from reconciler.spec import loader
@@ -62,6 +63,7 @@ def validate(c: Context, paths, output):
         problems += state.problems
         specs += len(state.specs)
         markers += len(state.markers)
+    problems += _table_problems(c, states)
     note = None if grants else ("note: secret references were checked for syntax only (no secretsDir or "
                                 "secretEnv given); the daemon and `plan` refuse any secret not granted")
     if output == "json":
@@ -76,6 +78,33 @@ def validate(c: Context, paths, output):
         click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
         sys.exit(1)
     click.echo(f"ok: {specs} spec(s), {markers} marker(s) valid")
+
+
+def _table_problems(c: Context, states) -> list:
+    """Each spec whose columns its table cannot take (``table.types.table_refusal``), when
+    the database is there; without one, or out of reach, nothing (validate needs none)."""
+    from reconciler.errors import SpecProblem
+
+    try:
+        store = c.existing_store()
+    except click.ClickException:
+        return []
+    if store is None:
+        return []
+    from reconciler.table.catalog import Tables
+    from reconciler.table.types import table_refusal
+
+    out = []
+    try:
+        tables = Tables(store.engine, c.settings.warehouse)
+        for state in states:
+            for path, spec in sorted(state.specs.items()):
+                why = table_refusal(tables, spec.data_schema)
+                if why is not None:
+                    out.append(SpecProblem(str(path), None, None, "dataSchema", why))
+    except Exception as exc:  # noqa: BLE001 - a warehouse out of reach: the other checks stand
+        click.echo(f"note: the tables could not be checked ({type(exc).__name__}: {exc})", err=True)
+    return out
 
 
 def _has_references(states) -> bool:

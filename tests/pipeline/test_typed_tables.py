@@ -11,10 +11,14 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark import cloudpickle
 
 from reconciler.model import DataSchema, KafkaSource, Metric, PartitionRange, SupervisorSpec
 from reconciler.pipeline import batch, tasks
 from reconciler.streams.base import record_schema
+from tests.pipeline.test_protobuf import TS as PROTO_TS
+from tests.pipeline.test_protobuf import order as proto_order
+from tests.pipeline.test_protobuf import pb  # noqa: F401 - the fixture
 
 T0 = 1_700_000_000_000  # ms
 SCHEMA = {"type": "record", "name": "O", "fields": [
@@ -50,6 +54,9 @@ class ValuesReader:
 
     def read(self, rng: PartitionRange, max_batch_rows: int = 65536):
         yield records(self.VALUES[rng.start:rng.end])
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers need not import it
 
 
 
@@ -209,3 +216,49 @@ def test_a_task_reports_its_discovered_columns_and_the_batch_unions_them(tmp_pat
     assert union.names == ["__time", "country", "qty", "note", "coupon"]
     with pytest.raises(ValueError, match="field qty is int64 in one task of the batch and double in another"):
         batch.discovered_schema(declared, [found, pa.schema([("qty", pa.float64())])])
+
+
+class DownRegistryReader(ValuesReader):
+    """Avro values in the wire format under an id no registry can answer for (port 9)."""
+
+    VALUES = [b"\x00\x00\x00\x00\x01" + avro_body(SCHEMA, {"id": 1, "ts": T0, "country": "DE"})]
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_through_spark_discovery_and_a_registry_that_is_down(spark, tmp_path):
+    """Real Spark tasks: discovered columns come back to the driver; a registry that does
+    not answer fails the task with the product's own message (kind "unavailable": status
+    shows it, the batch is not published) and writes no dead letter."""
+    from reconciler.pipeline.worker_errors import product_message
+
+    ValuesReader.VALUES = [json.dumps({"ts": T0 + i, "qty": i}).encode() for i in range(3)]
+    ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", schema_discovery=True)
+    plan = batch.task_plan(spec(ds), [PartitionRange("0", 0, 3)], tmp_path / "d", tmp_path / "dl")
+    results = tasks.run(spark, tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader}))
+    assert [[(f.name, f.type) for f in s] for s in results.discovered] == [[("qty", pa.int64())]]
+
+    down = DataSchema("orders", "ts", format="avro",
+                      format_options={"schemaRegistry": {"url": "http://127.0.0.1:9"}})
+    plan = batch.task_plan(spec(down), [PartitionRange("0", 0, 1)], tmp_path / "d2", tmp_path / "dl2")
+    with pytest.raises(Exception) as info:  # noqa: B017 (PySpark's own exception type varies by mode)
+        tasks.run(spark, tasks.TaskPlan(**{**plan.__dict__, "reader": DownRegistryReader}))
+    found = product_message(info.value)
+    assert found is not None and found.kind == "unavailable", str(info.value)[-2000:]
+    assert found.message.startswith("schema registry http://127.0.0.1:9 is unreachable")
+    assert not (tmp_path / "dl2").exists() or not list((tmp_path / "dl2").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("ts_format", ["iso", "seconds"])
+def test_a_protobuf_timestamp_is_that_instant_whatever_the_format(pb, ts_format):
+    """google.protobuf.Timestamp read as its instant; the descriptor's bytes from the plan."""
+    from reconciler.pipeline.transform import Transformer
+
+    ds = DataSchema("orders", "ts", timestamp_format=ts_format, format="protobuf", dimensions=("country",),
+                    schema_discovery=True,
+                    format_options={"descriptorFile": "schemas/orders.desc", "message": "acme.Order"})
+    t = Transformer(ds, files={"schemas/orders.desc": pb.DESC.read_bytes()})
+    out = t(records([proto_order(pb, 3).SerializeToString()]))
+    assert out.dead.num_rows == 0, out.dead.column("reason").to_pylist()
+    assert out.rows.column("__time").to_pylist() == [PROTO_TS]
+    assert out.rows.column("id").to_pylist() == [3] and out.rows.column("tags").to_pylist() == [["a", "b"]]
