@@ -1,6 +1,6 @@
 """Mutation audit of the schedule explorer (issue 41.14): each ``*.patch`` here removes one
 real safety mechanism of the product. Each is applied to a temporary copy of the tree at
-HEAD (``git archive``; never the working tree), then the explorer runs on that copy:
+HEAD, or ``--rev`` (``git archive``; never the working tree), then the explorer runs on that copy:
 
     .venv/bin/python -m tests.explorer --db sqlite --seeds 0:<N> --named all --workers 2
 
@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
-def _copy(dest: Path) -> None:
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], capture_output=True, check=True).stdout
+def _copy(dest: Path, rev: str) -> None:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
@@ -52,19 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=300, help="random seeds 0..N-1 per mutation")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--rev", default="HEAD", help="the commit every copy is made from (resolved once: "
+                    "commits landing during the run do not mix into it)")
     ap.add_argument("only", nargs="*", help="mutation names (the patches' names without .patch)")
     a = ap.parse_args(argv)
     patches = sorted(HERE.glob("*.patch"))
     if a.only:
         patches = [p for p in patches if p.stem in a.only]
     runs = ([] if a.no_baseline else [None]) + patches
-    print(f"mutations: {len(patches)}, seeds 0..{a.seeds - 1} and every named schedule each, on SQLite", flush=True)
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", a.rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    print(f"mutations: {len(patches)}, seeds 0..{a.seeds - 1} and every named schedule each, on SQLite, "
+          f"at {rev}", flush=True)
     print("| mutation | explorer: seeds / named | caught |\n|---|---|---|", flush=True)
     missed = 0
     for patch in runs:
         with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
             tree = Path(tmp)
-            _copy(tree)
+            _copy(tree, rev)
             name = "baseline (no mutation)" if patch is None else patch.stem
             if patch is not None:
                 applied = subprocess.run(["patch", "-p1", "--quiet", "-i", str(patch)], cwd=tree,
