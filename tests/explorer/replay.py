@@ -67,7 +67,7 @@ def replayer(times: int = 1, turns: int = 60) -> Callable:
             for _ in range(turns):
                 if world.spec_fixed and dead_letters(proc):
                     break
-                faults.point("wait", "replay")
+                faults.point("idle", "replay")
             if not world.spec_fixed:
                 return
             for _ in range(times):
@@ -91,7 +91,7 @@ def fixer(turns: int = 0) -> Callable:
             for _ in range(turns):
                 if dead_letters(proc):
                     break
-                faults.point("wait", "dead-letters")
+                faults.point("idle", "dead-letters")
             fix_spec(world, proc.store)
         return run
 
@@ -99,19 +99,32 @@ def fixer(turns: int = 0) -> Callable:
 
 
 def add_random(s: Schedule, rng) -> None:
-    """A third of the random schedules fix the spec and replay, one replay actor or two."""
-    if rng.random() >= 0.35 or s.world.get("rollup"):
+    """3 in 10 random schedules fix the spec and replay, one replay actor or two."""
+    if rng.random() >= 0.3 or s.world.get("rollup"):
         return
     if not s.world.get("bad_every"):
         s.world["bad_every"] = rng.choice([4, 5])
-    s.actors.append(("fixer", "editor", fixer(rng.choice([0, 10, 40]))))
-    s.actors.append(("replay", "cli-replay", replayer(rng.choice([1, 1, 2]), rng.randint(10, 80))))
+    s.actors.append(("fixer", "editor", fixer(rng.choice([5, 30, 100]))))
+    s.actors.append(("replay", "cli-replay", replayer(rng.choice([1, 1, 2]), rng.randint(30, 150))))
     if rng.random() < 0.3:
-        s.actors.append(("replay2", "cli-replay-2", replayer(1, rng.randint(10, 80))))
+        s.actors.append(("replay2", "cli-replay-2", replayer(1, rng.randint(30, 150))))
+    # The plan's rates strike the replay's few points rarely (its waits take most): half the
+    # time one fault is placed on them.
+    x = rng.random()
+    if x < 0.25:
+        at = rng.choice(["replay-written", "write-metadata", "replay-committed"])
+        s.plan.forced[("replay", at, 0)] = rng.choice(["kill", "kill", "power"] + ["enospc"] * (at == "write-metadata"))
+    elif x < 0.5:
+        s.plan.armed[("replay", "replay-commit")] = rng.choice(
+            [("commit-before", "kill"), ("commit-before", "drop-before"), ("commit-before", "limbo"),
+             ("commit-after", "kill"), ("commit-after", "drop-after")])
 
 
 def after_heal(world: World, proc: Process) -> list[str]:
     """The operator's last replay once everything is ingested, then where each record is."""
+    if world.sched is not None and any(f.split()[-1].startswith("replay") and not f.endswith("@idle")
+                                       for f in world.sched.faults):
+        world.reached.add("replay-faulted")  # a fault struck a replay inside the command
     if not world.spec_fixed:
         return []
     run_replay(world, proc)

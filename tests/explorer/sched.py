@@ -66,7 +66,7 @@ class FaultPlan:
         forced = self.forced.get((actor, point, occurrence))
         if forced is not None:
             return forced
-        if point == "start":
+        if point in ("start", "idle"):  # idle: a command not started yet (replay.py) has nothing to kill
             return None
         x = rng.random()
         if point == "commit-before":
