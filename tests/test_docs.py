@@ -44,7 +44,8 @@ def _pages() -> list[Path]:
     return sorted((ROOT / "docs").glob("*.md"))
 
 
-PAGES = {"settings.md", "output.md", "operations.md", "exactly-once.md", "benchmarks.md", "development.md"}
+PAGES = {"spec.md", "settings.md", "output.md", "operations.md", "exactly-once.md", "benchmarks.md",
+         "development.md"}
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -56,6 +57,12 @@ def test_the_reference_is_in_docs_and_the_readme_links_every_page():
     linked = {target.split("#")[0] for target in _links(readme)}
     assert {f"docs/{p}" for p in pages} <= linked, f"README.md links no {sorted({f'docs/{p}' for p in pages} - linked)}"
     assert re.search(r"^## Quick start$", readme, re.M) and "docs/screenshots/" in readme
+
+
+def test_the_readme_is_one_a_newcomer_can_finish():
+    """What it is, the two commands, a tour, the links: the reference lives in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 250, f"README.md has {len(lines)} lines: move reference text to a page of docs/"
 
 
 def _links(text: str) -> list[str]:
