@@ -24,7 +24,7 @@ DEFAULT_CONFIG = Path("/etc/stream-reconciler/config.yaml")
 
 def _opt(default: Any, env: str, key: str, help: str, shown: str | None = None) -> Any:
     """A setting: its default, environment variable, config-file key and help text, and
-    ``shown``, the default as the README's settings table says it (Markdown) when the value
+    ``shown``, the default as docs/settings.md's table says it (Markdown) when the value
     alone does not say it (scripts/gen_settings_table.py writes that table from these)."""
     metadata = {"env": env, "key": key, "help": help}
     if shown is not None:

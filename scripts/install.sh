@@ -325,7 +325,7 @@ fi
 DOC=$VENV/share/doc/stream-reconciler
 rm -rf "$DOC"
 mkdir -p "$DOC"
-cp -r README.md RELIABILITY.md CHANGELOG.md examples "$DOC/"
+cp -r README.md RELIABILITY.md CHANGELOG.md docs examples "$DOC/"  # docs/: the pages the README links
 
 # --------------------------------------------------------------- configuration and directories
 install -d -m 0755 "$ROOT$CONF_DIR"
@@ -408,7 +408,7 @@ cat > "$BUILD/reconciler" <<EOF
 # stream-reconciler's command line on a service host, run as the service user (written by
 # scripts/install.sh): the database and the state directory are that user's, and a command
 # run as root would leave root-owned files there. As root through runuser, as anyone else
-# through sudo (who may need a sudoers rule for it: README "Running as a service").
+# through sudo (who may need a sudoers rule for it: docs/operations.md, "Running as a service").
 if [ "\$(id -un)" = $SERVICE_USER ]; then
     exec $PREFIX/bin/reconciler "\$@"
 elif [ "\$(id -u)" -eq 0 ]; then

@@ -117,7 +117,7 @@ def test_the_staged_install_lays_out_the_service(staged):
     version = subprocess.run([str(venv / "bin" / "reconciler"), "--version"], capture_output=True, text=True,
                              check=True).stdout
     assert version.strip() == f"reconciler, version {wheel_version(staged)}"
-    for doc in ("README.md", "CHANGELOG.md", "RELIABILITY.md", "examples/etc/config.yaml"):
+    for doc in ("README.md", "CHANGELOG.md", "RELIABILITY.md", "docs/operations.md", "docs/settings.md", "examples/etc/config.yaml"):
         assert (venv / "share" / "doc" / "stream-reconciler" / doc).is_file(), doc
 
     config = root / "etc" / "stream-reconciler" / "config.yaml"

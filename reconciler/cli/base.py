@@ -23,7 +23,7 @@ from reconciler import settings as settings_mod
 from reconciler.errors import Misconfigured, ReconcilerError
 from reconciler.spec import grants, secrets
 
-EPILOG = "Settings: each global option is also an environment variable and a config file key (see README)."
+EPILOG = "Settings: each global option is also an environment variable and a config file key (see docs/settings.md)."
 
 
 def _echo_json(doc) -> None:

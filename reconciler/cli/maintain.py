@@ -87,7 +87,7 @@ Examples:
   reconciler compact clicks --dry-run          which partitions would be rewritten
   reconciler compact clicks                    rewrite them (safe while the daemon ingests)
   reconciler compact clicks --lateness 6h -o json | jq '.partitions[] | [.partition, .filesBefore, .filesAfter]'
-  (the daemon does the same on its own: see the compactInterval setting in the README)""")
+  (the daemon does the same on its own: see the compactInterval setting in docs/settings.md)""")
 @click.argument("datasource")
 @click.option("--all-closed", is_flag=True, default=True, show_default=True,
               help="Compact every closed time partition (the only mode for now; the flag is the default).")

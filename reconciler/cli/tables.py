@@ -34,7 +34,7 @@ def _no_table(c, datasource: str) -> str:
 Examples:
   reconciler segments clicks
   reconciler segments clicks -o json | jq '[.[].rows] | add'
-Read the same rows anywhere: pyiceberg's SqlCatalog on the metadata database (see README).""")
+Read the same rows anywhere: pyiceberg's SqlCatalog on the metadata database (see docs/output.md).""")
 @click.argument("datasource")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @pass_ctx

@@ -18,7 +18,7 @@ Spark, its message naming the fix.
 On a cluster the executors' Python must have this package installed (a batch's
 tasks run there): on the same host ``PYSPARK_PYTHON`` (set to this
 interpreter unless the operator set it) is enough; on other hosts ship a packed
-virtualenv with ``spark.archives`` (README, "Running on a Spark cluster"). The
+virtualenv with ``spark.archives`` (docs/operations.md, "Running on a Spark cluster"). The
 segments directory must be the same path for this process, the driver and every
 executor: ``check_shared_dir`` (``sparkshared``) proves it once per session. What every
 session is configured with is ``sparkconf``; the local workers' daemon is ``sparkworker``.
