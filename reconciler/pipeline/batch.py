@@ -110,6 +110,20 @@ def task_plan(
 
 
 def _plain_types(schema: pa.Schema | None) -> dict[str, pa.DataType]:
-    """A table's columns as the tasks' Arrow types (pyiceberg hands large strings)."""
-    plain = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
-    return {f.name: plain.get(f.type, f.type) for f in (schema or [])}
+    """A table's columns as the tasks' Arrow types (pyiceberg hands large strings and
+    lists, nested ones too, and field ids as metadata)."""
+    return {f.name: _plain(f.type) for f in (schema or [])}
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if t == pa.large_string():
+        return pa.string()
+    if t == pa.large_binary():
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type), f.nullable) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _plain(t.value_type), t.value_field.nullable))
+    return t

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
 from pyiceberg.schema import Schema, promote
-from pyiceberg.table.name_mapping import MappedField, NameMapping
-from pyiceberg.types import IcebergType
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,34 @@ class Change:
 
 
 def iceberg_types(schema: pa.Schema) -> dict[str, IcebergType]:
-    """Each Arrow column's Iceberg type (pyiceberg's own mapping, names as ids)."""
-    mapping = NameMapping([MappedField(field_id=i + 1, names=[f.name]) for i, f in enumerate(schema)])
-    converted = pyarrow_to_schema(schema, name_mapping=mapping)
+    """Each Arrow column's Iceberg type (pyiceberg's own mapping; nested fields without ids:
+    a name mapping of the top-level names alone cannot convert a struct's fields)."""
+    converted = _pyarrow_to_schema_without_ids(schema)
     return {f.name: f.field_type for f in converted.fields}
+
+
+def _text(t: IcebergType) -> str:
+    """A type as plan shows it: nested fields by name, without ids."""
+    if isinstance(t, StructType):
+        return "struct<" + ", ".join(f"{f.name}: {_text(f.field_type)}" for f in t.fields) + ">"
+    if isinstance(t, ListType):
+        return f"list<{_text(t.element_type)}>"
+    if isinstance(t, MapType):
+        return f"map<{_text(t.key_type)}, {_text(t.value_type)}>"
+    return str(t)
+
+
+def _same(a: IcebergType, b: IcebergType) -> bool:
+    """The same type whatever the field ids and requiredness (a table's nested fields have
+    ids, a batch's none)."""
+    if isinstance(a, StructType) and isinstance(b, StructType):
+        fa, fb = {f.name: f.field_type for f in a.fields}, {f.name: f.field_type for f in b.fields}
+        return fa.keys() == fb.keys() and all(_same(fa[k], fb[k]) for k in fa)
+    if isinstance(a, ListType) and isinstance(b, ListType):
+        return _same(a.element_type, b.element_type)
+    if isinstance(a, MapType) and isinstance(b, MapType):
+        return _same(a.key_type, b.key_type) and _same(a.value_type, b.value_type)
+    return a == b
 
 
 def changes(current: Schema, wanted: pa.Schema) -> list[Change]:
@@ -51,8 +74,8 @@ def changes(current: Schema, wanted: pa.Schema) -> list[Change]:
     for name, kind in iceberg_types(wanted).items():
         field = have.get(name.lower())
         if field is None:
-            out.append(Change("add", name, None, str(kind)))
-        elif field.field_type != kind:
+            out.append(Change("add", name, None, _text(kind)))
+        elif not _same(field.field_type, kind):
             try:
                 promote(field.field_type, kind)
                 out.append(Change("widen", name, str(field.field_type), str(kind)))

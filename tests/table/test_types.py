@@ -32,3 +32,18 @@ def test_an_incompatible_change_is_refused_with_the_reason_and_a_narrower_value_
 def test_a_spec_typing_a_string_dimension_is_refused_against_its_table():
     ds = DataSchema("d", "ts", dimensions=("user",), typed=(Dimension("user", "long", ("user",)),))
     assert [c.column for c in refused(changes(CURRENT, output_schemas(ds)[0]))] == ["user"]
+
+
+def test_nested_columns_are_typed_and_compared_whatever_their_ids():
+    """A discovered record, list or map column (no ids in a batch, ids in the table): the
+    name mapping of top-level names alone failed on ``geo.city``; an unchanged nested
+    column is no change, a new one an optional column."""
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    nested = pa.schema([("geo", pa.struct([("city", pa.string())])), ("tags", pa.list_(pa.string())),
+                        ("m", pa.map_(pa.string(), pa.int64()))])
+    table = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(nested))
+    assert changes(table, nested) == []
+    more = nested.append(pa.field("line", pa.struct([("sku", pa.string())])))
+    assert [str(c) for c in changes(table, more)] == ["+ column line struct<sku: string> (optional)"]
