@@ -44,6 +44,10 @@ RETENTION_CHECK_EVERY = 60.0  # seconds between asking for earliest offsets whil
 RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)
 
 
+class SpecChanged(Exception):
+    """Another spec was applied while a batch ran: it is not published."""
+
+
 @dataclass
 class RuntimeContext:
     store: Store
@@ -116,6 +120,9 @@ class SupervisorRuntime:
             return self._ingest(rec, spec)
         except truncation.SourceChanged as exc:  # nothing published: the next step finds the restart
             log.warning("%s", exc, extra={"supervisor": rec.id})
+            return StepOutcome(0.0)
+        except SpecChanged as exc:  # nothing published: the next step reads the range under the new spec
+            log.info("%s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
@@ -317,6 +324,7 @@ class SupervisorRuntime:
         faults.crash_point("after-write", rec.id)
         job_done = time.monotonic()
         try:
+            self._same_spec(rec)
             self._confirm_source(rec)
             # schemaDiscovery: the batch's own columns, which the publish evolves the table to
             self._publish(rec, spec, ranges, written, getattr(written, "schema", None) or schema, dead_schema,
@@ -341,6 +349,15 @@ class SupervisorRuntime:
                  capture, phases["plan"], phases["job"], phases["publish"],
                  extra={"supervisor": rec.id, "batch": batch_id, "phases": phases})
         return records
+
+    def _same_spec(self, rec: SupervisorRecord) -> None:
+        """A spec applied while the batch ran (a daemon's first pass after its runtimes
+        started, a change while a batch was in flight) may read other columns: the batch is
+        dropped and its range read again under the new spec."""
+        now = self.ctx.store.get(rec.id)
+        if now is not None and now.spec_hash != rec.spec_hash:
+            raise SpecChanged(f"spec {now.spec_hash[:12]} applied while the batch ran under "
+                              f"{rec.spec_hash[:12]}: the batch is read again under it")
 
     def _spec_dir(self, rec: SupervisorRecord) -> str | None:
         """The directory of the spec file (a backfill's: its main's)."""
