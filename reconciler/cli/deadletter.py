@@ -99,6 +99,9 @@ def replay(c, datasource, reason, supervisor_id, dry_run, output):
                             dry_run=dry_run, actor=_user())
     except ReconcilerError as exc:
         _refuse(str(exc), output)
+    except OSError as exc:  # a file of the tables or of the replay's own write could not be read or written
+        _refuse(f"the replay of {datasource} stopped on a file: {exc}; it commits all or nothing, so check "
+                "the segments directory (space, permissions) and run it again", output)
     ok = result.committed or dry_run or (result.replayed == 0 and "gave up" not in result.message
                                          and "not committed" not in result.message)
     if output == "json":

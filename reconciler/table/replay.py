@@ -28,9 +28,13 @@ a pointer too: the replay re-plans (files already parsed and written are reused 
 changed set is the same) and retries, at most ``COMMIT_ATTEMPTS`` times; it never appends
 without deleting. A replay killed before its commit committed nothing: its files are an
 uncommitted write, fenced and deleted by recovery or orphan clean-up; killed after, it is
-done and a second run finds nothing to do. A reset moves checkpoints only, never a table:
-it does not meet a replay. After a replay each record is in exactly one of the two tables,
-so ``verify --deep`` counts it once, inside the range of the batch that first read it.
+done and a second run finds nothing to do. A replay still running when a clean-up (a new
+leader's recovery) fences its write and deletes its files cannot commit that write, so
+before it reuses its files it checks the write is still live; a fenced one is started
+over under a new write (recorded first, files written again): nothing of it committed.
+A reset moves checkpoints only, never a table: it does not meet a replay. After a replay
+each record is in exactly one of the two tables, so ``verify --deep`` counts it once,
+inside the range of the batch that first read it.
 
 Rollup: allowed. The replayed records aggregate into new rows (a count of 1 each, sums of
 their values), which compaction merges with the others like any batch's.
@@ -64,7 +68,7 @@ from reconciler.pipeline import sink
 from reconciler.pipeline.transform import DEAD_SCHEMA, TIME, Transformer, chunk_strings
 from reconciler.store.batches import TableConflict
 from reconciler.store.replays import commit_replay
-from reconciler.store.writes import WriteFenced
+from reconciler.store.writes import WRITING, WriteFenced
 from reconciler.table import durable
 from reconciler.table.catalog import DATASOURCE, Tables, deadletter_table, local_path, tagged
 from reconciler.table.catalog import TableConflict as StagedOnOtherVersion
@@ -166,17 +170,25 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
             if dry_run:
                 result.message = f"would replay {result.replayed}; {result.stayed} would stay" + _left_note(result)
                 return result
+            if write_id is not None and not _live(store, write_id):
+                # A new leader's recovery (or orphan clean-up) fenced it and deleted its
+                # files; nothing of it committed, so the letters are still ours to replay.
+                log.warning("replay of %s: write %s was fenced by a clean-up; starting over under a new write",
+                            datasource, write_id)
+                _discard(tables, store, datasource, write_id)
+                written.clear()
+                write_id = None
             if write_id is None:
                 write_id = new_write_id()
                 store.begin_write(write_id, "replay", tables=[datasource, deadletter_table(datasource)])
             key = frozenset(f.path for f in changed)
-            if key not in written:
-                written[key] = _write(tables, datasource, dead_table, changed, parsed, specs, write_id)
-            data_paths, dead_paths, data_schema, granularity = written[key]
-            faults.crash_point("replay-written", datasource)
             summary = _summary(datasource, changed, parsed)
             commits = []
             try:
+                if key not in written:
+                    written[key] = _write(tables, datasource, dead_table, changed, parsed, specs, write_id)
+                data_paths, dead_paths, data_schema, granularity = written[key]
+                faults.crash_point("replay-written", datasource)
                 if data_paths:  # the lineages agree on rollup (crossfile.py): any one's says it
                     ds = specs[lineage(changed[0].supervisor)].data_schema
                     commits.append(tables.stage_append(datasource, data_paths, summary, schema=data_schema,
@@ -188,6 +200,13 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
                 tables.discard_staged(commits)
                 log.info("replay of %s: %s; planning again", datasource, exc)
                 continue
+            except OSError:  # a file of the write is gone: fenced since the check above, or a real fault
+                tables.discard_staged(commits)
+                if _live(store, write_id):
+                    raise
+                log.info("replay of %s: write %s was fenced while it wrote or staged; planning again",
+                         datasource, write_id)
+                continue
             faults.point("replay-commit", datasource)
             audits = _audits(datasource, changed, parsed, write_id)
             try:
@@ -197,11 +216,10 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
                 log.info("replay of %s: a table moved (%s); planning again", datasource, exc)
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue
-            except WriteFenced as exc:
-                written.clear()
-                write_id = None
-                result.message = str(exc)
-                return result
+            except WriteFenced as exc:  # nothing committed: the next attempt starts over (above)
+                tables.discard_staged(commits)
+                log.info("replay of %s: %s; planning again", datasource, exc)
+                continue
             except CommitOutcomeUnknown as exc:
                 faults.point("replay-unknown", datasource)
                 if store.fence_write(write_id):
@@ -221,7 +239,10 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
         return result
     finally:
         if write_id is not None:
-            _finish(tables, store, datasource, write_id, written, done)
+            try:
+                _finish(tables, store, datasource, write_id, written, done)
+            except OSError as exc:  # tidying only: the outcome stands, orphan clean-up takes what is left
+                log.warning("replay of %s: files of write %s left for orphan clean-up (%s)", datasource, write_id, exc)
 
 
 def _specs(actual: dict[str, Any], datasource: str, supervisor: str | None) -> dict[str, Any]:
@@ -447,6 +468,17 @@ def _finish(tables: Tables, store: Any, datasource: str, write_id: str, written:
                 if p not in done:
                     _unlink(p)
         return
+    _discard(tables, store, datasource, write_id)
+
+
+def _live(store: Any, write_id: str) -> bool:
+    """Whether write ``write_id`` may still commit (no clean-up fenced it)."""
+    return store.write_statuses([write_id]).get(write_id) == WRITING
+
+
+def _discard(tables: Tables, store: Any, datasource: str, write_id: str) -> None:
+    """Fence a write that did not commit, then delete its files (a fence that cannot be set
+    leaves them to the leader's recovery)."""
     try:
         if not store.fence_write(write_id):
             return

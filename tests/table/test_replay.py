@@ -7,6 +7,7 @@ real replay commit, ``reconciler verify --deep`` and the command line."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import timedelta
 
@@ -377,3 +378,80 @@ def test_replay_of_a_datasource_two_lineages_write_with_other_segment_granularit
     assert result.committed and result.replayed == 12, result
     assert kit.table_offsets(tables, "clicks_deadletter") == []
     assert kit.table_offsets(tables, "clicks") == sorted(list(range(12)) * 2)
+
+
+# --------------------------------------------------------------------------- a write fenced by recovery
+
+
+@pytest.mark.parametrize("then_publish", [True, False], ids=["then-a-publish", "alone"])
+def test_a_replay_whose_write_recovery_fenced_starts_over_under_a_new_write(setup, then_publish):
+    """Schedule ``replay-fenced-by-recovery``: the replay is staged at its COMMIT when a
+    daemon starts; its recovery fences the replay's write and deletes its files. Then a
+    batch publishes (its new letters do not parse under the fixed spec either, so the
+    replay's changed set stays the same): the replay planned again, reused the files of
+    its fenced write and failed with FileNotFoundError on its own deleted Parquet file.
+    Alone, the commit met the fence and the replay gave up though nothing was committed.
+    Now it starts over under a new write and commits once."""
+    from reconciler.runtime.recovery import recover
+
+    s, store, tables = setup
+    _ingest(store, tables, batches=2)
+    kit.set_format(store, "clicks", "auto")
+    fenced: list[str] = []
+
+    def hook(name, subject):
+        if name == "replay-commit" and not fenced:
+            [intent] = store.writes_in_flight()
+            fenced.append(intent.write_id)
+            assert recover(store, s.segments_dir)["orphansDeleted"] >= 1  # a new leader starts
+            if then_publish:  # under the fixed spec: offsets 49 and 59 still do not parse
+                kit.publish(store, tables, "clicks", 40, 60)
+
+    faults.install(hook)
+    try:
+        result = replay(tables, store, "clicks", actor="t")
+    finally:
+        faults.install(None)
+    n = 60 if then_publish else 40
+    assert result.committed and result.attempts >= 2, result
+    assert _rows(tables) == [o for o in range(n) if o % 10 != 9]
+    assert _dead(tables) == [o for o in range(n) if o % 10 == 9]
+    [entry] = [e for e in store.history("clicks") if e["action"] == "deadletter-replay"]
+    assert entry["details"]["writeId"] != fenced[0]
+    assert store.write_statuses(fenced) == {fenced[0]: "discarded"}
+    for name in ("clicks", "clicks_deadletter"):
+        assert not (cat.local_path(tables.load(name).location()) / "data" / "compacted" / fenced[0]).exists()
+    assert _verify_deep(s)[0] == 0
+
+
+def test_a_file_error_during_a_replay_is_an_error_message_and_commits_nothing(setup):
+    """A file of the replay's write vanishes while the write is live (not a clean-up's
+    fence: a disk or an operator's ``rm``): the command printed a FileNotFoundError
+    traceback. Now it says what stopped it, exits 1, and a second run commits."""
+    s, store, tables = setup
+    n = _ingest(store, tables, batches=2)
+    kit.set_format(store, "clicks", "auto")
+    dead_before, rows_before = _dead(tables), _rows(tables)
+    gone: list[str] = []
+
+    def hook(name, subject):
+        if name == "replay-written" and not gone:
+            [intent] = store.writes_in_flight()
+            folder = cat.local_path(tables.load("clicks").location()) / "data" / "compacted" / intent.write_id
+            gone.extend(str(p) for p in folder.rglob("*.parquet"))
+            for p in gone:
+                os.unlink(p)
+
+    faults.install(hook)
+    try:
+        code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
+    finally:
+        faults.install(None)
+    assert gone and code == 1, out
+    error = json.loads(out)["error"]
+    assert "stopped on a file" in error and "run it again" in error, error
+    assert _dead(tables) == dead_before and _rows(tables) == rows_before
+    assert store.writes_in_flight() == []  # fenced and deleted by the replay itself
+    code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
+    assert code == 0 and json.loads(out)["committed"], out
+    assert _rows(tables) == [o for o in range(n) if o % 10 != 9]
