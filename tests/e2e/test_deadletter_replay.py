@@ -133,3 +133,48 @@ def test_replay_beside_a_running_daemon(spark, kafka_broker, topic, tmp_path):
     h.assert_exactly_once(counts, {f"k{i:06d}" for i in range(800) if not _never(i)})
     assert collections.Counter(counts.values()) == {1: len(counts)}
     _verify_deep(s)
+
+
+def test_typed_json_a_fixed_timestamp_comes_back_and_a_misfit_qty_stays(spark, kafka_broker, topic, tmp_path):
+    """Issue 43's check with typed JSON: ``ts`` as ISO text under ``format: millis`` and ``qty``
+    as text under ``type: long`` are both dead letters; ``format: auto`` fixes the first kind
+    only, so replay brings those in exactly once and leaves the others pending; a second
+    replay adds nothing."""
+    n = 300
+    name = topic(partitions=2)
+    records = []
+    for i in range(n):
+        ts = json.dumps(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((T0_MS + i * 1000) / 1000))) \
+            if i % 3 == 0 else str(T0_MS + i * 1000)
+        qty = '"lots"' if i % 5 == 0 and i % 3 != 0 else str(i)
+        records.append((f"k{i:06d}", f'{{"id":"k{i:06d}","ts":{ts},"qty":{qty}}}'.encode()))
+    devservices.produce_kafka(kafka_broker.bootstrap, name, records)
+    s = h.make_settings(tmp_path)
+    dims = ["id", {"name": "qty", "type": "long"}, "__partition", "__offset"]
+
+    def spec(fmt: str) -> None:
+        h.write_spec(s.specs, h.spec_doc("clicks", h.kafka_source(kafka_broker.bootstrap, name),
+                                         timestamp={"column": "ts", "format": fmt}, dimensions=dims))
+
+    spec("millis")
+    assert h.run_daemon(s, timeout=180)[0] == 0
+    iso = {i for i in range(n) if i % 3 == 0}
+    misfit = {i for i in range(n) if i % 5 == 0 and i % 3 != 0}
+    assert _pending(s)["deadLetters"] == len(iso) + len(misfit)
+    listing = _pending(s)
+    assert {r["reason"] for r in listing["byReason"]} == {"qty", "unparseable timestamp (millis)"}, listing
+    assert "is not a long" in json.dumps(listing), listing  # the samples name the misfit
+    spec("auto")
+    assert h.run_cli(s, "apply")[0] == 0
+    code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
+    first = json.loads(out)
+    assert code == 0 and first["replayed"] == len(iso), first
+    expected = {f"k{i:06d}" for i in range(n) if i not in misfit}
+    h.assert_exactly_once(h.key_counts(spark, s, "clicks"), expected)
+    assert _pending(s)["deadLetters"] == len(misfit)
+    code, out = h.run_cli(s, "deadletter", "replay", "clicks", "-o", "json")
+    again = json.loads(out)
+    assert code == 0 and again["replayed"] == 0, again
+    h.assert_exactly_once(h.key_counts(spark, s, "clicks"), expected)
+    assert _pending(s)["deadLetters"] == len(misfit)
+    _verify_deep(s)
