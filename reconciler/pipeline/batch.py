@@ -65,18 +65,34 @@ class DiscoveredBatch(seg.WrittenBatch):
 
 def discovered_schema(declared: pa.Schema, found: Sequence[pa.Schema]) -> pa.Schema:
     """The declared columns, then each task's discovered ones in first-seen order. Tasks
-    that typed one column differently (each decided by its first batch) fail the batch,
-    naming the column and the types: the table could not read both kinds of files."""
+    that typed one column differently (each decided by its first batch) take the wider
+    type when Iceberg promotes the other to it (int -> long: the table reads the narrower
+    task's files as the wider type); any other pair fails the batch, naming the column and
+    the types: the table could not read both kinds of files."""
     out = {f.name: f for f in declared}
     for schema in found:
         for f in schema:
             have = out.get(f.name)
             if have is None:
                 out[f.name] = pa.field(f.name, f.type)
+            elif have.type != f.type and (wider := _promoted(have.type, f.type)) is not None:
+                out[f.name] = pa.field(f.name, wider, have.nullable)
             elif have.type != f.type:
                 raise ValueError(f"schemaDiscovery: field {f.name} is {have.type} in one task of the batch and "
                                  f"{f.type} in another; give it a type in dimensions, or use taskCount: 1")
     return pa.schema(list(out.values()))
+
+
+def _promoted(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Of ``a`` and ``b``, the one Iceberg promotes the other to (int -> long, float ->
+    double, a decimal to a wider precision of its scale), or None."""
+    for narrow, wide in ((a, b), (b, a)):
+        if (narrow, wide) in {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}:
+            return wide
+        if (pa.types.is_decimal(narrow) and pa.types.is_decimal(wide) and narrow.scale == wide.scale
+                and narrow.precision <= wide.precision):
+            return wide
+    return None
 
 
 def task_plan(

@@ -7,7 +7,8 @@ not fit.
   number of seconds or millis, or ISO), ``string`` and ``json`` the text itself (an
   object's or array's compact JSON);
 * a format's own types (Avro, Protobuf) cast safely to the column's type; a nested value
-  is its compact JSON text under ``string`` or ``json``;
+  is its compact JSON text under ``string`` or ``json``; a number under ``timestamp``
+  reads as its text would (``auto``: seconds or millis, as ``__time`` reads that column);
 * a present value that does not convert is a misfit: the transform dead-letters the
   record (``qty: "abc" is not a long``); an absent one is null.
 """
@@ -36,6 +37,8 @@ def typed_values(values: pa.Array, kind: str) -> tuple[pa.Array, pa.Array | None
     target = ARROW_TYPES[kind]
     if kind in ("string", "json"):
         return as_text(values), None
+    if kind == "timestamp" and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        values = values.cast(pa.string())  # a number of seconds or millis, as text and __time read it
     if values.type == pa.string():
         if kind == "long":
             out = to_long(values)

@@ -35,6 +35,7 @@ from reconciler.pipeline.formats.registry import (
     source_from,
     split_wire,
 )
+from reconciler.pipeline.times import TIME_FROM_MICROS, TIME_UNTIL_MICROS
 from reconciler.table.avrotypes import avro_type, union_branch
 
 BULK_MIN = 256  # below this many records a group is decoded record by record
@@ -67,16 +68,44 @@ class AvroDecoder:
         if not pa.types.is_struct(self.type):
             raise ValueError(f"schema id {schema_id}: an Avro value schema must be a record")
         self.bulk = _bulk_ok(self.raw)
+        self.min_length = sum(_min_length(f["type"]) for f in self.raw["fields"]) if self.bulk else 0
         self._fix = _fixer(self.raw, {})
         self._header: bytes | None = None
 
     def decode(self, bodies: pa.Array, reader: Callable[[bytes], pa.Table] | None) -> tuple[pa.StructArray, list[str | None]]:
         if reader is not None and self.bulk and len(bodies) >= BULK_MIN:
             try:
-                return self._bulk(bodies, reader), [None] * len(bodies)
+                return self._bulk_checked(bodies, reader)
             except Exception:  # noqa: BLE001 - a corrupt body: the per-record path finds which
                 pass
         return self.per_record(bodies.to_pylist())
+
+    def _bulk_checked(self, bodies: pa.Array, reader: Callable[[bytes], pa.Table]) -> tuple[pa.StructArray, list[str | None]]:
+        """The bulk path on the bodies it reads exactly as the per-record path does; the
+        rest judged record by record. DuckDB reads a block shorter than one record as the
+        previous record again (an empty body became its neighbour's row), and reads dates
+        and instants outside years 1..9999, which fastavro refuses: both go record by record,
+        so a record's fate does not depend on its group's size."""
+        n = len(bodies)
+        whole = pc.greater_equal(pc.binary_length(bodies), self.min_length).fill_null(False)
+        first = np.flatnonzero(whole.to_numpy(zero_copy_only=False))
+        part = self._bulk(bodies.take(pa.array(first)), reader) if len(first) else None
+        inside = np.zeros(0, bool)
+        if part is not None:  # a row is its body's record only when it re-encodes to its length
+            lengths = pc.binary_length(bodies.take(pa.array(first))).to_numpy(zero_copy_only=False)
+            inside = _in_range(part) & (_encoded_lengths(part, self.raw) == lengths)
+        keep = first[inside]
+        if len(keep) == n:
+            return part, [None] * n  # type: ignore[return-value]
+        rest = np.setdiff1d(np.arange(n), keep)
+        values, rest_reasons = self.per_record(bodies.take(pa.array(rest)).to_pylist())
+        pieces = [values] if part is None else [part.filter(pa.array(inside)), values]
+        where = np.empty(n, np.int64)
+        where[np.concatenate([keep, rest])] = np.arange(n)
+        reasons: list[str | None] = [None] * n
+        for i, why in zip(rest.tolist(), rest_reasons, strict=True):
+            reasons[i] = why
+        return pa.concat_arrays(pieces).take(pa.array(where)), reasons
 
     def per_record(self, bodies: list[bytes]) -> tuple[pa.StructArray, list[str | None]]:
         from fastavro import schemaless_reader
@@ -135,6 +164,71 @@ class AvroDecoder:
             raise ValueError("the bulk reader lost records")
         arrays = [table.column(f.name).combine_chunks().cast(f.type) for f in self.type]
         return pa.StructArray.from_arrays(arrays, fields=list(self.type))
+
+
+# the days and instants Python's datetime (fastavro's values) holds: years 1..9999
+_DAYS = (-719_162, 2_932_896)
+_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1}  # microseconds per unit
+
+
+def _in_range(part: pa.StructArray) -> np.ndarray:
+    """Which rows' dates and timestamps lie within years 1..9999 (nulls do)."""
+    ok = np.ones(len(part), bool)
+    for i, f in enumerate(part.type):
+        if pa.types.is_date32(f.type):
+            low, high = _DAYS
+        elif pa.types.is_timestamp(f.type):
+            if f.type.unit == "ns":
+                continue  # an int64 of nanoseconds cannot leave years 1677..2262
+            per = _MICROS[f.type.unit]
+            low, high = TIME_FROM_MICROS // per, (TIME_UNTIL_MICROS - 1) // per
+        else:
+            continue
+        n = part.field(i).cast(pa.int32() if pa.types.is_date32(f.type) else pa.int64())
+        fits = pc.and_(pc.greater_equal(n, low), pc.less_equal(n, high)).fill_null(True)
+        ok &= fits.to_numpy(zero_copy_only=False)
+    return ok
+
+
+def _varint_lengths(v: np.ndarray) -> np.ndarray:
+    """The bytes of each integer's zigzag varint (Avro's int and long)."""
+    z = ((v << 1) ^ (v >> 63)).view(np.uint64)  # wraps as Avro's 64-bit zigzag does
+    return 1 + sum((z >= np.uint64(1 << (7 * k))).astype(np.int64) for k in range(1, 10))
+
+
+def _encoded_lengths(part: pa.StructArray, schema: dict) -> np.ndarray:
+    """The bytes each row takes written by ``schema`` (flat, the bulk path's types)."""
+    out = np.zeros(len(part), np.int64)
+    for i, f in enumerate(schema["fields"]):
+        t, col = f["type"], part.field(i)
+        if isinstance(t, list):
+            out += 1  # the branch index
+            t = next(b for b in t if b != "null")
+        logical = t.get("logicalType") if isinstance(t, dict) else None
+        kind = t.get("type") if isinstance(t, dict) else t
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        if kind in ("float", "double"):
+            n = np.full(len(col), 4 if kind == "float" else 8, np.int64)
+        elif kind == "boolean":
+            n = np.ones(len(col), np.int64)
+        elif kind in ("string", "bytes"):
+            size = pc.binary_length(col)
+            size = size.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            n = _varint_lengths(size) + size
+        else:
+            raw = (col.cast(pa.int32()) if logical == "date" else col).cast(pa.int64())
+            raw = raw.fill_null(0).to_numpy(zero_copy_only=False)
+            n = _varint_lengths(raw // 1000 if logical == "timestamp-millis" else raw)
+        out += np.where(valid, n, 0)
+    return out
+
+
+def _min_length(t: Any) -> int:
+    """The fewest bytes a value of a bulk-readable type is written in."""
+    if isinstance(t, list):
+        return 1  # the branch index
+    kind = t.get("type") if isinstance(t, dict) else t
+    return {"float": 4, "double": 8}.get(kind, 1)
 
 
 def _fits(value: Any, t: pa.DataType) -> bool:

@@ -5,8 +5,8 @@ the data schema reads.
 Resolution, per group and field: the field's value in the writer's own Arrow type; when
 the field is read as a type (``Field.type``) the writer's type must be able to become it
 (``readable``): int -> long, any number -> double, anything flat -> string, anything ->
-json. A writer whose type cannot (a long field now written as a string) is an
-incompatible change: that group's records are dead letters naming the field and both
+json, a number -> timestamp (``typed``: by the timestamp ``auto`` rule). A writer whose
+type cannot (a long field now written as a string) is an incompatible change: that group's records are dead letters naming the field and both
 types, and the other groups flow. A field read in the format's own type takes the first
 group's type; a later group's type must widen to it or from it (int -> long).
 """
@@ -47,8 +47,9 @@ def readable(writer: pa.DataType, field_type: str) -> bool:
         return pa.types.is_integer(writer)
     if field_type == "double":
         return pa.types.is_integer(writer) or pa.types.is_floating(writer) or pa.types.is_decimal(writer)
-    if field_type == "timestamp":
-        return pa.types.is_timestamp(writer) or pa.types.is_date(writer)
+    if field_type == "timestamp":  # a number: seconds or millis, as the typed column reads it
+        return (pa.types.is_timestamp(writer) or pa.types.is_date(writer) or pa.types.is_integer(writer)
+                or pa.types.is_floating(writer))
     return False
 
 
