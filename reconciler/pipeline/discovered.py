@@ -3,24 +3,28 @@ that the data schema does not already read becomes a column of its own type.
 
 * Avro and Protobuf: the writer schema's type (``table.avrotypes``), from the format's
   ``Decoded.discovered``;
-* JSON (``infer``): from the values: text -> string, integer -> long, a number with a
-  fraction -> double (the batch's integers with it), boolean -> boolean, object or array
-  -> ``json`` (compact text). Within a batch, values of another kind than the field's
-  first one (a string where the field's first value was a number) are dead letters.
+* JSON (``infer``, then ``Discovered.conform``): each value is kept exactly (its JSON text)
+  until the column's type is known, then converted alone by one rule (``_convert``).
 
 The type of a column is decided once: by the table when it has the column, else by the
-first batch of the task that meets it. A later value converts to that type when it can
-without loss (int -> long, a long into a double column, anything flat into a string
-column); a type the column can promote to (int column, long values) widens it (the table
-follows at publish); anything else makes those records dead letters naming the field and
-both types, and the rest flow. So a JSON field whose first batch held only integers is a
-long column from then on, and a later fraction a dead letter: only the batch that first
-meets a field decides, whatever the cuts after it.
+first batch of the task that meets it. Under a decided type every value converts alone,
+whatever its neighbours: without loss (int -> long, an integer into a double column when
+the double is that integer exactly, anything flat into a string column, a JSON number as
+its text, an object as compact JSON) it is a row, else a dead letter naming the field and
+both types. A type the column can promote to (int column, long values) widens it (the
+table follows at publish). A JSON key's first batch decides by its values' kinds: text ->
+string, integers -> long (one beyond 64 bits a dead letter), a number with a fraction ->
+double (the batch's integers with it; one the double would round is a dead letter),
+boolean -> boolean, object or array -> ``json``; values of several kinds take the first
+value's kind (numbers combined). So a JSON field whose first batch held only integers is a
+long column from then on and a later fraction a dead letter: which batch first meets a
+field is the one thing a cut can change, never a value, and never an exception.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
@@ -31,17 +35,19 @@ from reconciler.table.avrotypes import widens
 _KINDS = {bool: "boolean", int: "long", float: "double", str: "string", dict: "json", list: "json"}
 _TYPES = {"boolean": pa.bool_(), "long": pa.int64(), "double": pa.float64(), "string": pa.string(),
           "json": pa.string()}
+# A JSON key's values as their exact JSON text, until conform knows the column's type.
+_RAW = pa.struct([("__json_value", pa.string())])
+_LONG = (-(2**63), 2**63 - 1)
+_INT = (-(2**31), 2**31 - 1)
 
 
 def infer(values: pa.Array, ok: pa.Array | None, skip: set[str]) -> tuple[dict[str, pa.Array], list[str | None]]:
-    """JSON values -> (top-level field -> typed column, in first-seen order; a reason per
-    record for a value of another kind than its field's). ``ok``: the records that are
-    JSON objects (None: all); ``skip``: fields the data schema reads already."""
+    """JSON values -> (top-level field -> its values kept exactly, in first-seen order; no
+    reasons: ``Discovered.conform`` types and judges each value). ``ok``: the records that
+    are JSON objects (None: all); ``skip``: fields the data schema reads already."""
     n = len(values)
     good = [True] * n if ok is None else ok.fill_null(False).to_pylist()
     cols: dict[str, list] = {}
-    kinds: dict[str, str] = {}
-    reasons: list[str | None] = [None] * n
     for i, raw in enumerate(values.to_pylist()):
         if raw is None or not good[i]:
             continue
@@ -52,31 +58,14 @@ def infer(values: pa.Array, ok: pa.Array | None, skip: set[str]) -> tuple[dict[s
         if not isinstance(obj, dict):
             continue
         for key, v in obj.items():
-            if key in skip or v is None:
+            if key in skip or v is None or type(v) not in _KINDS:
                 continue
-            kind = _KINDS.get(type(v))
-            if kind is None:
-                continue
-            column = cols.setdefault(key, [None] * n)
-            have = kinds.setdefault(key, kind)
-            if kind != have and {kind, have} == {"long", "double"}:
-                kinds[key] = "double"
-            elif kind != have:
-                if reasons[i] is None:
-                    reasons[i] = f"field {key}: {_show(v)} is a {kind}, the field is {have}"
-                continue
-            column[i] = json.dumps(v, separators=(",", ":"), ensure_ascii=False) if kind == "json" else v
-    out = {}
-    for key, column in cols.items():
-        kind = kinds[key]
-        if kind == "double":
-            column = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in column]
-        out[key] = pa.array(column, _TYPES[kind])
-    bad = {i for i, r in enumerate(reasons) if r is not None}
-    if bad:  # a dead letter's other fields are no values either
-        mask = pa.array([i in bad for i in range(n)])
-        out = {k: pc.if_else(mask, pa.scalar(None, c.type), c) for k, c in out.items()}
-    return out, reasons
+            cols.setdefault(key, [None] * n)[i] = {"__json_value": _text(v)}
+    return {key: pa.array(column, _RAW) for key, column in cols.items()}, [None] * n
+
+
+def _text(v: object) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 def _show(v: object) -> str:
@@ -101,7 +90,9 @@ class Discovered:
             if pa.types.is_null(col.type):
                 continue
             have = self.types.get(name) or self.table.get(name.lower())
-            if have is None or col.type == have or widens(col.type, have):
+            if col.type == _RAW:
+                out[name] = self._json(name, col, have, reasons)
+            elif have is None or col.type == have or widens(col.type, have):
                 target = have or col.type
                 out[name] = col if col.type == target else col.cast(target)
                 self.types.setdefault(name, target)
@@ -118,8 +109,73 @@ class Discovered:
                 self.types.setdefault(name, have)
         return out, reasons
 
+    def _json(self, name: str, col: pa.Array, have: pa.DataType | None, reasons: list[str | None]) -> pa.Array:
+        """A JSON key's values, each converted alone to the column's type (decided here by
+        the batch's kinds when neither the table nor an earlier batch has the column)."""
+        values = [None if r is None else json.loads(r["__json_value"]) for r in col.to_pylist()]
+        present = [(i, v, _KINDS[type(v)]) for i, v in enumerate(values) if v is not None]
+        field = None  # the batch's own kind, when it decides the type
+        if have is None:
+            kinds = [k for _, _, k in present]
+            field = kinds[0]
+            if field in ("long", "double"):
+                field = "double" if "double" in kinds else "long"
+            have = _TYPES[field]
+        target = have
+        if have == pa.int32() and any(k == "long" and not _within(v, _INT) and _within(v, _LONG)
+                                      for _, v, k in present):
+            target = pa.int64()  # Iceberg's promotion int -> long: the table follows
+        elif have == pa.float32() and present:
+            target = pa.float64()
+        column: list = [None] * len(values)
+        for i, v, kind in present:
+            value, why = _convert(v, kind, target)
+            if why is None:
+                column[i] = value
+                continue
+            if why == "kind":
+                why = (f"field {name}: {_show(v)} is a {kind}, the field is {field}" if field is not None
+                       else f"incompatible schema: field {name} is {kind}, the table reads {_name(have)}")
+            else:
+                why = f"field {name}: {_show(v)} {why}"
+            reasons[i] = reasons[i] or why
+        if name in self.types and target != self.types[name]:
+            self.types[name] = target
+        self.types.setdefault(name, target)
+        return pa.array(column, target)
+
     def schema(self) -> list[pa.Field]:
         return [pa.field(k, t) for k, t in self.types.items()]
+
+
+def _convert(v: object, kind: str, target: pa.DataType) -> tuple[object, str | None]:
+    """One JSON value in ``target`` without loss: (value, None), or (None, why): ``kind``
+    when the kinds do not fit, else the loss in words."""
+    if target == pa.string():
+        return (v if kind == "string" else _text(v)), None
+    if target == pa.bool_():
+        return (v, None) if kind == "boolean" else (None, "kind")
+    if target in (pa.int64(), pa.int32()):
+        if kind != "long":
+            return None, "kind"
+        if not _within(v, _LONG):
+            return None, "is beyond a long"
+        return (v, None) if target == pa.int64() or _within(v, _INT) else (None, "is beyond an int")
+    if target == pa.float64():
+        if kind == "double":
+            return v, None
+        if kind != "long":
+            return None, "kind"
+        try:
+            f = float(v)  # type: ignore[arg-type]
+        except OverflowError:
+            f = math.inf
+        return (f, None) if math.isfinite(f) and int(f) == v else (None, "would lose precision as double")
+    return None, "kind"
+
+
+def _within(v: object, bounds: tuple[int, int]) -> bool:
+    return bounds[0] <= v <= bounds[1]  # type: ignore[operator]
 
 
 def _flat(t: pa.DataType) -> bool:

@@ -7,18 +7,23 @@
 * Every field is text (an empty field is absent: null); typed dimensions convert it by
   the JSON rules' text conversions, as for JSON.
 * A row with another number of fields than ``columns`` is a dead letter
-  ("csv: 2 fields where 3 columns are declared"); so is an empty value, or one of several
-  rows.
+  ("csv: 2 fields where 3 columns are declared"); so is an empty value, one of several
+  rows, or one whose quote is never closed ("csv: unclosed quote").
+* A byte order mark (U+FEFF) at the start of a value is dropped, whatever the value's
+  place in the batch.
 
 The batch is read by pyarrow's CSV reader (values joined by line breaks; a row of the
-wrong width is named by its number and skipped). A value holding a line break of its own
-(a quoted multi-line field, or the header) or invalid UTF-8 is read alone by Python's
-``csv`` module, which reads RFC 4180 the same way.
+wrong width is named by its number and skipped). Only values whose every field is plain
+or wholly quoted go there, so no value's quote can run into the next one's line. The rest
+(a line break of its own: a quoted multi-line field, or the header; a stray or unclosed
+quote; invalid UTF-8) is read alone by Python's ``csv`` module, which reads RFC 4180 the
+same way.
 """
 
 from __future__ import annotations
 
 import csv as pycsv
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +46,9 @@ class CsvFormat(Format):
             raise ValueError("format csv needs csv.columns")
         self.delimiter = str(options.get("delimiter", ","))
         self.skip_header = bool(options.get("skipHeader", False))
+        d = re.escape(self.delimiter)
+        field = f'(?:[^"\r\n{d}]*|"(?:[^"]|"")*")'
+        self._plain = f"^{field}(?:{d}{field})*$"  # a row pyarrow reads alone, whatever follows
 
     def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
         n = len(values)
@@ -49,9 +57,12 @@ class CsvFormat(Format):
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             text = pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()],
                             pa.string())
+        # pyarrow drops a BOM only at its buffer's start: drop every value's alike
+        text = pc.replace_substring_regex(text, "^\ufeff", "", max_replacements=1)
         if self.skip_header:
             text = pc.replace_substring_regex(text, r"^[^\n]*\n", "", max_replacements=1)
-        alone = pc.or_(pc.match_substring_regex(text, r"[\r\n]"), pc.equal(text, "")).fill_null(False)
+        alone = pc.or_(pc.or_(pc.match_substring_regex(text, r"[\r\n]"), pc.equal(text, "")),
+                       pc.invert(pc.match_substring_regex(text, self._plain))).fill_null(False)
         bulk = pc.and_(pc.invert(alone), text.is_valid())
         cells: list[list[str | None]] = [[None] * n for _ in self.columns]
         reasons: list[str | None] = [None] * n
@@ -93,7 +104,14 @@ class CsvFormat(Format):
             reasons[int(index[at])] = self._width(width)
 
     def _one(self, i: int, value: str, cells: list[list[str | None]], reasons: list[str | None]) -> None:
-        rows = list(pycsv.reader(value.splitlines(keepends=True), delimiter=self.delimiter, strict=False))
+        lines = value.splitlines(keepends=True)
+        try:
+            list(pycsv.reader(lines, delimiter=self.delimiter, strict=True))
+        except pycsv.Error as e:
+            if "unexpected end of data" in str(e):
+                reasons[i] = "csv: unclosed quote"
+                return
+        rows = list(pycsv.reader(lines, delimiter=self.delimiter, strict=False))
         if len(rows) != 1:
             reasons[i] = f"csv: {len(rows)} rows in one record; a record is one row"
         elif len(rows[0]) != len(self.columns):
