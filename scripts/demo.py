@@ -11,7 +11,12 @@ of the same user on the same page and the rollup has something to roll up.
 It ends with the commands to look around; `.demo/config.yaml` holds the demo's settings,
 so `RECONCILER_CONFIG=.demo/config.yaml reconciler status` finds them from anywhere.
 
-Usage: .venv/bin/python scripts/demo.py [--records N] [--workdir .demo]
+With --serve it then keeps the broker and the daemon (`reconciler run`) up until Ctrl-C,
+with the status page on http://127.0.0.1:9187/ (another port if that one is taken): look
+at the page, and in another terminal try a reset (`reconciler reset clicks --to latest
+--backfill`) or a marker, as the README's tour does.
+
+Usage: .venv/bin/python scripts/demo.py [--records N] [--workdir .demo] [--serve]
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # devservices/ is not installed with the package: import it from the checkout
 
-from devservices import TansuBroker, make_records, produce_kafka, tcp_open  # noqa: E402
+from devservices import TansuBroker, free_port, make_records, produce_kafka, tcp_open  # noqa: E402
 
 EVENT_EVERY_MS = 10  # 100 events a second: about 6,000 a minute over 187 (user, page) pairs
 
@@ -61,16 +66,35 @@ def reconciler(workdir: Path, *args: str, log: Path | None = None) -> int:
     return code
 
 
+def serve(workdir: Path, config: Path, http: str, bootstrap: str) -> None:
+    """The daemon in the foreground, beside the broker, until Ctrl-C (which reaches both)."""
+    print(f"""
+== the daemon is running: status page http://{http}/ (Ctrl-C stops the daemon and the broker)
+   in another terminal: export RECONCILER_CONFIG={config}
+   .venv/bin/reconciler status; .venv/bin/reconciler reset clicks --to latest --backfill --reason try""")
+    cmd = [str(Path(sys.executable).parent / "reconciler"), "--config", str(config), "run"]
+    with (workdir / "serve.log").open("w") as out:
+        daemon = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            daemon.wait()
+        except KeyboardInterrupt:  # the daemon had its SIGINT too: let it finish its batch and stop
+            daemon.wait()
+    print(f"== stopped (its output is in {workdir / 'serve.log'}); the broker on {bootstrap} stops now")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--workdir", type=Path, default=ROOT / ".demo")
+    ap.add_argument("--serve", action="store_true",
+                    help="then keep the broker and the daemon up, with the status page, until Ctrl-C")
     args = ap.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     (args.workdir / "specs").mkdir(parents=True)
     config = args.workdir / "config.yaml"
+    http = f"127.0.0.1:{9187 if not tcp_open('127.0.0.1', 9187) else free_port()}"
     config.write_text(yaml.safe_dump({"specs": str(args.workdir / "specs"), "stateDir": str(args.workdir / "state"),
-                                      "logLevel": "WARNING"}))
+                                      "logLevel": "WARNING", "http": http}))
     port = None if tcp_open("127.0.0.1", 9092) else 9092
     with TansuBroker(port=port) as broker:
         print(f"== Tansu broker on {broker.bootstrap}")
@@ -86,6 +110,8 @@ def main() -> int:
             return 1
         print("== reconciler status")
         reconciler(args.workdir, "status")
+        if args.serve:
+            serve(args.workdir, config, http, broker.bootstrap)
     # Read back through the Iceberg catalog in the metadata database, as any reader would.
     catalog = SqlCatalog("reconciler", uri=f"sqlite:///{args.workdir / 'state' / 'reconciler.db'}",
                          warehouse=(args.workdir / "state" / "segments").absolute().as_uri())
@@ -101,7 +127,8 @@ def main() -> int:
               f"(one per minute, user and page within each task of a batch); counts add up: {counted == args.records}")
         ok = ok and counted == args.records
     print(f"""
-== look around (the broker is gone now; what was ingested stays):
+== look around (the broker is gone now; what was ingested stays; scripts/quickstart.sh --serve keeps
+   the broker and the daemon up, with the status page, until Ctrl-C):
    export RECONCILER_CONFIG={config}
    .venv/bin/reconciler status                 # states as last seen, checkpoints
    .venv/bin/reconciler status clicks          # per partition

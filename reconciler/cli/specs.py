@@ -57,6 +57,8 @@ def validate(c: Context, paths, output):
         if not state.ok:
             problems.append(SpecProblem(str(path), None, None, "", str(state.error)))
             continue
+        if state.hint:  # specs one level down: a CI job must not pass having checked nothing
+            problems.append(SpecProblem(str(path), None, None, "", state.hint))
         states.append(state)
     states += loader.load_files([p for p in paths if not Path(p).is_dir()], grants=grants)
     for state in states:

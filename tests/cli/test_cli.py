@@ -586,3 +586,15 @@ def test_maintain_defaults_are_the_daemons_and_a_huge_duration_is_refused(run_sq
     assert run_sqlite("apply").exit_code == 0
     r = run_sqlite("maintain", "--dry-run", "--older-than", "100000000h")
     assert r.exit_code == 2 and "too long: at most 87600h" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_of_a_folder_whose_specs_sit_one_level_down_fails_naming_the_folder(tmp_path):
+    """The newcomer's run (issue 46): `validate repo` said `ok: 0 spec(s)` and exited 0, so a CI
+    job pointed at a config repo's root passed having checked nothing."""
+    repo = tmp_path / "repo"
+    copy_examples(repo / "specs")
+    run = Cli(repo, tmp_path / "state", f"sqlite:///{tmp_path / 'x.db'}")
+    result = run("validate", str(repo))
+    assert result.exit_code == 1
+    assert f"its subdirectories hold some: {repo / 'specs'}" in result.stderr
+    assert run("validate", str(repo / "specs")).exit_code == 0
