@@ -82,11 +82,12 @@ SPECS=$DEFAULT_SPECS
 SEGMENTS=
 ROOT=
 OPERATORS=()
+SPECS_GIVEN=0
 NO_USER=0 NO_SYSTEMCTL=0 NO_START=0 NO_ARCHIVE=0 UNINSTALL=0 PURGE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --from) FROM=${2:?--from needs a path}; shift ;;
-        --specs) SPECS=${2:?--specs needs a directory}; shift ;;
+        --specs) SPECS=${2:?--specs needs a directory}; SPECS_GIVEN=1; shift ;;
         --segments) SEGMENTS=${2:?--segments needs a directory}; shift ;;
         --root) ROOT=${2:?--root needs a directory}; shift ;;
         --operator) OPERATORS+=("${2:?--operator needs a user name}"); shift ;;
@@ -195,6 +196,16 @@ host_knows_service_user() {
 for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do  # before anything is installed
     lookup passwd "$op" >/dev/null || die "--operator $op: no such user${ROOT:+ in $ROOT/etc/passwd} (create it first)"
 done
+# An upgrade keeps the config file: its specs is the watched directory. A different --specs
+# would reach the unit's drop-in but not the config (the daemon would watch one directory
+# and be allowed to write another): refuse it, before anything is installed.
+kept_specs=$(awk '/^specs:/ { print $2 }' "$ROOT$CONF_DIR/config.yaml" 2>/dev/null || true)
+if [ "$UNINSTALL" -eq 0 ] && [ -n "$kept_specs" ]; then
+    if [ "$SPECS_GIVEN" -eq 1 ] && [ "$kept_specs" != "$SPECS" ]; then
+        die "--specs $SPECS: the kept $CONF_DIR/config.yaml watches $kept_specs; edit its specs: line to change it (then run this again), or leave --specs out"
+    fi
+    SPECS=$kept_specs
+fi
 
 # =============================================================== uninstall
 if [ "$UNINSTALL" -eq 1 ]; then
@@ -351,6 +362,13 @@ if [ -d "$ROOT$SPECS" ]; then
     mode=$(stat -c %a "$ROOT$SPECS")
     if (( 8#$mode & 8#002 )); then
         say "warning: $SPECS is writable by others (mode $mode): the daemon refuses it (chmod o-w $SPECS)"
+    fi
+    # The daemon renames markers in it and operators write specs: its group's, group-writable,
+    # setgid (what a new one gets). A checkout made by root before the install is not.
+    if [ "$IS_ROOT" -eq 1 ] && [ "$HAVE_USER" -eq 1 ] && { [ "$(stat -c %g "$ROOT$SPECS")" != "$SVC_GID" ] || (( (8#$mode & 8#2070) != 8#2070 )); }; then
+        chgrp "$SVC_GID" "$ROOT$SPECS"
+        chmod g+rwxs "$ROOT$SPECS"
+        say "made $SPECS the group $SERVICE_USER's, group-writable and setgid (was $(stat -c %U "$ROOT$SPECS"):$mode): the daemon renames markers there, operators write specs"
     fi
 else
     mkdir -p "$(dirname "$ROOT$SPECS")"

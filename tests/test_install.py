@@ -206,8 +206,15 @@ def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, whe
         shutil.copy2(staged[0] / "etc" / name, root / "etc" / name)
     for user in ("alice", "bob"):
         subprocess.run(["useradd", "--prefix", str(root), "--no-create-home", user], check=True)
-    common = ("--root", str(root), "--from", str(wheel), "--no-systemctl", "--no-spark-archive")
+    checkout = root / "srv" / "config-repo" / "specs"  # a config repo cloned by root before the install
+    checkout.mkdir(parents=True)
+    checkout.chmod(0o755)
+    base = ("--root", str(root), "--from", str(wheel), "--no-systemctl", "--no-spark-archive")
+    common = (*base, "--specs", "/srv/config-repo/specs")
     out = install(*common, "--operator", "alice")
+    gid = int(passwd_entry(root)[3])
+    assert mode_owner(checkout)[0] == "2775" and mode_owner(checkout)[2] == gid, out  # the daemon renames markers
+    assert "made /srv/config-repo/specs the group stream-reconciler's" in out
     assert "operator alice: in the group stream-reconciler" in out and "next login" in out
     members = lambda: next(line.split(":")[3].split(",") for line in (root / "etc" / "group").read_text().splitlines()  # noqa: E731
                            if line.split(":")[0] == USER)
@@ -218,6 +225,10 @@ def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, whe
     rules = [x for x in sudoers.read_text().splitlines() if x and not x.startswith("#")]
     assert rules == ["alice ALL=(stream-reconciler) NOPASSWD: /opt/stream-reconciler/bin/reconciler"]
     install(*common, "--operator", "bob")
+    r = subprocess.run(["bash", str(INSTALL), *base, "--specs", "/srv/config-repo"], capture_output=True, text=True,
+                       timeout=600)  # another --specs than the kept config's: refused, before anything is done
+    assert r.returncode == 1 and "the kept /etc/stream-reconciler/config.yaml watches /srv/config-repo/specs" in r.stderr
+    assert "next: put specs in /srv/config-repo/specs" in install(*base)  # without --specs: the kept one
     assert {"alice", "bob"} <= set(members())
     rules = [x for x in sudoers.read_text().splitlines() if x and not x.startswith("#")]
     assert [r.split()[0] for r in rules] == ["alice", "bob"]
