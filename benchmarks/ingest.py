@@ -64,6 +64,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,16 +156,13 @@ def _write_naive(values: list[bytes], partitions: list[str], offsets: list[int],
     pq.write_table(table, out)
 
 
-def naive_kafka(bootstrap: str, topic: str, ends: dict[int, int], out: Path) -> dict[str, Any]:
-    """One tuned confluent-kafka consumer, json.loads per record, one pyarrow table, one file."""
+def naive_records(bootstrap: str, topic: str, ends: dict[int, int], group: str) -> Iterator[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every record below ``ends`` through one tuned
+    confluent-kafka consumer: what the naive scripts read."""
     from confluent_kafka import Consumer, TopicPartition
 
-    started = time.perf_counter()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{os.getpid()}",
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                          "enable.auto.commit": False, "fetch.queue.backoff.ms": 10, "log_level": 2})
-    values: list[bytes] = []
-    parts: list[str] = []
-    offsets: list[int] = []
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
         pending = {p for p, e in ends.items() if e > 0}
@@ -173,14 +171,25 @@ def naive_kafka(bootstrap: str, topic: str, ends: dict[int, int], out: Path) -> 
                 if msg.error():
                     continue
                 p, o = msg.partition(), msg.offset()
-                if p in pending and o < ends[p]:
-                    values.append(msg.value())
-                    parts.append(str(p))
-                    offsets.append(o)
-                    if o + 1 >= ends[p]:
-                        pending.discard(p)
+                if p not in pending or o >= ends[p]:
+                    continue
+                if o + 1 >= ends[p]:
+                    pending.discard(p)
+                yield p, o, msg.value()
     finally:
         consumer.close()
+
+
+def naive_kafka(bootstrap: str, topic: str, ends: dict[int, int], out: Path) -> dict[str, Any]:
+    """One tuned confluent-kafka consumer, json.loads per record, one pyarrow table, one file."""
+    started = time.perf_counter()
+    values: list[bytes] = []
+    parts: list[str] = []
+    offsets: list[int] = []
+    for p, o, value in naive_records(bootstrap, topic, ends, f"naive-{os.getpid()}"):
+        values.append(value)
+        parts.append(str(p))
+        offsets.append(o)
     _write_naive(values, parts, offsets, out)
     return _rate(len(values), time.perf_counter() - started)
 

@@ -39,6 +39,7 @@ from ingest import (
     _phases_of,
     _rate,
     _verify,
+    naive_records,
 )
 
 import devservices
@@ -81,41 +82,24 @@ def naive_avro(bootstrap: str, topic: str, ends: dict[int, int], registry_url: s
     import fastavro
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     started = time.perf_counter()
     client = SchemaRegistryClient({"url": registry_url})
     schemas: dict[int, Any] = {}
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-avro-{os.getpid()}",
-                         "enable.auto.commit": False, "fetch.queue.backoff.ms": 10, "log_level": 2})
     cols: dict[str, list] = {"id": [], "ts": [], "user": [], "page": [], "bytes": []}
     parts: list[str] = []
     offsets: list[int] = []
     read = fastavro.schemaless_reader
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        pending = {p for p, e in ends.items() if e > 0}
-        while pending:
-            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
-                if msg.error():
-                    continue
-                p, o = msg.partition(), msg.offset()
-                if p not in pending or o >= ends[p]:
-                    continue
-                value = msg.value()
-                sid = int.from_bytes(value[1:5], "big")
-                if sid not in schemas:
-                    schemas[sid] = fastavro.parse_schema(json.loads(client.get_schema(sid).schema_str))
-                d = read(io.BytesIO(value[5:]), schemas[sid])
-                for k, c in cols.items():
-                    c.append(d.get(k))
-                parts.append(str(p))
-                offsets.append(o)
-                if o + 1 >= ends[p]:
-                    pending.discard(p)
-    finally:
-        consumer.close()
+    for p, o, value in naive_records(bootstrap, topic, ends, f"naive-avro-{os.getpid()}"):
+        sid = int.from_bytes(value[1:5], "big")
+        if sid not in schemas:
+            schemas[sid] = fastavro.parse_schema(json.loads(client.get_schema(sid).schema_str))
+        d = read(io.BytesIO(value[5:]), schemas[sid])
+        for k, c in cols.items():
+            c.append(d.get(k))
+        parts.append(str(p))
+        offsets.append(o)
     table = pa.table({"__time": pa.array(cols.pop("ts"), pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
                       **{k: pa.array(v) for k, v in cols.items()},
                       "__partition": pa.array(parts, pa.string()), "__offset": pa.array(offsets, pa.int64())})

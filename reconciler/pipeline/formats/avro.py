@@ -28,12 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reconciler.pipeline.formats import Decoded, Field, Format
-from reconciler.pipeline.formats.binary import Group, resolve
+from reconciler.pipeline.formats.binary import Group, resolve, split, writer_schema
 from reconciler.pipeline.formats.registry import (
     RegistrySource,
-    UnknownSchema,
     source_from,
-    split_wire,
 )
 from reconciler.pipeline.times import TIME_FROM_MICROS, TIME_UNTIL_MICROS
 from reconciler.table.avrotypes import avro_type, union_branch
@@ -357,12 +355,7 @@ class AvroFormat(Format):
 
     def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
         n = len(values)
-        if self.source.wire:
-            ids, bodies, head = split_wire(values)
-            front = head.to_pylist() if head is not None else [None] * n
-        else:
-            valid = values.is_valid().to_numpy(zero_copy_only=False)
-            ids, bodies, front = np.where(valid, 0, -1), values.cast(pa.binary()), [None] * n
+        ids, bodies, front = split(values, self.source.wire)
         groups = []
         for schema_id in np.unique(ids[ids >= 0]).tolist():
             index = np.nonzero(ids == schema_id)[0]
@@ -378,12 +371,9 @@ class AvroFormat(Format):
     def _decoder(self, schema_id: int) -> tuple[AvroDecoder | None, str]:
         if schema_id in self._decoders:
             return self._decoders[schema_id], ""
-        try:
-            schema = self.source.get(schema_id)
-        except UnknownSchema:
-            return None, f"unknown schema id {schema_id}: the schema registry has no such schema"
-        if schema.kind != "AVRO":
-            return None, f"schema id {schema_id} is a {schema.kind} schema, not Avro"
+        schema, why = writer_schema(self.source, schema_id, "AVRO", "Avro")
+        if schema is None:
+            return None, why
         try:
             self._decoders[schema_id] = AvroDecoder(schema_id, str(schema.text))
         except Exception as e:  # noqa: BLE001 - a schema the table cannot hold: its records

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from reconciler.pipeline.formats import ARROW_TYPES, Decoded, Field
+from reconciler.pipeline.formats.registry import UnknownSchema, split_wire
 from reconciler.table.avrotypes import widens
 
 
@@ -33,6 +35,28 @@ class Group:
     index: np.ndarray
     values: pa.StructArray
     reasons: list[str | None]
+
+
+def split(values: pa.Array, wire: bool) -> tuple[np.ndarray, pa.Array, list[str | None]]:
+    """Each record's writer schema id (-1: no value), body, and reason found before decoding
+    (a bad wire header); a source without the wire format has one schema, id 0."""
+    n = len(values)
+    if wire:
+        ids, bodies, head = split_wire(values)
+        return ids, bodies, head.to_pylist() if head is not None else [None] * n
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    return np.where(valid, 0, -1), values.cast(pa.binary()), [None] * n
+
+
+def writer_schema(source: Any, schema_id: int, kind: str, label: str) -> tuple[Any, str]:
+    """The source's schema ``schema_id`` if it is of ``kind``, else None and why."""
+    try:
+        schema = source.get(schema_id)
+    except UnknownSchema:
+        return None, f"unknown schema id {schema_id}: the schema registry has no such schema"
+    if schema.kind != kind:
+        return None, f"schema id {schema_id} is a {schema.kind} schema, not {label}"
+    return schema, ""
 
 
 def readable(writer: pa.DataType, field_type: str) -> bool:

@@ -26,12 +26,10 @@ import numpy as np
 import pyarrow as pa
 
 from reconciler.pipeline.formats import Decoded, Field, Format
-from reconciler.pipeline.formats.binary import Group, resolve
+from reconciler.pipeline.formats.binary import Group, resolve, split, writer_schema
 from reconciler.pipeline.formats.registry import (
-    UnknownSchema,
     WriterSchema,
     source_from,
-    split_wire,
 )
 from reconciler.table.avrotypes import TIMESTAMP_MESSAGE, WRAPPERS, proto_message_type
 
@@ -226,12 +224,7 @@ class ProtobufFormat(Format):
 
     def decode(self, values: pa.Array, fields: Sequence[Field]) -> Decoded:
         n = len(values)
-        if self.source.wire:
-            ids, bodies, head = split_wire(values)
-            front = head.to_pylist() if head is not None else [None] * n
-        else:
-            valid = values.is_valid().to_numpy(zero_copy_only=False)
-            ids, bodies, front = np.where(valid, 0, -1), values.cast(pa.binary()), [None] * n
+        ids, bodies, front = split(values, self.source.wire)
         raw = bodies.to_pylist()
         # (schema id, message index) -> [(record, message bytes)]
         keyed: dict[tuple[int, tuple[int, ...]], list[tuple[int, bytes]]] = {}
@@ -281,12 +274,9 @@ class ProtobufFormat(Format):
     def _schema(self, schema_id: int) -> tuple[ProtoSchema | None, str]:
         if schema_id in self._schemas:
             return self._schemas[schema_id], ""
-        try:
-            schema = self.source.get(schema_id)
-        except UnknownSchema:
-            return None, f"unknown schema id {schema_id}: the schema registry has no such schema"
-        if schema.kind != "PROTOBUF":
-            return None, f"schema id {schema_id} is a {schema.kind} schema, not Protobuf"
+        schema, why = writer_schema(self.source, schema_id, "PROTOBUF", "Protobuf")
+        if schema is None:
+            return None, why
         try:
             if isinstance(schema.text, bytes):
                 self._schemas[schema_id] = ProtoSchema(schema.text)
