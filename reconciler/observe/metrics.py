@@ -274,8 +274,9 @@ def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | No
     (``httpserver``)."""
     host, _, port = address.rpartition(":")
     registry = metrics.registry
-    # one exposition a second for every scraper: with 100 supervisors it is ~1 MB and tens of ms
-    exposition = SharedRender(lambda _path: generate_latest(registry))
+    # one exposition for every scraper asking meanwhile, and at most four a second: with 100
+    # supervisors it is ~1 MB and tens of ms; a scraper's values are at most 0.25 s old
+    exposition = SharedRender(lambda _path: generate_latest(registry), max_age=0.25)
 
     class Handler(RequestHandler, MetricsHandler):
         def _send(self, code: int, content_type: str, data: bytes) -> None:

@@ -10,11 +10,11 @@
 
 The broker of the health test is a TansuBroker of its own (stopping the session's
 would break other tests). Tansu keeps topics in memory, so the restarted broker (same
-port) no longer has the topic: the test creates it again, empty. The supervisor's
-checkpoints are then above the broker's latest offsets, which the runtime treats as
-caught up (IDLE, healthy); no records are produced after the restart, since offsets
-below the old checkpoints would never be read (an artefact of the in-memory broker,
-not something a real cluster does).
+port) no longer has the topic: the test creates it again, empty. That is a topic deleted
+and created again (issue 41.11: once silently read as caught up): the spec says
+`onRetentionLoss: continue`, so the supervisor goes on from the new topic's earliest
+offsets in a new source generation, recorded in its history, and is healthy again (by
+default it would stay UNHEALTHY with the way out).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_lag_falls_to_zero_and_healthz_follows_the_broker(tmp_path, spark):
         http = devservices.free_port()
         s = helpers.make_settings(tmp_path, http=f"127.0.0.1:{http}", tick_interval=0.5)
         helpers.write_spec(s.specs, helpers.spec_doc("clicks", helpers.kafka_source(broker.bootstrap, "clicks"),
-                                                     max_batch_records=1500))
+                                                     max_batch_records=1500, onRetentionLoss="continue"))
         with daemon_thread(s):
             seen: list[float] = []
 
@@ -181,6 +181,7 @@ def test_lag_falls_to_zero_and_healthz_follows_the_broker(tmp_path, spark):
             wait_until(lambda: health(http)[0] == 200, 120, "200 with the broker back", every=0.2)
             print(f"200 {time.monotonic() - t_back:.1f}s after the broker came back")
             assert health(http)[1]["failing"] == {}
+            assert "source-restarted" in [e["action"] for e in helpers.cli_json(s, "history", "clicks")]
     finally:
         broker.stop()
     helpers.assert_exactly_once(helpers.key_counts(spark, s, "clicks"), helpers.keys(records))
