@@ -94,6 +94,13 @@ class Applier:
         keeps running on its last valid spec) and fail the action; once recorded, again quietly."""
         if self.warehouse is None or a.spec is None:
             return
+        from reconciler.table.locations import catalog_names
+
+        try:  # no table yet (a new datasource, a first start): nothing to refuse, and no pyiceberg to import
+            if a.spec.data_schema.datasource not in catalog_names(self.store.engine):
+                return
+        except Exception:  # noqa: BLE001 - unreadable here: the full check below says why
+            pass
         from reconciler.table.types import table_refusal
 
         try:
