@@ -96,11 +96,12 @@ class Applier:
             return
         from reconciler.table.locations import catalog_names
 
-        try:  # no table yet (a new datasource, a first start): nothing to refuse, and no pyiceberg to import
-            if a.spec.data_schema.datasource not in catalog_names(self.store.engine):
-                return
+        try:
+            names = catalog_names(self.store.engine)
         except Exception:  # noqa: BLE001 - unreadable here: the full check below says why
-            pass
+            names = None
+        if names is not None and a.spec.data_schema.datasource not in names:
+            return  # no table yet (a new datasource, a first start): nothing to refuse, no pyiceberg to import
         from reconciler.table.types import table_refusal
 
         try:

@@ -7,7 +7,6 @@ is due; a broker that is down gives unknown, not 0, within the bound; backfill m
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -27,15 +26,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.integration]
 
 POLICY = {"maxRecords": 100, "for": "0s", "action": "resetToLatestAndBackfill", "cooldown": "10m"}
 
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def create(store: Store, sid: str, bootstrap: str, topic: str, policy=POLICY) -> None:

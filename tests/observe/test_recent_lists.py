@@ -4,26 +4,12 @@ team's reset off the page. A real SQLite store and the daemon's own page renderi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from reconciler.control.actual import State
 from reconciler.daemon import HttpEndpoint
 from reconciler.model import SupervisorSpec
 from reconciler.observe import statuspage
 from reconciler.observe.metrics import Metrics
 from reconciler.store.store import Store
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def create(store: Store, sid: str) -> None:

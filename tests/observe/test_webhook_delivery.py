@@ -22,16 +22,6 @@ from tests.e2e.receiver import Receiver
 
 
 @pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     try:

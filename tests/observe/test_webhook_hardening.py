@@ -26,16 +26,6 @@ from tests.observe.rawhttp import NO_CONTENT, RawServer, send, trickle
 
 
 @pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def server() -> Iterator[RawServer]:
     srv = RawServer()
     try:
