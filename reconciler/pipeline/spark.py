@@ -44,8 +44,8 @@ from reconciler.errors import RetryableError, SparkMisconfigured
 from reconciler.pipeline import sparkconf, sparkhome
 from reconciler.pipeline.sparkconf import DEFAULT_MASTER, LOCAL_CONF, SQL_CONF, STATIC_CONF  # noqa: F401  (callers' names)
 from reconciler.pipeline.sparkshared import check_shared_dir
-from reconciler.settings import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
-from reconciler.settings import endpoints as _endpoints
+from reconciler.sparkurls import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
+from reconciler.sparkurls import endpoints as _endpoints
 
 if TYPE_CHECKING:  # pyspark costs a second to import: status and settings do not need it
     from pyspark.sql import SparkSession
