@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from reconciler import catalogsettings
 from reconciler.errors import PermanentError, printable
 from reconciler.model import parse_seconds
 from reconciler.sparkurls import CONNECT_PORT, check_conf, check_master, endpoints  # noqa: F401  (callers import them from here)
@@ -54,6 +55,12 @@ class Settings:
                 "Spark executors reach it, when not the daemon's) as key=value, repeatable (environment: "
                 "separated by ';'; config file: a map); values may be ${env:...} or ${file:...} references",
         "shown": "none (the AWS environment)", "metavar": "key=value"})
+    catalog: dict[str, Any] = field(default_factory=dict, metadata={
+        "env": "RECONCILER_CATALOG", "key": "catalog",
+        "help": "the Iceberg catalog of the output tables, as JSON (config file: a map): {\"type\": \"sql\"} "
+                "(the metadata database, default), glue or rest, with namespace and pyiceberg's properties "
+                "(values may be ${env:...} or ${file:...} references); see docs/settings.md",
+        "shown": "`sql` (the metadata database)", "metavar": "JSON"})
     spark_master: str = _opt("local[*]", "RECONCILER_SPARK_MASTER", "sparkMaster",
                              "Spark master: local[*], spark://host:7077, or Spark Connect sc://host:15002")
     spark_conf: dict[str, str] = field(default_factory=dict, metadata={
@@ -164,9 +171,10 @@ def load(cli: dict[str, Any] | None = None, config: str | None = None, env: dict
     cli = {k: v for k, v in (cli or {}).items() if v is not None and v != ()}
     file_values = _read_config(config or env.get("RECONCILER_CONFIG"))
     values: dict[str, Any] = {"spark_conf": _spark_conf(cli, env, file_values),
-                              "object_store": _object_store(cli, env, file_values)}
+                              "object_store": _object_store(cli, env, file_values),
+                              "catalog": catalogsettings.parse(cli, env, file_values)}
     for f in fields(Settings):
-        if f.name in MULTIPLE:
+        if f.name in MULTIPLE or f.name == "catalog":
             continue
         if f.name in cli:
             values[f.name] = cli[f.name]

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 # Not swapped by SIGHUP: what the process opened (the database, the directories, the Spark
 # session) and what a leadership term's runtimes are built with (snapshots_kept).
-RESTART_FIELDS = ("db", "segments", "object_store", "state_dir", "spark_master", "spark_conf", "snapshots_kept",
+RESTART_FIELDS = ("db", "segments", "object_store", "catalog", "state_dir", "spark_master", "spark_conf", "snapshots_kept",
                   "reader_grace")
 
 
