@@ -7,7 +7,11 @@
   inside the spec's directory, exists and parses (Avro with fastavro, a descriptor set
   with protobuf; the message is in it);
 * with an Avro schema file, ``timestamp.column`` and each dimension's path exist in it;
-* with CSV, every field the spec reads is one of its ``columns``.
+* with CSV, every field the spec reads is one of its ``columns``;
+* ``schemaDiscovery`` is not combined with rollup: a rolled-up row is one per distinct set
+  of dimension values, so every discovered field would silently become a grouping key
+  that no spec declares (and compaction, which groups by the specs' dimensions, could not
+  merge such rows). Refused, not ignored: the user lists the fields as dimensions instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ def problems(parsed: ParsedYaml) -> list[SpecProblem]:
         return []
     fmt = ds.get("format", "json")
     out: list[tuple[YamlPath, str]] = []
+    granularity = ds.get("granularity")
+    if ds.get("schemaDiscovery") is True and isinstance(granularity, Mapping) and granularity.get("rollup") is True:
+        out.append(((*_DS, "schemaDiscovery"), "schemaDiscovery cannot be combined with granularity.rollup: "
+                                               "true (each discovered field would become a grouping key no "
+                                               "spec declares): list the fields you need under dimensions and "
+                                               "remove schemaDiscovery, or set rollup: false"))
     for block in _BLOCKS:
         if block in ds and block != fmt:
             out.append(((*_DS, block), f"{block}: is given but format is {fmt!r}: set format: {block}, "

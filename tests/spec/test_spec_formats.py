@@ -82,3 +82,13 @@ def test_typed_columns_must_agree_across_the_specs_of_a_datasource(specs):
     found = [str(p) for p in state.invalid["specs/a.yaml"].problems]
     assert any("dataSchema.dimensions[1]: column 'qty' is long here but double in specs/b.yaml" in p
                for p in found), found
+
+
+def test_schema_discovery_with_rollup_is_refused_naming_file_line_and_field(specs):
+    """Rollup groups by the declared dimensions: discovered fields were silently dropped."""
+    rollup = ("  schemaDiscovery: true\n  metrics: [{name: n, type: count}]\n"
+              "  granularity: {segment: hour, query: none, rollup: true}\n")
+    found = problems(specs, "x", head("x", rollup))
+    assert any(p.startswith("specs/x.yaml:7:20: dataSchema.schemaDiscovery: schemaDiscovery cannot be combined "
+                            "with granularity.rollup: true") for p in found), found
+    assert problems(specs, "y", head("y", rollup.replace("rollup: true", "rollup: false"))) == []
