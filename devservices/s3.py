@@ -6,6 +6,9 @@ backend, so ``go_away()`` (the port closes: connections are refused) and ``come_
 (a new server on the same port) keep every object, which is what a test of a store that
 disappears mid-batch needs. Clients reach it as any S3-compatible store: ``env()`` gives
 the standard AWS environment (``AWS_ENDPOINT_URL``, keys, region).
+
+The same server answers AWS Glue; ``devservices/glue.py`` patches its ``UpdateTable`` to refuse
+a stale ``VersionId`` as AWS does (moto alone ignores it).
 """
 
 from __future__ import annotations
