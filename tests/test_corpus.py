@@ -236,7 +236,7 @@ def test_validate_command_reports_every_file(tmp_path, monkeypatch):
     env |= {"RECONCILER_CONFIG": None, "STATE_DIRECTORY": None}
     result = CliRunner().invoke(cli, ["validate", "specs"], env=env)
     assert result.exit_code == 1, result.output
-    lines = result.stderr.splitlines()
+    lines = result.stdout.splitlines()  # the report (issue 46)
     for name, case in CASES.items():
         if case["stage"] == "apply":
             continue

@@ -229,7 +229,7 @@ def test_allow_insecure_specs_setting(specs, monkeypatch, tmp_path):
     runner = CliRunner()
     refused = runner.invoke(cli, ["--specs", "specs", "validate"], env=CLEAN_ENV)
     assert refused.exit_code == 1
-    assert "writable by others (mode 0777)" in refused.stderr and "allowInsecureSpecs" in refused.stderr
+    assert "writable by others (mode 0777)" in refused.stdout and "allowInsecureSpecs" in refused.stdout
     ok = runner.invoke(cli, ["--specs", "specs", "--allow-insecure-specs", "true", "validate"], env=CLEAN_ENV)
     assert ok.exit_code == 0, ok.output
     ok = runner.invoke(cli, ["--specs", "specs", "validate"],

@@ -32,12 +32,15 @@ Examples:
 def validate(c: Context, paths, output):
     """Validate spec and marker files (directories or single files).
 
-    Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE and exits 1 if any file is
-    invalid. With no PATH, validates the spec directory. Files named together are checked
-    together, per directory, as the daemon would (duplicate ids, datasources that collide).
-    Secret references are checked against secretsDir and secretEnv when they are given,
-    else for syntax only (said in one line). Needs no database and no broker, so it fits
-    a pre-commit hook or a pull request's CI job; where the database is there, each
+    Prints each problem as FILE:LINE:COLUMN: FIELD: MESSAGE on stdout (the report: `validate
+    > report.txt` keeps it) and exits 1 if any file is invalid. With no PATH, validates the
+    spec directory. Files named together are checked together, per directory, as the daemon
+    would (duplicate ids, datasources that collide). Secret references are checked against
+    the daemon's grants (secretsDir, secretEnv, secretGrants) whenever its settings are
+    here, read as `plan` reads them (--config, RECONCILER_CONFIG, else
+    /etc/stream-reconciler/config.yaml when it exists; environment; flags); with no settings
+    at all (a CI job), for syntax only, said in one line. Needs no database and no broker, so
+    it fits a pre-commit hook or a pull request's CI job; where the database is there, each
     spec's columns are also checked against its table (a change it cannot take).
     """
     from reconciler.errors import SpecProblem
@@ -45,7 +48,9 @@ def validate(c: Context, paths, output):
     from reconciler.spec.grants import Grants
 
     granted = Grants.from_settings(c.settings)
-    grants = granted if granted.given else None
+    # As plan checks them whenever the daemon's settings are here: a config file that grants
+    # nothing grants nothing (the daemon refuses every reference), not "syntax only".
+    grants = granted if granted.given or _config_file(c) is not None else None
     problems: list[SpecProblem] = []
     specs = markers = 0
     paths = paths or (c.settings.specs,)
@@ -66,20 +71,32 @@ def validate(c: Context, paths, output):
         specs += len(state.specs)
         markers += len(state.markers)
     problems += _table_problems(c, states)
-    note = None if grants else ("note: secret references were checked for syntax only (no secretsDir or "
-                                "secretEnv given); the daemon and `plan` refuse any secret not granted")
+    note = None if grants else ("note: secret references were checked for syntax only: no daemon settings here "
+                                "(no config file, secretsDir, secretEnv or secretGrants); give the daemon's "
+                                "(--config FILE) to check them as the daemon and `plan` do")
     if output == "json":
         _echo_json({"ok": not problems, "specs": specs, "markers": markers, "secretsChecked": grants is not None,
                     "problems": [dataclasses.asdict(p) for p in problems]})
         sys.exit(1 if problems else 0)
+    # The problems are the command's output, as the json report is: stdout. stderr is left to
+    # what stops it from running at all (a setting, an unreadable config file).
     for p in problems:
-        click.echo(render.printable(str(p)), err=True)
+        click.echo(render.printable(str(p)))
     if note and _has_references(states):
-        click.echo(note, err=True)
+        click.echo(note)
     if problems:
-        click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)", err=True)
+        click.echo(f"{len(problems)} problem(s); {specs} valid spec(s), {markers} valid marker(s)")
         sys.exit(1)
     click.echo(f"ok: {specs} spec(s), {markers} marker(s) valid")
+
+
+def _config_file(c: Context) -> Path | None:
+    """The config file these settings were read from, as ``settings.load`` finds it, or None."""
+    from reconciler import settings as settings_mod
+
+    if c.config:
+        return Path(c.config)
+    return settings_mod.DEFAULT_CONFIG if settings_mod.DEFAULT_CONFIG.exists() else None
 
 
 def _table_problems(c: Context, states) -> list:

@@ -116,7 +116,10 @@ class RequestsMixin:
         if outcome.lost_records:
             details |= {"lostRecords": outcome.lost_records,
                         "lostRanges": {p: list(r) for p, r in outcome.lost_ranges.items()}}
-        self._audit(c, row.id, request.action_kind, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
+        # Named for what happened, not for what was asked: a rewind or a jump with nothing to
+        # backfill creates no backfill, and the audit, `history` and webhooks must not say so.
+        action = "reset-and-backfill" if backfill_id else "reset"
+        self._audit(c, row.id, action, actor, f"{request.trigger}: {request.source}", request.reason, details, now)
         c.execute(sa.insert(requests).values(
             token=request.token, supervisor_id=row.id, kind=request.trigger, status="applied",
             result=canonical_json(details), handled_at=now,

@@ -85,6 +85,6 @@ def test_files_named_together_are_checked_together_per_directory(specs, tmp_path
     assert not any(p.startswith("elsewhere/") for p in problems)
     runner = CliRunner()
     together = runner.invoke(cli, ["validate", "specs/clicks.yaml", "specs/copy.yaml"], env=CLEAN_ENV)
-    assert together.exit_code == 1 and "is also declared in specs/clicks.yaml" in together.stderr
+    assert together.exit_code == 1 and "is also declared in specs/clicks.yaml" in together.stdout
     alone = runner.invoke(cli, ["validate", "specs/copy.yaml"], env=CLEAN_ENV)
     assert alone.exit_code == 0, alone.output

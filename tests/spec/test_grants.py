@@ -193,11 +193,13 @@ def test_validate_checks_grants_when_given_and_says_when_it_cannot(vault, tmp_pa
     runner = CliRunner()
     syntax = runner.invoke(cli, ["validate", str(specs)], env=CLEAN_ENV)
     assert syntax.exit_code == 0, syntax.output
-    assert syntax.stderr.strip() == ("note: secret references were checked for syntax only (no secretsDir or "
-                                     "secretEnv given); the daemon and `plan` refuse any secret not granted")
+    assert syntax.stdout.splitlines()[0] == (
+        "note: secret references were checked for syntax only: no daemon settings here (no config file, "
+        "secretsDir, secretEnv or secretGrants); give the daemon's (--config FILE) to check them as the daemon "
+        "and `plan` do")
     granted = runner.invoke(cli, ["--secrets-dir", str(vault), "validate", str(specs)], env=CLEAN_ENV)
     assert granted.exit_code == 1
-    assert f"{specs / 'thief.yaml'}:7:16: " in granted.stderr and "secretsDir" in granted.stderr
+    assert f"{specs / 'thief.yaml'}:7:16: " in granted.stdout and "secretsDir" in granted.stdout
     assert "OTHER-TEAM" not in granted.output + granted.stderr
     by_env = runner.invoke(cli, ["validate", "-o", "json", str(specs)], env=CLEAN_ENV | {
         "RECONCILER_SECRETS_DIR": str(vault)})
@@ -237,10 +239,10 @@ def test_a_spec_using_a_secret_granted_to_another_team_is_refused_by_validate_an
     where = f"{specs / 'team-a-clicks.yaml'}:8:16: source.consumerProperties[\"client.id\"]: "
     text = runner.invoke(cli, [*base, "validate", str(specs)], env=CLEAN_ENV)
     assert text.exit_code == 1, text.output
-    [line] = [x for x in text.stderr.splitlines() if "team-a-clicks.yaml" in x]
+    [line] = [x for x in text.stdout.splitlines() if "team-a-clicks.yaml" in x]
     assert line.startswith(where) and "team-b-kafka-password of the secrets directory" in line
     assert "not granted to spec team-a-clicks" in line and "secretGrants" in line
-    assert "team-b-orders" not in text.stderr  # Team B's own use of it is granted
+    assert "team-b-orders" not in text.stdout  # Team B's own use of it is granted
     as_json = runner.invoke(cli, [*base, "validate", "-o", "json", str(specs)], env=CLEAN_ENV)
     assert as_json.exit_code == 1 and '"field": "source.consumerProperties[\\"client.id\\"]"' in as_json.stdout
     plan = runner.invoke(cli, [*base, "--specs", str(specs), "--state-dir", str(tmp_path / "state"), "plan",
@@ -329,7 +331,7 @@ def test_a_link_in_a_granted_part_of_the_secrets_directory_does_not_grant_its_ta
     result = CliRunner().invoke(cli, ["--secrets-dir", str(vault), "--secret-grants", GRANTS,
                                       "validate", str(specs)], env=CLEAN_ENV)
     assert result.exit_code == 1, f"validate accepts it: {result.output}"
-    assert "${file:team-a/stolen} is refused: it resolves through a link to team-b/kafka-password" in result.stderr
+    assert "${file:team-a/stolen} is refused: it resolves through a link to team-b/kafka-password" in result.stdout
     assert "s3cret" not in result.output + result.stderr
     # what a client of team-a-clicks would be built with: Team B's password went to Team A's broker
     with pytest.raises(PermanentError, match=r"\$\{file:team-a/stolen\} is refused: it resolves through a link"
@@ -347,7 +349,7 @@ def test_the_id_a_spec_declares_is_not_bound_to_its_file_name(tmp_path):
     result = CliRunner().invoke(cli, ["--secrets-dir", str(vault), "--secret-grants", GRANTS,
                                       "validate", str(specs)], env=CLEAN_ENV)
     assert result.exit_code == 1, f"team-a-clicks.yaml is granted team-b/kafka-password: {result.output}"
-    assert "not granted to spec team-b-zzz of file team-a-clicks.yaml" in result.stderr
+    assert "not granted to spec team-b-zzz of file team-a-clicks.yaml" in result.stdout
 
 
 def test_a_link_to_a_file_granted_to_the_same_specs_still_resolves(tmp_path):
@@ -376,3 +378,33 @@ def test_a_link_to_a_file_granted_to_the_same_specs_still_resolves(tmp_path):
 ])
 def test_a_link_s_selectors_are_covered_only_when_sure(wide, narrow, covered):
     assert grants._covers(wide, narrow) is covered
+
+
+def test_validate_with_the_daemons_config_file_checks_as_plan_does(tmp_path, monkeypatch):
+    """Issue 46: with a config file that grants nothing (the shipped example's, as installed),
+    the daemon and `plan` refuse every secret reference, and validate said "ok" (syntax only).
+    The config is the one ``plan`` reads: --config, RECONCILER_CONFIG, else the default path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEAM_B_PW", "x")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "clicks.yaml").write_text(spec_text("clicks", {"sasl.password": "${env:TEAM_B_PW}"}))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"specs: {specs}\nstateDir: {tmp_path / 'state'}\n")
+    runner = CliRunner()
+    plan = runner.invoke(cli, ["--config", str(config), "plan", "--no-positions"], env=CLEAN_ENV)
+    assert plan.exit_code == 1 and "TEAM_B_PW, which is not granted" in plan.stdout, plan.output
+    by_option = runner.invoke(cli, ["--config", str(config), "validate"], env=CLEAN_ENV)
+    by_env = runner.invoke(cli, ["validate", str(specs)], env=CLEAN_ENV | {"RECONCILER_CONFIG": str(config)})
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", config)
+    by_default = runner.invoke(cli, ["validate", str(specs)], env=CLEAN_ENV)
+    for result in (by_option, by_env, by_default):
+        assert result.exit_code == 1, result.output
+        assert "TEAM_B_PW, which is not granted: add it to secretEnv" in result.stdout
+        assert "syntax only" not in result.output
+    # what the config grants, validate grants: secretEnv and a per-spec grant to another spec
+    config.write_text(config.read_text() + "secretEnv: TEAM_B_PW\nsecretGrants: {'env:TEAM_B_PW': team-b}\n")
+    other = runner.invoke(cli, ["--config", str(config), "validate"], env=CLEAN_ENV)
+    assert other.exit_code == 1 and "not granted to spec clicks" in other.stdout, other.output
+    config.write_text(config.read_text().replace("team-b", "clicks"))
+    assert runner.invoke(cli, ["--config", str(config), "validate"], env=CLEAN_ENV).exit_code == 0

@@ -584,3 +584,22 @@ def test_recreate_with_fresh_start_drops_the_old_checkpoints(store: Store, click
     store.create_supervisor(moved, "specs/clicks.yaml", actor="test", fresh_start="cluster changed")
     assert store.checkpoints("clicks") == {}
     assert store.get("clicks").state == State.PENDING
+
+
+@pytest.mark.parametrize("position, latest, backfill_id", [
+    pytest.param(Position("offsets", offsets={"0": 0, "1": 0}), {"0": 100, "1": 20}, None, id="rewind"),
+    pytest.param(Position("latest"), {"0": 10, "1": 20}, None, id="latest-caught-up"),
+    pytest.param(Position("latest"), {"0": 100, "1": 20}, "clicks-backfill-1", id="latest-behind"),
+])
+def test_the_audit_names_a_reset_by_whether_a_backfill_was_created(store: Store, clicks, position, latest,
+                                                                    backfill_id):
+    """Issue 46: a rewind asked with --backfill (the CLI's default) creates no backfill, and was
+    recorded as reset-and-backfill."""
+    req = from_cli("clicks", position, operation_id="op1", backfill=True, allow_rewind=True)
+    pos = Positions(earliest={p: 0 for p in latest}, latest=latest)
+    result = store.apply_reset(req, partial(compute_reset, position, positions=pos, backfill=True, allow_rewind=True),
+                               initial={}, actor="test")
+    assert result.backfill_id == backfill_id
+    [entry] = [h for h in store.history("clicks") if h["action"] in ("reset", "reset-and-backfill")]
+    assert entry["action"] == ("reset-and-backfill" if backfill_id else "reset")
+    assert entry["details"]["backfill"] == backfill_id

@@ -42,6 +42,6 @@ def test_validate_refuses_a_column_change_the_table_cannot_take(tmp_path):
     result = runner.invoke(cli, [*base, "validate"])
     assert result.exit_code == 1, result.output
     assert "dataSchema: table 'orders' cannot take the spec's columns: column qty long -> string: refused" \
-        in result.stderr
+        in result.stdout
     (specs / "orders.yaml").write_text(SPEC.format(qty="long"))
     assert runner.invoke(cli, [*base, "validate"]).exit_code == 0
