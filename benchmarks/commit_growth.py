@@ -53,6 +53,7 @@ from reconciler.store.store import Store  # noqa: E402
 from reconciler.table import durable  # noqa: E402
 from reconciler.table.catalog import deadletter_table  # noqa: E402
 from reconciler.table.compact import compact  # noqa: E402
+from reconciler.table.rolling import compact_open  # noqa: E402
 from reconciler.table.verify import SupervisorFacts, verify  # noqa: E402
 
 SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string()),
@@ -170,6 +171,13 @@ def _live_files(table) -> int:
                for m in table.current_snapshot().manifests(table.io))
 
 
+def _manifest_entries(table) -> int:
+    """Entries of the current snapshot's manifests, deleted ones included: what the next
+    publish's merge reads and a reader's planning walks."""
+    return sum(int(m.existing_files_count or 0) + int(m.added_files_count or 0) + int(m.deleted_files_count or 0)
+               for m in table.current_snapshot().manifests(table.io))
+
+
 def _metadata_dir(meta_dir: Path) -> tuple[int, int]:
     """Files in ``metadata/`` and the size of the newest metadata JSON (the current one:
     its name starts with the version number, 5 digits until it needs 6), read after every
@@ -187,7 +195,7 @@ def _metadata_dir(meta_dir: Path) -> tuple[int, int]:
 
 
 def run(url: str, root: Path, commits: int, window: int, records: int, kept: int,
-        compact_every: int = 720, reader_grace: float = 600.0) -> dict:
+        compact_every: int = 720, reader_grace: float = 600.0, rolling_every: int = 0) -> dict:
     store = Store(url)
     store.migrate()
     spec = SupervisorSpec.from_document({
@@ -205,6 +213,7 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     windows = []
     compactions: list[float] = []
     compacted = [0, 0]  # files in, files out
+    rolled: list[float] = []
     meta_dir: Path | None = None
     peak_files = peak_bytes = 0  # the window's highest, sampled after every commit
     started = time.monotonic()
@@ -223,6 +232,10 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
             files_in, files_out = _compact(tables, store, T0 + timedelta(seconds=counter.end), compactions)
             compacted[0] += files_in
             compacted[1] += files_out
+        if rolling_every and done % rolling_every == 0:  # the open hour's, as rollingCompaction does
+            t = time.monotonic()
+            compact_open(tables, SID, store=store, now=T0 + timedelta(seconds=counter.end))
+            rolled.append(time.monotonic() - t)
         if done % window == 0:
             table = tables.load(SID)
             meta = Path(table.metadata_location)
@@ -234,6 +247,7 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
                 "metadataDirFiles": _metadata_dir(meta.parent)[0],
                 "metadataDirFilesPeak": peak_files, "metadataFileKiBPeak": round(peak_bytes / 1024, 1),
                 "snapshots": len(table.metadata.snapshots), "liveDataFiles": _live_files(table),
+                "manifestEntries": _manifest_entries(table),
                 "dbMiB": round(_db_size(store, url) / 2**20, 2)})
             print(f"{done} commits, {time.monotonic() - started:.0f}s: {windows[-1]}", file=sys.stderr)
             peak_files = peak_bytes = 0
@@ -269,6 +283,8 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
         "compactions": {"runs": len(compactions), "filesIn": compacted[0], "filesOut": compacted[1],
                         "medianSeconds": round(statistics.median(compactions), 3) if compactions else None,
                         "maxSeconds": round(max(compactions), 3) if compactions else None},
+        "rolling": {"every": rolling_every, "runs": len(rolled),
+                    "medianSeconds": round(statistics.median(rolled), 3) if rolled else None},
         "windows": windows,
         "verifySeconds": round(verify_s, 3), "verifyOk": report.ok, "statusQueriesSeconds": round(status_s, 4),
         "leaseSeconds": round(lease_s, 4), "leaseKept": token is not None and renewed == token,

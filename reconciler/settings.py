@@ -81,6 +81,9 @@ class Settings:
     compact_interval: float = _opt(3600.0, "RECONCILER_COMPACT_INTERVAL", "compactInterval",
                                    "seconds between compactions of closed time partitions by the leader "
                                    "(0 disables; by hand: reconciler compact)")
+    rolling_compaction: float = _opt(30.0, "RECONCILER_ROLLING_COMPACTION", "rollingCompaction",
+                                     "seconds between merges of the small files of time partitions still being "
+                                     "written, by the leader (sooner after 50 new files; 0 disables)")
     compact_lateness: float = _opt(3600.0, "RECONCILER_COMPACT_LATENESS", "compactLateness",
                                    "a time partition is compacted once its end is this many seconds in the past")
     maintain_interval: float = _opt(900.0, "RECONCILER_MAINTAIN_INTERVAL", "maintainInterval",
@@ -155,6 +158,7 @@ class Settings:
 
 
 _FLOATS = {"tick_interval", "debounce", "max_termination_share", "lease_ttl", "compact_interval", "compact_lateness",
+           "rolling_compaction",
            "maintain_interval", "snapshot_retention", "lag_interval", "step_timeout", "reader_grace"}
 _INTS = {"snapshots_kept"}
 MULTIPLE = {"spark_conf", "object_store"}  # options given once per value on the command line

@@ -164,6 +164,7 @@ class Leadership:
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,
                                       snapshot_retention=settings.snapshot_retention,
+                                      rolling_every=settings.rolling_compaction,
                                       on_progress=self._wake,
                                       step_timeout=lambda: self._settings().step_timeout)
         self.manager.start()
@@ -172,14 +173,16 @@ class Leadership:
 
     def settings_changed(self) -> None:
         """After a SIGHUP: this term's compactor takes the new ``compactInterval``,
-        ``compactLateness``, ``maintainInterval`` and ``snapshotRetention`` (a standby's next
+        ``compactLateness``, ``maintainInterval``, ``snapshotRetention`` and
+        ``rollingCompaction`` (a standby's next
         term reads them when it starts; the rest is asked for at each use)."""
         manager = self.manager
         if manager is not None:
             s = self._settings()
             manager.compactor.configure(every=s.compact_interval, lateness=s.compact_lateness,
                                         maintain_every=s.maintain_interval,
-                                        snapshot_retention=s.snapshot_retention)
+                                        snapshot_retention=s.snapshot_retention,
+                                        rolling_every=s.rolling_compaction)
 
     def _note_standby(self) -> None:
         try:

@@ -8,6 +8,12 @@ compare-and-swap as the publish, so batches keep publishing meanwhile (whoever m
 table second is re-planned or re-staged). ``stop()`` cancels between partitions: what a
 cancelled run wrote is deleted, nothing half-committed is left.
 
+It also runs the rolling compaction of the partitions still being written
+(``reconciler.table.rolling``) every ``rolling_every`` seconds, and sooner: every
+``ROLLING_CHECK`` seconds it reads each table's live file count from its current snapshot
+(one pointer query; the metadata is cached) and runs at once where ``TRIGGER_FILES`` files
+arrived since its last run, so the open partition stays near 100 files at any commit rate.
+
 ``configure`` changes the intervals, the lateness and the retention of a running compactor
 (SIGHUP): a run is due ``every`` seconds after the last one started, whatever ``every`` was
 then, so a shorter interval brings the next run forward and a longer one puts it off; a run
@@ -24,17 +30,20 @@ from datetime import timedelta
 
 log = logging.getLogger(__name__)
 
+ROLLING_CHECK = 5.0  # seconds between looks at the tables' file counts (rolling compaction)
+
 
 class Compactor:
     def __init__(self, ctx, *, every: float = 3600.0, lateness: float = 3600.0,
                  target_file_size: int | None = None, maintain_every: float = 0.0,
-                 snapshot_retention: float = 7 * 86400.0,
+                 snapshot_retention: float = 7 * 86400.0, rolling_every: float = 0.0,
                  first_delay: float = 60.0, clock: Callable[[], float] = time.monotonic):
         """``every`` seconds between compaction runs (0 disables); ``lateness`` seconds after
         its end a time partition counts as closed; ``maintain_every`` seconds between
         snapshot expiry (snapshots older than ``snapshot_retention`` seconds, at least the
         last 100 kept) + orphan clean-up (files older than a day) runs (0: never here, leave
-        it to ``reconciler maintain``); the first run comes ``first_delay`` after start."""
+        it to ``reconciler maintain``); ``rolling_every`` seconds between rolling compactions
+        of the open partitions (0 disables); the first run comes ``first_delay`` after start."""
         self.ctx = ctx
         self.target_file_size = target_file_size
         self._clock = clock
@@ -44,6 +53,12 @@ class Compactor:
         # derived from it and the current interval, so configure() only swaps values.
         self._last_compact: float | None = None
         self._last_maintain: float | None = None
+        self._last_rolling: float | None = None
+        self._last_check = clock()
+        self._rolled_files: dict[str, int] = {}  # datasource -> live files right after its last rolling run
+        self.rolling_every = rolling_every
+        self.rolling_cpu = 0.0  # CPU seconds the rolling runs took (their thread's), since start
+        self.rolling_runs = 0
         self.configure(every=every, lateness=lateness, maintain_every=maintain_every,
                        snapshot_retention=snapshot_retention)
         self._cancel = threading.Event()
@@ -52,10 +67,13 @@ class Compactor:
         self.last_error: str | None = None
 
     def configure(self, *, every: float, lateness: float, maintain_every: float,
-                  snapshot_retention: float) -> None:
+                  snapshot_retention: float, rolling_every: float | None = None) -> None:
         """New intervals, lateness and retention (the settings' ``compactInterval``,
-        ``compactLateness``, ``maintainInterval`` and ``snapshotRetention``), from the next run
-        on. Plain attribute writes: the manager's thread reads each whole."""
+        ``compactLateness``, ``maintainInterval``, ``snapshotRetention`` and
+        ``rollingCompaction``; None keeps the last), from the next run on. Plain attribute
+        writes: the manager's thread reads each whole."""
+        if rolling_every is not None:
+            self.rolling_every = rolling_every
         self.every = every
         self.lateness = timedelta(seconds=lateness)
         self.maintain_every = maintain_every
@@ -76,6 +94,15 @@ class Compactor:
             maintain = float("inf")
         return compact, maintain
 
+    def next_rolling(self) -> float:
+        """When the rolling compaction is next due by its interval (inf when disabled)."""
+        every = self.rolling_every
+        if every <= 0:
+            return float("inf")
+        if self._last_rolling is None:
+            return self._started + min(self._first_delay, every)
+        return self._last_rolling + every
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -87,13 +114,19 @@ class Compactor:
             return False
         next_compact, next_maintain = self.next_runs()
         compact_due, maintain_due = now >= next_compact, now >= next_maintain
-        if not (compact_due or maintain_due):
+        rolling_due = now >= self.next_rolling()
+        check_due = self.rolling_every > 0 and now >= self._last_check + ROLLING_CHECK
+        if not (compact_due or maintain_due or rolling_due or check_due):
             return False
         if compact_due:
             self._last_compact = now
         if maintain_due:
             self._last_maintain = now
-        self._thread = threading.Thread(target=self._run, args=(compact_due, maintain_due),
+        if rolling_due:
+            self._last_rolling = now
+        if rolling_due or check_due:
+            self._last_check = now
+        self._thread = threading.Thread(target=self._run, args=(compact_due, maintain_due, rolling_due, check_due),
                                         name="compactor", daemon=True)
         self._thread.start()
         return True
@@ -103,10 +136,13 @@ class Compactor:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _run(self, compact_due: bool, maintain_due: bool) -> None:
+    def _run(self, compact_due: bool, maintain_due: bool, rolling_due: bool = False,
+             check_due: bool = False) -> None:
         try:
             if compact_due:
                 self.last_results = self.run_once()
+            if (rolling_due or check_due) and not self._cancel.is_set():
+                self.roll_once(force=rolling_due)
             if maintain_due and not self._cancel.is_set():
                 self.maintain_once()
             self.last_error = None
@@ -142,6 +178,42 @@ class Compactor:
             results.append(result)
             if result.partitions and not result.committed and not self._cancel.is_set():
                 log.warning("compaction of %s: %s", name, result.message)
+        return results
+
+    def roll_once(self, force: bool = True) -> list:
+        """The rolling compaction of every datasource's open partitions; without ``force``
+        (a check between two due runs) only of those with ``TRIGGER_FILES`` new files."""
+        from reconciler.table.compact import DEFAULT_TARGET_FILE_SIZE
+        from reconciler.table.rolling import TRIGGER_FILES, compact_open, live_files
+
+        cpu = time.thread_time()
+        tables = self.ctx.tables()
+        lateness = self.lateness
+        results = []
+        for name, rollup in sorted(self.datasources().items()):
+            if self._cancel.is_set():
+                break
+            if name not in self._rolled_files and tables.load(name) is None:
+                continue
+            live = live_files(tables.current(name))
+            last = min(self._rolled_files.get(name, 0), live)  # a closed hour's compaction lowers it
+            self._rolled_files[name] = last
+            if not force and live - last < TRIGGER_FILES:
+                continue
+            result = compact_open(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
+                                  target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
+                                  cancel=self._cancel)
+            self._rolled_files[name] = live_files(tables.current(name))
+            results.append(result)
+            if result.partitions and not result.committed and not self._cancel.is_set():
+                log.warning("rolling compaction of %s: %s", name, result.message)
+        if results:
+            used = time.thread_time() - cpu
+            self.rolling_cpu += used
+            self.rolling_runs += 1
+            log.info("rolling compaction: %s (%.3f CPU-s; %.1f CPU-s in %d runs so far)",
+                     "; ".join(f"{r.table}: {r.files_before} file(s) -> {r.files_after}" for r in results),
+                     used, self.rolling_cpu, self.rolling_runs)
         return results
 
     def maintain_once(self) -> list:

@@ -67,13 +67,14 @@ class RuntimeManager:
     def __init__(self, ctx: RuntimeContext, *, workers: int = 2, refresh: float = 1.0,
                  compact_every: float = 0.0, compact_lateness: float = 3600.0,
                  maintain_every: float = 0.0, snapshot_retention: float = 3600.0,
-                 on_progress: Callable[[], None] | None = None,
+                 rolling_every: float = 0.0, on_progress: Callable[[], None] | None = None,
                  step_timeout: float | Callable[[], float] = STEP_TIMEOUT):
         from reconciler.runtime.compactor import Compactor
 
         self.ctx = ctx
         self.compactor = Compactor(ctx, every=compact_every, lateness=compact_lateness,
-                                   maintain_every=maintain_every, snapshot_retention=snapshot_retention)
+                                   maintain_every=maintain_every, snapshot_retention=snapshot_retention,
+                                   rolling_every=rolling_every)
         self.refresh = refresh
         self.workers = workers
         self._step_timeout = step_timeout if callable(step_timeout) else (lambda: step_timeout)

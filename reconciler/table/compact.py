@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyiceberg.exceptions import ValidationException
@@ -54,6 +54,7 @@ OPERATION = "reconciler.operation"  # snapshot summary: compact | import (a batc
 DEFAULT_LATENESS = timedelta(hours=1)
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per output file (Parquet is smaller)
 COMMIT_ATTEMPTS = 10
+ROLLING = "reconciler.rolling"  # snapshot summary: "true" on a rolling compaction of open partitions
 
 _SUMS = {"count", "longSum", "doubleSum"}
 _MINS = {"longMin", "doubleMin"}
@@ -135,7 +136,7 @@ class CompactResult:
 
 
 @dataclass
-class _Group:
+class Group:
     key: tuple
     start: datetime | None
     end: datetime | None
@@ -152,6 +153,12 @@ class _Group:
         return f"{_iso(self.start)}/{_iso(self.end)}"
 
 
+class Selector(Protocol):
+    """Which groups of files a compaction rewrites: ``(table, rollup, target file size, now)``."""
+
+    def __call__(self, table: Table, rollup: Rollup | None, target: int, now: datetime) -> list[Group]: ...
+
+
 def compact(
     tables: Tables,
     datasource: str,
@@ -164,6 +171,7 @@ def compact(
     dry_run: bool = False,
     attempts: int = COMMIT_ATTEMPTS,
     cancel: threading.Event | None = None,
+    select: Selector | None = None,
 ) -> CompactResult:
     """Rewrite the small files of the closed time partitions of table ``datasource``.
 
@@ -180,6 +188,10 @@ def compact(
     the same transaction as the pointer move (``store.commit_tables``); a clean-up that
     fenced the write first makes the commit fail. All partitions go in one commit; a commit
     that lost against another writer is planned again and retried up to ``attempts`` times.
+
+    ``select`` chooses the groups instead of the closed-partition rule (the rolling
+    compaction of open partitions, ``rolling.py``); everything from the rewrite on is the
+    same. It is asked again at each attempt, on the table as it is then.
     """
     if rollup is not None and not isinstance(rollup, Rollup):
         rollup = Rollup.of(rollup)
@@ -197,7 +209,10 @@ def compact(
             table = tables.current(datasource)
             effective = rollup_of_table(table, rollup)
             result.rollup = effective is not None
-            groups, open_count = _plan(table, effective, lateness, target_file_size, now)
+            if select is None:
+                groups, open_count = _plan(table, effective, lateness, target_file_size, now)
+            else:
+                groups, open_count = select(table, effective, target_file_size, now), 0
             result.open_partitions = open_count
             result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
                                                     sum(f.record_count for f in g.files),
@@ -229,6 +244,8 @@ def compact(
                 durable.sync([local_path(f.file_path) for f in new_files], _dirs_up_to_data(table, new_files))
             summary = {OPERATION: "compact", DATASOURCE: datasource, "reconciler.partitions": str(len(groups)),
                        "reconciler.rollup": str(effective is not None).lower()}
+            if select is not None:
+                summary[ROLLING] = "true"
 
             def build(tx, groups=groups, new_files=new_files, summary=summary):
                 producer = tagged(tx.update_snapshot(snapshot_properties=summary).overwrite(), tx)
@@ -334,16 +351,16 @@ def rollup_of_table(table: Table, rollup: Rollup | None) -> Rollup | None:
 
 
 def _plan(table: Table, rollup: Rollup | None, lateness: timedelta, target: int,
-          now: datetime) -> tuple[list[_Group], int]:
+          now: datetime) -> tuple[list[Group], int]:
     metadata = table.metadata
-    time_id = _time_field_id(metadata.schema())
-    by_key: dict[tuple, _Group] = {}
+    time_id = time_field_id(metadata.schema())
+    by_key: dict[tuple, Group] = {}
     for task in table.scan().plan_files():
         f = task.file
         spec = metadata.specs()[f.spec_id]
-        start, end = _partition_interval(spec, f.partition, time_id)
+        start, end = time_interval(spec, f.partition, time_id)
         key = (f.spec_id, tuple(f.partition))
-        by_key.setdefault(key, _Group(key, start, end, [])).tasks.append(task)
+        by_key.setdefault(key, Group(key, start, end, [])).tasks.append(task)
     groups, open_count = [], 0
     small = target // 2
     for g in sorted(by_key.values(), key=lambda g: (g.start or datetime.min.replace(tzinfo=UTC), g.key)):
@@ -361,7 +378,7 @@ def _plan(table: Table, rollup: Rollup | None, lateness: timedelta, target: int,
     return groups, open_count
 
 
-def _rewrite(table: Table, group: _Group, rollup: Rollup | None, target: int, write_id: str) -> list[DataFile]:
+def _rewrite(table: Table, group: Group, rollup: Rollup | None, target: int, write_id: str) -> list[DataFile]:
     """Read a partition's files, (roll up,) and write them again as ``target``-sized files
     of the same partition under ``<table>/data/compacted/<write id>/``."""
     metadata = table.metadata
@@ -409,7 +426,7 @@ def rollup_rows(rows: pa.Table, rollup: Rollup) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=rows.schema)
 
 
-def _time_field_id(schema) -> int | None:
+def time_field_id(schema) -> int | None:
     try:
         return schema.find_field(TIME).field_id
     except ValueError:
@@ -418,7 +435,7 @@ def _time_field_id(schema) -> int | None:
 
 
 
-def _partition_interval(spec, partition, time_id: int | None) -> tuple[datetime | None, datetime | None]:
+def time_interval(spec, partition, time_id: int | None) -> tuple[datetime | None, datetime | None]:
     """``[start, end)`` of a file's ``__time`` partition, or (None, None) without one."""
     for pos, pf in enumerate(spec.fields):
         if pf.source_id != time_id:
