@@ -49,7 +49,8 @@ def status(c: Context, supervisor_id, output, no_lag):
       latest         the broker's end of the partition now (asked by this command)
       end            a bounded supervisor's last offset (exclusive): where a backfill stops
       lag            latest (or end) minus checkpoint, in records; lag age: how old the oldest
-                     record not yet ingested is
+                     record not yet ingested is; ? when unknown (a broker down, or a source
+                     that started over below the checkpoint: said under the table)
       (as of HH:MM:SSZ)  no daemon leads now: states are as the last one left them
       leader: none   the last daemon's lease ran out: after a clean stop too (it is not an error)
 

@@ -115,6 +115,9 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
     for n, (message, ids) in enumerate(notes.items(), 1):
         who = ids[0] if len(ids) == 1 else f"{len(ids)} supervisors ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
         out.append(f"[{n}] {who}: {printable(message)}")
+    for s in items:  # a "?" says why: here, a source that started over (never a false 0)
+        if s.get("lagUnknown"):
+            out.append(f"{s['id']}: lag {printable(s['lagUnknown'])}")
     for s in items:  # a policy that has something to say (breached, pending, acting) stays in view
         d = s.get("lagPolicy")
         if d and d["status"] not in ("ok", "unobserved", "suspended"):
@@ -136,7 +139,8 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
             out.append(f"\n{s['id']} ({s['kind']}{', from ' + s['parent'] if s['parent'] else ''}), "
                        f"epoch {s['epoch']}, spec {s['specHash']} {printable(s['specPath'] or '')}")
             out.append(table(["partition", "checkpoint", "latest", "end", "lag", "lag age"],
-                             [[p["partition"], p["checkpoint"], p["latest"], p["end"], p["lag"],
+                             [[p["partition"], p["checkpoint"], p["latest"], p["end"],
+                               "?" if p["lag"] is None else p["lag"],
                                "?" if p.get("lagSeconds") is None else _age(p["lagSeconds"])]
                               for p in s["partitions"]]))
             if s.get("lagPolicy"):

@@ -197,7 +197,7 @@ def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Ma
 def lag_time(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
     """The age of the oldest record not yet ingested, as last observed (``?``: not known)."""
     seconds = s.get("lagSeconds")
-    if seconds is None and observed is not None:
+    if seconds is None and observed is not None and not s.get("lagUnknown"):
         seconds = observed.get("seconds")
     if seconds is None:
         return '<span class=muted>?</span>'
@@ -224,6 +224,8 @@ def _lag(s: Mapping[str, Any], runtime: Mapping[str, float], observed: Mapping[s
     if s.get("backfill"):
         b = s["backfill"]
         return f"{max(0, b['total'] - b['done']):,}"
+    if s.get("lagUnknown"):  # before the observer's figure, which is latest minus checkpoint: a false 0
+        return f'<span class=muted title="{escape(str(s["lagUnknown"]))}">?</span>'
     if s.get("lag") is not None:
         return f"{int(s['lag']):,}"
     if observed is not None and observed.get("records") is not None:

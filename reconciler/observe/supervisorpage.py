@@ -67,6 +67,8 @@ def _summary(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
         rows.append(("dead letters", f"{int(dl['pending']):,} pending"
                      + (f", last reason: {dl['lastReason']}" if dl.get("lastReason") else "")
                      + f" (see `{dl['command']}`)"))
+    if s.get("lagUnknown"):
+        rows.append(("lag", str(s["lagUnknown"])))
     if s.get("lastError") or s.get("streamError"):
         rows.append(("last error", str(s.get("lastError") or s.get("streamError"))))
     html = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
@@ -85,8 +87,8 @@ def _partitions(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str
     for p in s.get("partitions") or ():
         o = seen.get(p["partition"], {})
         target = p.get("end") if p.get("end") is not None else o.get("target", p.get("latest"))
-        lag = p.get("lag") if p.get("lag") is not None else o.get("records")
-        secs = p.get("lagSeconds") if p.get("lagSeconds") is not None else o.get("seconds")
+        lag = p.get("lag") if p.get("lag") is not None or s.get("lagUnknown") else o.get("records")
+        secs = p.get("lagSeconds") if p.get("lagSeconds") is not None or s.get("lagUnknown") else o.get("seconds")
         rows.append(f'<tr><td>{escape(str(p["partition"]))}</td><td class=num>{_n(p.get("checkpoint"))}</td>'
                     f"<td class=num>{_n(target)}</td><td class=num>{_n(lag)}</td>"
                     f'<td class=num>{escape(duration(secs)) if secs is not None else "?"}</td></tr>')
