@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pyarrow as pa
 from reconciler.model import DataSchema, PartitionRange, SupervisorSpec, source_to_document
 from reconciler.pipeline import segments as seg
 from reconciler.pipeline import tasks
+from reconciler.pipeline.discovered import settle
 from reconciler.pipeline.sources import DEFAULT_MAX_BATCH_ROWS, split_ranges
 from reconciler.pipeline.transform import output_schemas as _output_schemas
 
@@ -48,6 +49,13 @@ def run_batch(
     if not plan.groups:
         return seg.WrittenBatch(batch_id, (), (), input_rows=0, input_bytes=0)
     results = tasks.run(spark, plan)
+    if results.discovered and (again := settle(results.discovered)[1]):
+        # A task wrote a new column in a type the batch's other values do not fit: run
+        # it again with the joined types as the table's, so every task decides the same
+        # whatever the cut (``discovered``); the first run's files were never described.
+        seg.discard(data_dir, dead_dir)
+        plan = replace(plan, table_types={**plan.table_types, **again})
+        results = tasks.run(spark, plan)
     written = seg.finish(results, data_dir, dead_dir, batch_id)
     if not results.discovered:
         return written
@@ -64,35 +72,15 @@ class DiscoveredBatch(seg.WrittenBatch):
 
 
 def discovered_schema(declared: pa.Schema, found: Sequence[pa.Schema]) -> pa.Schema:
-    """The declared columns, then each task's discovered ones in first-seen order. Tasks
-    that typed one column differently (each decided by its first batch) take the wider
-    type when Iceberg promotes the other to it (int -> long: the table reads the narrower
-    task's files as the wider type); any other pair fails the batch, naming the column and
-    the types: the table could not read both kinds of files."""
+    """The declared columns, then each task's discovered ones in first-seen order, each in
+    the type ``discovered.settle`` joins the tasks' to (a task's files read as it: Iceberg
+    promotes int -> long; ``run_batch`` ran the batch again when they would not)."""
+    final, _ = settle(found)
     out = {f.name: f for f in declared}
-    for schema in found:
-        for f in schema:
-            have = out.get(f.name)
-            if have is None:
-                out[f.name] = pa.field(f.name, f.type)
-            elif have.type != f.type and (wider := _promoted(have.type, f.type)) is not None:
-                out[f.name] = pa.field(f.name, wider, have.nullable)
-            elif have.type != f.type:
-                raise ValueError(f"schemaDiscovery: field {f.name} is {have.type} in one task of the batch and "
-                                 f"{f.type} in another; give it a type in dimensions, or use taskCount: 1")
+    for name, t in final.items():
+        have = out.get(name)
+        out[name] = pa.field(name, t) if have is None else pa.field(name, t, have.nullable)
     return pa.schema(list(out.values()))
-
-
-def _promoted(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """Of ``a`` and ``b``, the one Iceberg promotes the other to (int -> long, float ->
-    double, a decimal to a wider precision of its scale), or None."""
-    for narrow, wide in ((a, b), (b, a)):
-        if (narrow, wide) in {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}:
-            return wide
-        if (pa.types.is_decimal(narrow) and pa.types.is_decimal(wide) and narrow.scale == wide.scale
-                and narrow.precision <= wide.precision):
-            return wide
-    return None
 
 
 def task_plan(

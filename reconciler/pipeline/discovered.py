@@ -15,14 +15,25 @@ both types. A type the column can promote to (int column, long values) widens it
 table follows at publish). A JSON key's first batch decides by its values' kinds: text ->
 string, integers -> long (one beyond 64 bits a dead letter), a number with a fraction ->
 double (the batch's integers with it; one the double would round is a dead letter),
-boolean -> boolean, object or array -> ``json``; values of several kinds take the first
-value's kind (numbers combined). So a JSON field whose first batch held only integers is a
-long column from then on and a later fraction a dead letter: which batch first meets a
-field is the one thing a cut can change, never a value, and never an exception.
+boolean -> boolean, object or array -> ``json``; values of several kinds join (``join``):
+numbers of both sorts -> double, any other mix of flat kinds -> string, so the decision
+does not depend on the values' order.
+
+One Spark batch, many tasks, each task many record batches: each task reports, beside the
+type it decided for a new column, the join of every type it met (``report``); the driver
+joins the tasks' reports (``settle``). When some task wrote a column in a type the table
+could not read as the joined one (a long column where the join is double), the batch is
+run again with the joined types as the table's, so every task decides the same: a new
+column's type then depends on the values of the Spark batch that first meets it, never on
+how that batch is cut into tasks or record batches, and a batch never fails for it. Which
+Spark batch first meets a field stays the one thing a cut can change: a JSON field whose
+first batch held only integers is a long column from then on, and a later fraction a dead
+letter naming the field and both types.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -37,6 +48,7 @@ _TYPES = {"boolean": pa.bool_(), "long": pa.int64(), "double": pa.float64(), "st
           "json": pa.string()}
 # A JSON key's values as their exact JSON text, until conform knows the column's type.
 _RAW = pa.struct([("__json_value", pa.string())])
+_WANTS = "reconciler.wants"  # a reported field's metadata: the join of the types its task met
 _LONG = (-(2**63), 2**63 - 1)
 _INT = (-(2**31), 2**31 - 1)
 
@@ -78,6 +90,7 @@ class Discovered:
     def __init__(self, table_types: Mapping[str, pa.DataType] | None = None):
         self.table = {k.lower(): t for k, t in (table_types or {}).items()}
         self.types: dict[str, pa.DataType] = {}  # first-seen order: the output's order
+        self.seen: dict[str, pa.DataType] = {}  # a column the table lacks: the join of every type met
 
     def conform(self, columns: Mapping[str, pa.Array], names: Sequence[str]) -> tuple[dict[str, pa.Array], list[str | None]]:
         """``names``' columns in their decided types, and a reason per record whose value
@@ -90,6 +103,8 @@ class Discovered:
             if pa.types.is_null(col.type):
                 continue
             have = self.types.get(name) or self.table.get(name.lower())
+            if col.type != _RAW:
+                self._saw(name, col.type)
             if col.type == _RAW:
                 out[name] = self._json(name, col, have, reasons)
             elif have is None or col.type == have or widens(col.type, have):
@@ -115,12 +130,12 @@ class Discovered:
         values = [None if r is None else json.loads(r["__json_value"]) for r in col.to_pylist()]
         present = [(i, v, _KINDS[type(v)]) for i, v in enumerate(values) if v is not None]
         field = None  # the batch's own kind, when it decides the type
+        kinds = list(dict.fromkeys(k for _, _, k in present))
+        if kinds:
+            self._saw(name, join([_TYPES[k] for k in kinds]))
         if have is None:
-            kinds = [k for _, _, k in present]
-            field = kinds[0]
-            if field in ("long", "double"):
-                field = "double" if "double" in kinds else "long"
-            have = _TYPES[field]
+            have = join([_TYPES[k] for k in kinds])
+            field = kinds[0] if len(kinds) == 1 else _name(have)
         target = have
         if have == pa.int32() and any(k == "long" and not _within(v, _INT) and _within(v, _LONG)
                                       for _, v, k in present):
@@ -146,6 +161,82 @@ class Discovered:
 
     def schema(self) -> list[pa.Field]:
         return [pa.field(k, t) for k, t in self.types.items()]
+
+    def report(self) -> list[pa.Field]:
+        """``schema()``, each new column carrying (metadata) the join of every type the task
+        met when that differs from the one it decided: what ``settle`` needs."""
+        out = []
+        for k, t in self.types.items():
+            want = self.seen.get(k, t)
+            out.append(pa.field(k, t, metadata=None if want == t else {_WANTS: _type_text(want)}))
+        return out
+
+    def _saw(self, name: str, t: pa.DataType) -> None:
+        if name.lower() not in self.table:
+            self.seen[name] = join([self.seen[name], t]) if name in self.seen else t
+
+
+def join(types: Sequence[pa.DataType]) -> pa.DataType:
+    """One type for a new column met as each of ``types``, whatever their order: the same
+    type; Iceberg's promotions (int -> long, float -> double, a decimal's precision up);
+    numbers of both sorts -> double (JSON's widening); other flat types -> string (which
+    takes any flat value); anything else (a nested or binary type against another) the
+    first by name, so at least the choice is the same for every cut."""
+    unique = sorted(set(types), key=str)
+    out = unique[0]
+    for t in unique[1:]:
+        out = _join2(out, t)
+    return out
+
+
+def _join2(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    if a == b:
+        return a
+    if (wider := promoted(a, b)) is not None:
+        return wider
+    if _number(a) and _number(b):
+        return pa.float64()
+    if _flat(a) and _flat(b):
+        return pa.string()
+    return min(a, b, key=str)
+
+
+def promoted(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Of ``a`` and ``b``, the one Iceberg promotes the other to (its files read as it), or None."""
+    for narrow, wide in ((a, b), (b, a)):
+        if _promotes(narrow, wide):
+            return wide
+        if (pa.types.is_decimal(narrow) and pa.types.is_decimal(wide) and narrow.scale == wide.scale
+                and narrow.precision <= wide.precision):
+            return wide
+    return None
+
+
+def settle(found: Sequence[pa.Schema]) -> tuple[dict[str, pa.DataType], dict[str, pa.DataType]]:
+    """The tasks' reports (``report``) of one batch -> (each discovered column's type, in
+    first-seen order; the types to run the batch again with, empty when every task wrote
+    its columns in a type the table reads as the joined one)."""
+    met: dict[str, list[pa.DataType]] = {}
+    for schema in found:
+        for f in schema:
+            wants = (f.metadata or {}).get(_WANTS.encode())
+            met.setdefault(f.name, []).extend([f.type] + ([_type_of(wants)] if wants else []))
+    final = {name: join(types) for name, types in met.items()}
+    again = any(f.type != final[f.name] and promoted(f.type, final[f.name]) != final[f.name]
+                for schema in found for f in schema)
+    return final, (dict(final) if again else {})
+
+
+def _type_text(t: pa.DataType) -> str:
+    return base64.b64encode(pa.schema([pa.field("t", t)]).serialize().to_pybytes()).decode()
+
+
+def _type_of(text: bytes) -> pa.DataType:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))).field("t").type
+
+
+def _number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def _convert(v: object, kind: str, target: pa.DataType) -> tuple[object, str | None]:

@@ -179,7 +179,7 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
     if transformer.discovery is not None and transformer.discovery.types:
         import base64
 
-        found = pa.schema(transformer.discovery.schema()).serialize().to_pybytes()
+        found = pa.schema(transformer.discovery.report()).serialize().to_pybytes()  # with what it met
         out_rows.append({"kind": SCHEMA, "path": base64.b64encode(found).decode(), "chunk": None,
                          "rows": 0, "bytes": 0})
     return out_rows

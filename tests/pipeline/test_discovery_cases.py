@@ -111,3 +111,26 @@ def test_two_tasks_that_met_an_avro_field_as_int_and_as_long_do_not_fail_the_bat
     declared = pa.schema([("__time", pa.timestamp("us", tz="UTC"))])
     merged = batch.discovered_schema(declared, [pa.schema([("n", pa.int32())]), pa.schema([("n", pa.int64())])])
     assert merged.field("n").type == pa.int64()
+
+
+def test_a_task_reports_what_it_met_and_the_batch_settles_on_the_join():
+    # A task's first record batch decided q long and its later 2.5 was a dead letter; a
+    # second task that met "x" first wrote q string: the batch failed on every retry. The
+    # task now reports the join of what it met; settle asks the batch to run again with
+    # it, and under it the two tasks give the rows one uncut batch gives.
+    from reconciler.pipeline.discovered import settle
+
+    a, b, c = {"ts": T0_MS, "q": 1}, {"ts": T0_MS, "q": 2.5}, {"ts": T0_MS, "q": "x", "r": True}
+    t = Transformer(DS)
+    t(records([a]))
+    assert t(records([b])).dead.num_rows == 1
+    other = Transformer(DS)
+    other(records([c]))
+    final, again = settle([pa.schema(t.discovery.report()), pa.schema(other.discovery.report())])
+    assert final == {"q": pa.string(), "r": pa.bool_()} and again == final
+    whole = _outcome([[a, b, c]])
+    assert whole == ([{"q": "1", "r": None}, {"q": "2.5", "r": None}, {"q": "x", "r": True}], [])
+    rows = _outcome([[a], [b]], again)[0] + _outcome([[c]], again)[0]
+    assert [r["q"] for r in rows] == ["1", "2.5", "x"] and _outcome([[a], [b]], again)[1] == []
+    # tasks that agree, or differ only by a promotion Iceberg reads (int files, long table), run once
+    assert settle([pa.schema([("n", pa.int32())]), pa.schema([("n", pa.int64())])]) == ({"n": pa.int64()}, {})

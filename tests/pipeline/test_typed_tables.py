@@ -15,6 +15,7 @@ from pyspark import cloudpickle
 
 from reconciler.model import DataSchema, KafkaSource, Metric, PartitionRange, SupervisorSpec
 from reconciler.pipeline import batch, tasks
+from reconciler.pipeline.discovered import settle
 from reconciler.streams.base import record_schema
 from tests.pipeline.test_protobuf import TS as PROTO_TS
 from tests.pipeline.test_protobuf import order as proto_order
@@ -166,13 +167,17 @@ def test_json_discovery_follows_the_tables_types():
     assert out.rows.column("qty").to_pylist() == [2.0] and out.rows.column("note").to_pylist() == ["5"]
 
 
-def test_a_mixed_json_field_in_one_batch_keeps_its_first_kind():
+def test_a_mixed_json_field_in_one_batch_joins_its_kinds_whatever_their_order():
+    # It took the first value's kind: (1, "x", 2) a long column and "x" a dead letter,
+    # ("x", 1, 2) a string column and no dead letter: the same records, another outcome.
     from reconciler.pipeline.transform import Transformer
 
     ds = DataSchema("orders", "ts", timestamp_format="millis", format="json", schema_discovery=True)
-    out = Transformer(ds)(records([json.dumps({"ts": T0, "a": v}).encode() for v in (1, "x", 2)]))
-    assert out.rows.column("a").to_pylist() == [1, 2]
-    assert out.dead.column("reason").to_pylist() == ['field a: "x" is a string, the field is long']
+    for values in ((1, "x", 2), ("x", 1, 2), (2, 1, "x")):
+        out = Transformer(ds)(records([json.dumps({"ts": T0, "a": v}).encode() for v in values]))
+        assert out.rows.column("a").to_pylist() == [str(v) for v in values] and out.dead.num_rows == 0
+    out = Transformer(ds)(records([json.dumps({"ts": T0, "a": v}).encode() for v in (True, 2, 0.5)]))
+    assert out.rows.column("a").to_pylist() == ["true", "2", "0.5"]
 
 
 def test_avro_discovery_writer_fields_and_a_type_the_table_refuses(tmp_path):
@@ -214,8 +219,10 @@ def test_a_task_reports_its_discovered_columns_and_the_batch_unions_them(tmp_pat
     declared = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("country", pa.string())])
     union = batch.discovered_schema(declared, [found, pa.schema([("coupon", pa.string()), ("qty", pa.int64())])])
     assert union.names == ["__time", "country", "qty", "note", "coupon"]
-    with pytest.raises(ValueError, match="field qty is int64 in one task of the batch and double in another"):
-        batch.discovered_schema(declared, [found, pa.schema([("qty", pa.float64())])])
+    # tasks that typed qty long and double: the batch is run again with double (settle), never failed
+    assert batch.discovered_schema(declared, [found, pa.schema([("qty", pa.float64())])]).field("qty").type \
+        == pa.float64()
+    assert settle([found, pa.schema([("qty", pa.float64())])])[1]["qty"] == pa.float64()
 
 
 class DownRegistryReader(ValuesReader):
