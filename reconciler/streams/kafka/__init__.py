@@ -1,5 +1,6 @@
 """Kafka partitions, positions and range reads with confluent-kafka (librdkafka): ``config``
-(the client and its errors), ``adapter`` (positions), ``reader`` (ranges), ``times``
+(the client and its errors), ``adapter`` (positions), ``reader`` (ranges), ``columns`` (delivered
+messages into Arrow, in bulk), ``times``
 (the timestamp of the record at an offset).
 
 ``KafkaAdapter`` answers positions (``partitions``, ``earliest``, ``latest``,
@@ -22,7 +23,7 @@ batch's base offset + 1 when a batch holds several records, and answers every
 timestamp lookup with offset 0; ``offsets_for_time`` therefore checks the broker's
 answer against the records themselves and searches by reading when it is wrong.
 
-May import: confluent-kafka, pyarrow, ``reconciler.streams.base``, ``reconciler.spec``
+May import: confluent-kafka, pyarrow, numpy, ``reconciler.streams.base``, ``reconciler.spec``
 (secret references), ``reconciler.model`` and ``reconciler.errors``; nothing above them.
 """
 

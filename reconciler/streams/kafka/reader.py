@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from reconciler.errors import PermanentError, RetryableError
 from reconciler.model import KafkaSource, PartitionRange
-from reconciler.streams.base import RECORD_SCHEMA
+from reconciler.streams.kafka.columns import Columns, any_error, offsets_of
 from reconciler.streams.kafka.config import (
     CONSUME_CHUNK,
     DEFAULT_TIMEOUT,
@@ -89,39 +89,7 @@ class KafkaRangeReader:
         start, end = int(rng.start), int(rng.end)
         where = f"{topic}/{rng.partition}"
         consumer, errors = self._consumer()
-        part_array_cache: dict[int, pa.Array] = {}
-
-        def part_array(n: int) -> pa.Array:
-            arr = part_array_cache.get(n)
-            if arr is None:
-                arr = pa.repeat(pa.scalar(rng.partition, pa.string()), n)
-                if len(part_array_cache) < 8:
-                    part_array_cache[n] = arr
-            return arr
-
-        offsets: list[int] = []
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        stamps: list[int] = []
-
-        def flush(n: int) -> pa.RecordBatch:
-            ts = pa.array(stamps[:n], pa.int64())
-            if n and min(stamps[:n]) < 0:  # -1: no timestamp
-                import pyarrow.compute as pc  # rare; ~0.1 s to import in every new worker
-
-                ts = pc.if_else(pc.less(ts, 0), pa.scalar(None, pa.int64()), ts)
-            batch = pa.RecordBatch.from_arrays(
-                [
-                    part_array(n),
-                    pa.array(offsets[:n], pa.int64()),
-                    pa.array(keys[:n], pa.binary()),
-                    pa.array(values[:n], pa.binary()),
-                    ts.cast(pa.timestamp("ms", tz="UTC")),
-                ],
-                schema=RECORD_SCHEMA,
-            )
-            del offsets[:n], keys[:n], values[:n], stamps[:n]
-            return batch
+        columns = Columns(rng.partition)
 
         try:
             try:
@@ -175,8 +143,7 @@ class KafkaRangeReader:
                             consumer, partition, where, position, end, eof_at, errors
                         )
                     continue
-                bad = [m for m in msgs if m.error() is not None]
-                if bad:
+                if any_error(msgs):
                     good = []
                     for m in msgs:
                         err = m.error()
@@ -194,31 +161,25 @@ class KafkaRangeReader:
                         raise self._config.translate(KafkaException(err), f"reading {where}")
                     msgs = good
                 if msgs:
-                    batch_offsets = [m.offset() for m in msgs]
-                    lo = 0
-                    if batch_offsets[0] < position:  # never expected; keep exactly-once anyway
-                        lo = bisect_left(batch_offsets, position)
-                    hi = len(batch_offsets)
-                    if batch_offsets[-1] >= end:
-                        hi = bisect_left(batch_offsets, end)
-                        done = True
-                    if lo or hi < len(msgs):
-                        msgs = msgs[lo:hi]
-                        batch_offsets = batch_offsets[lo:hi]
+                    first, last = msgs[0].offset(), msgs[-1].offset()
+                    if first < position or last >= end:
+                        # offsets increase: what lies outside the range is a head or a tail
+                        # (a head is never expected; exactly once anyway)
+                        offsets = offsets_of(msgs)
+                        msgs = msgs[bisect_left(offsets, position):bisect_left(offsets, end)]
+                        if last >= end:
+                            done = True
                     if msgs:
-                        offsets.extend(batch_offsets)
-                        keys.extend([m.key() for m in msgs])
-                        values.extend([m.value() for m in msgs])
-                        stamps.extend([m.timestamp()[1] for m in msgs])
-                        position = batch_offsets[-1] + 1
+                        columns.add(msgs)
+                        position = msgs[-1].offset() + 1
                         last_progress = time.monotonic()
                         asked = False
                         if position >= end:
                             done = True
-                while len(offsets) >= max_batch_rows:
-                    yield flush(max_batch_rows)
-            if offsets:
-                yield flush(len(offsets))
+                while columns.rows >= max_batch_rows:
+                    yield columns.take(max_batch_rows)
+            if columns.rows:
+                yield columns.take(columns.rows)
         finally:
             try:
                 consumer.close()
