@@ -28,6 +28,7 @@ class ResetRequest:
     allow_rewind: bool = False
     reason: str | None = None
     epoch: int | None = None  # a policy's: the supervisor's epoch its observation saw (applied only at it)
+    started_over: str | None = None  # why the source started over below the checkpoint (reset asked it): a new generation
 
     @property
     def action_kind(self) -> str:
@@ -115,6 +116,7 @@ def from_cli(
     backfill_task_count: int | None = None,
     allow_rewind: bool = False,
     reason: str | None = None,
+    started_over: str | None = None,
 ) -> ResetRequest:
     user = _user()
     return ResetRequest(
@@ -127,6 +129,7 @@ def from_cli(
         backfill_task_count=backfill_task_count,
         allow_rewind=allow_rewind,
         reason=reason,
+        started_over=started_over,
     )
 
 

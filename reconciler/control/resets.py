@@ -18,12 +18,16 @@ read under lock (the only one that counts). Rules:
   for a supervisor that never had a checkpoint, from earliest for a partition that
   appeared after it started (its records belong to the backfill, none skipped).
 * a checkpointed partition the source no longer has is an error, not a silent drop.
+* a source that started over below the checkpoint (a topic deleted and created again, a
+  partition truncated): the records below the checkpoint are new ones. ``renew`` turns a
+  rewind there from "read again" into "new records, read once in a new source generation",
+  which the reset transaction begins (``Store.apply_reset``); ``reset --dry-run`` says the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reconciler.model import Position
 
@@ -39,6 +43,7 @@ class PartitionReset:
     skipped: int = 0  # records a no-backfill forward jump skips
     reread: int = 0  # records an allowed rewind reads again
     lost: int = 0  # records [checkpoint, earliest) the broker deleted before they were ingested
+    renewed: int = 0  # records below the checkpoint of a source that started over: new ones, read once
 
     @property
     def backfill_start(self) -> int:
@@ -56,6 +61,7 @@ class PartitionReset:
             "skipped": self.skipped,
             "reread": self.reread,
             "lost": self.lost,
+            "renewed": self.renewed,
         }
 
 
@@ -217,8 +223,8 @@ def compute_reset(
             out.append(PartitionReset(p, c, lo, hi, target, reread=c - target))
         else:
             errors.append(
-                f"partition {p}: moving the checkpoint back from {c} to {target} would read "
-                f"{c - target} records again; ask for it explicitly (allowRewind: true / --allow-rewind)"
+                f"partition {p}: moving the checkpoint back from {c} to {target} {READ_AGAIN.format(n=c - target)}; "
+                "ask for it explicitly (allowRewind: true / --allow-rewind)"
             )
             out.append(PartitionReset(p, c, lo, hi, c))
     result = ResetOutcome(tuple(out), tuple(errors), tuple(warnings))
@@ -232,8 +238,28 @@ def compute_reset(
     if skipped:
         warnings.append(f"no backfill: {skipped} records will be skipped")
     if reread:
-        warnings.append(f"rewind: {reread} records will be read again (duplicates by request)")
+        warnings.append(f"{REWIND} {reread} records will be read again (duplicates by request)")
     return ResetOutcome(result.partitions, result.errors, tuple(warnings))
+
+
+REWIND = "rewind:"
+READ_AGAIN = "would read {n} records again"
+
+
+def renew(outcome: ResetOutcome, why: str, generation: str) -> ResetOutcome:
+    """``outcome`` for a source that started over below the checkpoint (``why``): what a rewind
+    reads there are the new source's records, read once, in source generation ``generation``
+    (e.g. ``clicks@1``), not records read again. Used by ``reset --dry-run`` and by the reset
+    transaction alike, so the preview says what the reset does."""
+    parts = tuple(replace(p, reread=0, renewed=p.reread) for p in outcome.partitions)
+    renewed = sum(p.renewed for p in parts)
+    warnings = [w for w in outcome.warnings if not w.startswith(REWIND)]
+    if renewed:
+        warnings.append(f"the source started over ({why}): the {renewed} records below the checkpoints are new "
+                        f"ones, read once in a new source generation ({generation}); nothing is read twice")
+    errors = tuple(e.replace("records again", "records there (new ones of the new source, none read twice)")
+                   if "would read" in e else e for e in outcome.errors)
+    return ResetOutcome(parts, errors, tuple(warnings))
 
 
 def _partition_order(p: str) -> tuple[int, int | str]:

@@ -76,10 +76,13 @@ def _policy_text(policy: dict[str, Any]) -> str:
 
 
 def reset_table(partitions: list[dict[str, Any]]) -> str:
+    """``new source``: records below the checkpoint of a source that started over, read once
+    (shown only when there are any, where ``reread`` would otherwise have counted them)."""
+    renewed = any(p.get("renewed") for p in partitions)
     return table(
-        ["partition", "checkpoint", "latest", "new", "backfill", "skipped", "reread"],
+        ["partition", "checkpoint", "latest", "new", "backfill", "skipped", "reread"] + (["new source"] if renewed else []),
         [[p["partition"], p["checkpoint"], p["latest"], p["new"], p["backfill"], p["skipped"], p["reread"]]
-         for p in partitions],
+         + ([p.get("renewed", 0)] if renewed else []) for p in partitions],
     )
 
 

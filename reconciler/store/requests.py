@@ -14,7 +14,7 @@ from sqlalchemy import exc as sa_exc
 from reconciler import faults
 from reconciler.control.actual import DetailedState, Kind, State
 from reconciler.control.requests import ResetRequest
-from reconciler.control.resets import ResetOutcome, fill_missing
+from reconciler.control.resets import ResetOutcome, fill_missing, renew
 from reconciler.errors import PermanentError, RetryableError, StaleRequest
 from reconciler.model import BACKFILL_ID, canonical_json, document_hash
 from reconciler.store.base import _aware, _short, utcnow
@@ -97,6 +97,8 @@ class RequestsMixin:
             ])
             current.update(missing)
         outcome = compute(current)
+        if request.started_over:  # what a rewind reads there is the new source's: a new generation
+            outcome = renew(outcome, request.started_over, f"{row.id}@{row.generation + 1}")
         if not outcome.ok:
             raise PermanentError("; ".join(outcome.errors))
         backfill_id = None
@@ -110,9 +112,16 @@ class RequestsMixin:
         values: dict[str, Any] = dict(epoch=row.epoch + 1, updated_at=now)
         if request.trigger == "stanza":
             values["last_request"] = request.source
+        renewed = {p.partition: p for p in outcome.partitions if p.renewed}
+        if renewed:
+            values["generation"] = row.generation + 1
         c.execute(sa.update(supervisors).where(supervisors.c.id == row.id).values(**values))
+        if renewed:
+            self._begin_generation(c, row, request, renewed, now)
         result = ResetResult(row.id, request.token, outcome, backfill_id)
         details = result.to_dict() | {"position": str(request.position), "backfillRecords": outcome.backfill_records}
+        if renewed:
+            details["generation"] = row.generation + 1
         if outcome.lost_records:
             details |= {"lostRecords": outcome.lost_records,
                         "lostRanges": {p: list(r) for p, r in outcome.lost_ranges.items()}}
@@ -126,6 +135,20 @@ class RequestsMixin:
         ))
         faults.crash_point("inside-reset", row.id)
         return result
+
+    def _begin_generation(self, c, row, request: ResetRequest, renewed, now) -> None:
+        """The rewind of a source that started over begins its new source generation in the reset's
+        own transaction, as ``restart_source`` does for the runtime: the offsets below the old
+        checkpoints name new records, so ``verify`` tiles the generation apart from where each
+        checkpoint now is (read once, never "read again"), and the runtime's next check finds
+        this generation without an identity yet and records the one it sees."""
+        c.execute(sa.update(checkpoints).where(checkpoints.c.supervisor_id == row.id)
+                  .values(first_offset=checkpoints.c.next_offset))
+        self._audit(c, row.id, "source-restarted", "reconciler", f"{request.trigger}: {request.source}",
+                    f"{request.started_over}; rewound by the reset to read the new records once",
+                    {"generation": row.generation + 1,
+                     "restartedPartitions": {p: {"checkpoint": r.checkpoint, "new": r.new}
+                                             for p, r in sorted(renewed.items())}}, now)
 
     @staticmethod
     def _next_backfill_id(c, main_id: str) -> str:

@@ -193,8 +193,27 @@ def test_to_dict_fields():
     out = compute_reset(Position("latest"), {"0": 40, "1": 60}, POS, backfill=True)
     assert out.partitions[0].to_dict() == {
         "partition": "0", "checkpoint": 40, "earliest": 0, "latest": 100, "new": 100,
-        "backfill": 60, "skipped": 0, "reread": 0, "lost": 0,
+        "backfill": 60, "skipped": 0, "reread": 0, "lost": 0, "renewed": 0,
     }
+
+
+def test_renew_a_rewind_of_a_source_that_started_over_reads_new_records_once():
+    """Issue 46: the advised rewind after a topic was re-created said "read again (duplicates)"."""
+    from reconciler.control.resets import renew
+
+    pos = Positions(earliest={"0": 0, "1": 0}, latest={"0": 20, "1": 20})
+    to = Position("offsets", offsets={"0": 0, "1": 0})
+    plain = compute_reset(to, {"0": 15, "1": 15}, pos, backfill=True, allow_rewind=True)
+    assert plain.warnings == ("rewind: 30 records will be read again (duplicates by request)",)
+    out = renew(plain, "the topic was deleted and created again", "clicks@1")
+    assert [(p.reread, p.renewed, p.new) for p in out.partitions] == [(0, 15, 0), (0, 15, 0)]
+    assert out.warnings == ("the source started over (the topic was deleted and created again): the 30 records "
+                            "below the checkpoints are new ones, read once in a new source generation (clicks@1); "
+                            "nothing is read twice",)
+    refused = renew(compute_reset(to, {"0": 15, "1": 15}, pos, backfill=True), "re-created", "clicks@1")
+    assert not refused.ok and all("again" not in e and "new ones of the new source" in e for e in refused.errors)
+    forward = compute_reset(Position("latest"), {"0": 5, "1": 5}, pos, backfill=True)
+    assert renew(forward, "re-created", "clicks@1") == forward  # nothing below a checkpoint: unchanged
 
 
 # --------------------------------------------------------------------------- filling missing checkpoints (issue 16)
