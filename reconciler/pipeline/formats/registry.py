@@ -64,14 +64,12 @@ class RegistrySource:
 
     def __init__(self, url: str, username: str | None = None, password: str | None = None,
                  *, retries: int = 1):
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        conf: dict[str, Any] = {"url": url, "max.retries": retries, "retries.wait.ms": 200,
-                                "timeout": 10}
+        self._conf: dict[str, Any] = {"url": url, "max.retries": retries, "retries.wait.ms": 200,
+                                      "timeout": 10}
         if username is not None:
-            conf["basic.auth.user.info"] = f"{username}:{password or ''}"
+            self._conf["basic.auth.user.info"] = f"{username}:{password or ''}"
         self.url = secrets.redact_uri(url)
-        self._client = SchemaRegistryClient(conf)
+        self._client: Any = None  # made on the first id not yet fetched: a client loads its TLS roots (30 ms a task)
         self._unknown: set[int] = set()
 
     def get(self, schema_id: int) -> WriterSchema:
@@ -80,8 +78,11 @@ class RegistrySource:
             return _FETCHED[(self.url, schema_id)]
         if schema_id in self._unknown:
             raise UnknownSchema(schema_id)
+        from confluent_kafka.schema_registry import SchemaRegistryClient
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+        if self._client is None:
+            self._client = SchemaRegistryClient(self._conf)
         try:
             schema = self._client.get_schema(schema_id)
             refs = {r.name: self._client.get_version(r.subject, r.version).schema.schema_str

@@ -1,0 +1,212 @@
+"""Flat Avro records decoded in bulk, column by column, in numpy (``avro``'s bulk path).
+
+A flat record (fields of boolean, int, long, float, double, string, bytes, date,
+timestamp-millis/micros, each alone or in a union with null) is read one field at a time
+for every body of a group at once: each body has a read position, and each field's step
+reads its value at every position and moves them on. No Python per record, no copy of a
+body other than the bytes of its strings.
+
+Only what the per-record path (fastavro) would read the same is kept (``ok``): a body
+read to exactly its end; every integer within 64 bits and within its type; a union branch
+0 or 1; a string of valid UTF-8; a date or instant within years 1..9999 (what Python's
+datetime, fastavro's value, holds). Anything else (a truncated or overlong body, a corrupt
+byte) is left to the per-record path, which is the reference and names the problem: so a
+record's fate never depends on its group. Read alike, so kept: a longer encoding of a
+number than its shortest, and any non-zero boolean byte (true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from reconciler.pipeline.times import TIME_FROM_MICROS, TIME_UNTIL_MICROS
+
+_PRIMITIVES = {"boolean", "int", "long", "float", "double", "string", "bytes"}
+# logical type -> (its base type, microseconds per unit); date is days
+_LOGICAL = {"timestamp-millis": ("long", 1_000), "timestamp-micros": ("long", 1), "date": ("int", 0)}
+_DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31, days from the epoch
+_INT32 = (-(2**31), 2**31 - 1)
+_PAD = 16  # zero bytes after the last body: a varint read past a body's end stays in the buffer
+
+
+@dataclass(frozen=True)
+class Step:
+    """How one field is read: ``kind`` (a primitive, or a logical type), and the union
+    branch that holds a value (None: not a union)."""
+
+    kind: str
+    branch: int | None = None
+
+
+def steps_of(schema: dict) -> list[Step] | None:
+    """The steps of a record schema, or None when it is not flat (the per-record path)."""
+    out = []
+    for f in schema["fields"]:
+        t, branch = f["type"], None
+        if isinstance(t, list):
+            values = [i for i, b in enumerate(t) if b != "null"]
+            if len(values) != 1 or len(t) > 2:
+                return None
+            branch, t = values[0], t[values[0]]
+        kind = _kind(t)
+        if kind is None:
+            return None
+        out.append(Step(kind, branch))
+    return out
+
+
+def _kind(t: Any) -> str | None:
+    if isinstance(t, str):
+        return t if t in _PRIMITIVES else None
+    if not isinstance(t, dict):
+        return None
+    logical = t.get("logicalType")
+    if logical is None:
+        return _kind(t.get("type"))
+    if logical in _LOGICAL and t.get("type") == _LOGICAL[logical][0]:
+        return logical
+    return None
+
+
+def decode(bodies: pa.Array, steps: list[Step], struct: pa.StructType) -> tuple[pa.StructArray, np.ndarray]:
+    """(the records of ``bodies`` as ``struct``, which of them are exactly their body's
+    record). A row that is not ok holds anything: the caller replaces it."""
+    bodies = bodies.cast(pa.binary())
+    n = len(bodies)
+    offsets = np.frombuffer(bodies.buffers()[1], np.int32, n + 1, 4 * bodies.offset).astype(np.int64)
+    data = bodies.buffers()[2]
+    raw = np.frombuffer(data, np.uint8, offsets[-1] - offsets[0], offsets[0]) if data is not None and n \
+        else np.zeros(0, np.uint8)
+    buf = np.concatenate([raw, np.zeros(_PAD, np.uint8)])
+    pos = offsets[:-1] - offsets[0]
+    end = offsets[1:] - offsets[0]
+    ok = bodies.is_valid().to_numpy(zero_copy_only=False).copy()
+    r = _Reader(buf, pos, end, ok)
+    children = [r.field(step, struct.field(i).type) for i, step in enumerate(steps)]
+    r.ok &= r.pos == end
+    return pa.StructArray.from_arrays(children, fields=list(struct)), r.ok
+
+
+class _Reader:
+    """Read positions of every body, and which bodies are still readable."""
+
+    def __init__(self, buf: np.ndarray, pos: np.ndarray, end: np.ndarray, ok: np.ndarray):
+        self.buf, self.pos, self.end, self.ok = buf, pos.copy(), end, ok
+
+    def field(self, step: Step, t: pa.DataType) -> pa.Array:
+        valid = None
+        if step.branch is not None:
+            index = self._long()
+            self.ok &= (index == 0) | (index == 1)
+            valid = index == step.branch
+        values = self._value(step.kind, t, valid)
+        self._clamp()
+        return values
+
+    def _value(self, kind: str, t: pa.DataType, valid: np.ndarray | None) -> pa.Array:
+        n = len(self.pos)
+        present = np.ones(n, bool) if valid is None else valid
+        if kind in ("string", "bytes"):
+            return self._binary(t, present, valid)
+        if kind in ("float", "double", "boolean"):
+            width = {"float": 4, "double": 8, "boolean": 1}[kind]
+            at = self.pos[:, None] + np.arange(width)
+            raw = np.ascontiguousarray(self.buf[np.minimum(at, len(self.buf) - 1)])
+            self.pos = self.pos + np.where(present, width, 0)
+            if kind == "boolean":
+                return _array(t, raw[:, 0].astype(bool), valid)
+            return _array(t, raw.view("<f4" if kind == "float" else "<f8").reshape(n), valid)
+        value = np.where(present, self._long(present), 0)
+        if kind == "int" or kind == "date":
+            low, high = _DAYS if kind == "date" else _INT32
+            self.ok &= ~present | ((value >= low) & (value <= high))
+            return _array(t, value.astype(np.int32), valid)
+        if kind in _LOGICAL:
+            per = _LOGICAL[kind][1]
+            inside = (value >= TIME_FROM_MICROS // per) & (value <= (TIME_UNTIL_MICROS - 1) // per)
+            self.ok &= ~present | inside
+            return _array(t, np.where(inside, value, 0) * per, valid)
+        return _array(t, value, valid)
+
+    def _long(self, present: np.ndarray | None = None) -> np.ndarray:
+        """The zigzag varint at each position (where ``present``), positions moved past it.
+        One of more than 64 bits is not ok (fastavro wraps it: the reference decides)."""
+        buf, pos = self.buf, self.pos
+        n = len(pos)
+        first = buf[pos]
+        z = (first & 0x7F).astype(np.uint64)
+        size = np.ones(n, np.int64)
+        last = first.copy()
+        more = np.flatnonzero(first & 0x80)
+        if present is not None:
+            more = more[present[more]]
+        k = 1
+        while more.size and k < 10:
+            b = buf[np.minimum(pos[more] + k, len(buf) - 1)]
+            z[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+            size[more] += 1
+            last[more] = b
+            more = more[(b & 0x80) != 0]
+            k += 1
+        fits = (size < 10) | (last <= 1)
+        fits[more] = False  # longer than 10 bytes
+        if present is not None:
+            fits |= ~present
+            size = np.where(present, size, 0)
+        self.ok &= fits
+        self.pos = pos + size
+        return (z >> np.uint64(1)).view(np.int64) ^ -(z & np.uint64(1)).view(np.int64)
+
+    def _binary(self, t: pa.DataType, present: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+        length = self._long(present)
+        fits = (length >= 0) & (self.pos + length <= self.end)
+        self.ok &= ~present | fits
+        length = np.where(present & fits & self.ok, length, 0)
+        starts = self.pos
+        self.pos = self.pos + length
+        offsets = np.zeros(len(length) + 1, np.int64)
+        np.cumsum(length, out=offsets[1:])
+        if offsets[-1] >= 2**31:
+            raise OverflowError("a column of more than 2 GiB of strings")  # the per-record path reads it
+        index = np.repeat(starts - offsets[:-1], length) + np.arange(offsets[-1])
+        out = pa.Array.from_buffers(pa.binary(), len(length), [_validity(valid), pa.py_buffer(offsets.astype(np.int32)),
+                                                               pa.py_buffer(self.buf[index])])
+        if t == pa.binary():
+            return out
+        try:
+            return out.cast(t)
+        except pa.ArrowInvalid:  # invalid UTF-8 somewhere: those records go to the per-record path
+            bad = np.array([v is not None and not _utf8(v) for v in out.to_pylist()], bool)
+            self.ok &= ~bad
+            return pa.array([None if b else v for v, b in zip(out.to_pylist(), bad, strict=True)], pa.binary()).cast(t)
+
+    def _clamp(self) -> None:
+        """A body read past its end (not ok now) stops at its end: the next field's reads
+        stay inside the buffer."""
+        past = self.pos > self.end
+        self.ok &= ~past
+        self.pos = np.minimum(self.pos, self.end)
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _validity(valid: np.ndarray | None) -> pa.Buffer | None:
+    return None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _array(t: pa.DataType, values: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    storage = {pa.date32(): pa.int32(), pa.bool_(): pa.bool_()}.get(t)
+    if storage is None and pa.types.is_timestamp(t):
+        storage = pa.int64()
+    arr = pa.array(values, storage or t, mask=None if valid is None else ~valid)
+    return arr.view(t) if storage is not None and storage != t else arr
