@@ -109,11 +109,11 @@ def task_plan(
         store=storage.current().to_json() if remote else None,
         max_batch_rows=max_batch_rows or DEFAULT_MAX_BATCH_ROWS,
         format_files=schema_files(spec.data_schema, spec_dir),
-        table_types=_plain_types(table_schema) if spec.data_schema.schema_discovery else {},
+        table_types=plain_types(table_schema) if spec.data_schema.schema_discovery else {},
     )
 
 
-def _plain_types(schema: pa.Schema | None) -> dict[str, pa.DataType]:
+def plain_types(schema: pa.Schema | None) -> dict[str, pa.DataType]:
     """A table's columns as the tasks' Arrow types (pyiceberg hands large strings and
     lists, nested ones too, and field ids as metadata)."""
     return {f.name: _plain(f.type) for f in (schema or [])}

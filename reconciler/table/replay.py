@@ -6,7 +6,9 @@ The protocol, and why a dead letter lands in the table once whatever happens:
 1. Plan on one version ``Vd`` of the dead-letter table: read its live files (each one's
    supervisor from its path, ``deadletters``), parse the selected rows with the spec of
    the supervisor's lineage (a backfill parses with its main's spec: the fix is made in
-   the main's file) through the same ``Transformer`` the Arrow tasks run, in-process.
+   the main's file) through the same ``Transformer`` the Arrow tasks run, in-process,
+   given what a batch's tasks get (``replayspecs``: the format's schema file, the table's
+   types), so a letter decodes and types as the batch would have.
    A file is *changed* when a row of it now parses or its reason changed.
 2. Record the write (``begin_write``, kind ``replay``) before any file exists; write the
    new rows under ``<D>/data/compacted/<write id>/`` and the changed files' remaining
@@ -62,7 +64,7 @@ import pyarrow as pa
 from pyiceberg.exceptions import ValidationException
 
 from reconciler import faults
-from reconciler.errors import CommitOutcomeUnknown, PermanentError, ReconcilerError
+from reconciler.errors import CommitOutcomeUnknown, ReconcilerError
 from reconciler.model import SEGMENT
 from reconciler.pipeline import sink
 from reconciler.pipeline.transform import DEAD_SCHEMA, TIME, Transformer, chunk_strings
@@ -83,6 +85,7 @@ from reconciler.table.deadletters import (
     read,
 )
 from reconciler.table.reach import _unlink
+from reconciler.table.replayspecs import ReplayRefused, how_to_parse, specs_of
 from reconciler.table.summary import OPERATION
 from reconciler.table.writeids import COMPACTED_DIR, new_write_id
 
@@ -91,10 +94,6 @@ log = logging.getLogger(__name__)
 REPLAYED = "reconciler.replayed"  # snapshot summary: records replayed
 REPLAYED_OFFSETS = "reconciler.replayed-offsets"  # JSON {supervisor: [[partition, start, end], ...]}
 COMMIT_ATTEMPTS = 10
-
-
-class ReplayRefused(PermanentError):
-    """A replay that must not run (no such datasource or supervisor, an invalid spec): nothing changed."""
 
 
 @dataclass
@@ -138,7 +137,8 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
     """Replay the dead letters of ``datasource`` (those read by ``supervisor`` or its
     backfills, and whose reason contains ``reason``, when given). Raises ``ReplayRefused``."""
     actual = store.read_actual().supervisors
-    specs = _specs(actual, datasource, supervisor)
+    specs = specs_of(actual, datasource, supervisor)
+    how = how_to_parse(tables, actual, datasource, specs)
     result = ReplayResult(datasource, dry_run)
     fallback = lineage_owner(actual, datasource)
     cache: dict[str, DeadFile] = {}
@@ -160,7 +160,7 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
                     and (supervisor is None or f.supervisor == supervisor or lineage(f.supervisor) == supervisor)]
             for f in mine:
                 if f.path not in parsed:
-                    parsed[f.path] = _parse(f, specs[lineage(f.supervisor)], reason)
+                    parsed[f.path] = _parse(f, specs[lineage(f.supervisor)], reason, how[lineage(f.supervisor)])
             changed = [f for f in mine if parsed[f.path].changed]
             _count(result, changed, parsed, [f for f in mine if not parsed[f.path].changed], reason)
             if not changed or not result.replayed and dry_run:
@@ -245,36 +245,10 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
                 log.warning("replay of %s: files of write %s left for orphan clean-up (%s)", datasource, write_id, exc)
 
 
-def _specs(actual: dict[str, Any], datasource: str, supervisor: str | None) -> dict[str, Any]:
-    """Main supervisor id -> its current spec, for the lineages that write ``datasource``."""
-    writers = {sid: r for sid, r in actual.items()
-               if r.spec_document.get("dataSchema", {}).get("datasource") == datasource}
-    if supervisor is not None:
-        if supervisor not in actual:
-            raise ReplayRefused(f"no supervisor '{supervisor}' (see `reconciler status`)")
-        if supervisor not in writers:
-            raise ReplayRefused(f"supervisor '{supervisor}' does not write datasource {datasource}")
-    if not writers:
-        known = sorted({r.spec_document.get("dataSchema", {}).get("datasource") for r in actual.values()} - {None})
-        raise ReplayRefused(f"no supervisor writes datasource '{datasource}'"
-                            + (f"; datasources: {', '.join(known)}" if known else ""))
-    out = {}
-    for main in sorted({lineage(sid) for sid in writers}):
-        rec = actual.get(main) or writers.get(main)
-        if rec is None:
-            continue
-        if rec.spec_error:
-            raise ReplayRefused(f"the spec of supervisor {main} is invalid ({rec.spec_error}); fix "
-                                f"{rec.spec_path or 'its file'} first: dead letters are parsed with the current spec")
-        if rec.spec_document.get("dataSchema", {}).get("datasource") != datasource:
-            continue  # the main writes elsewhere now: its backfill's letters stay
-        out[main] = rec.spec
-    return out
-
-
-def _parse(f: DeadFile, spec: Any, reason: str | None) -> _Parsed:
-    """Parse the file's selected dead letters again, as a batch's task would. Each row is
-    judged on its own (a file may hold one offset twice); the rows' order is kept."""
+def _parse(f: DeadFile, spec: Any, reason: str | None, how: dict | None = None) -> _Parsed:
+    """Parse the file's selected dead letters again, as a batch's task would (``how``: the
+    format's files and the table's types, ``how_to_parse``). Each row is judged on its own (a file
+    may hold one offset twice); the rows' order is kept."""
     rows = f.rows
     reasons = rows.column("reason").to_pylist()
     selected = [reason is None or (r is not None and reason in r) for r in reasons]
@@ -287,7 +261,7 @@ def _parse(f: DeadFile, spec: Any, reason: str | None) -> _Parsed:
     cols = [chosen.column(c).combine_chunks() for c in ("partition", "offset", "key", "value")]
     records = pa.RecordBatch.from_arrays([*cols, pa.nulls(chosen.num_rows, pa.timestamp("us", tz="UTC"))],
                                          names=["partition", "offset", "key", "value", "stream_time"])
-    t = Transformer(spec.data_schema)
+    t = Transformer(spec.data_schema, **(how or {}))
     out, last = t(records), t.finish()
     data = pa.concat_tables([out.rows, last.rows])
     # A record's outcome depends on its partition, offset, key and value alone (no stream

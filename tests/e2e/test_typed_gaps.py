@@ -9,13 +9,15 @@
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 
 import pytest
 
 import devservices
 from tests.e2e import helpers as h
-from tests.e2e.test_typed_formats import VIRTUAL, rows_by_id, status, table_types, typed_spec
+from tests.e2e.test_typed_formats import V1, VIRTUAL, order, rows_by_id, status, table_types, typed_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
@@ -54,3 +56,58 @@ def test_tasks_typing_a_new_json_column_differently_never_fail_the_batch(spark, 
         [(_, _, reason)] = h.deadletters(spark, s, sid)
         assert reason == f"field q: {2**53 + 1} would lose precision as double", reason
         assert status(s, sid)["unparseable"] == 1
+
+
+def test_replay_of_a_typed_avro_schema_file_spec_decodes_and_types_as_a_batch(spark, kafka_broker, topic,
+                                                                              tmp_path):
+    """avro: {schemaFile} (relative to the spec's directory), a typed long, a nested path,
+    schemaDiscovery: half the records carry ts in millis, which format: seconds reads as a
+    year beyond 9999 (dead letters) and the spec's fix (format: auto) reads right. Replay decoded with no schema file
+    (looked for it in the working directory) and typed discovered columns afresh."""
+    import fastavro
+
+    name = topic(partitions=2)
+    s = h.make_settings(tmp_path)
+    (Path(s.specs) / "schemas").mkdir(parents=True)
+    (Path(s.specs) / "schemas" / "orders.avsc").write_text(json.dumps(V1))
+    parsed = fastavro.parse_schema(V1)
+    records = []
+    for i in range(300):
+        o = order(i)
+        if i % 2:
+            o["ts"] = o["ts"] // 1000  # seconds: the others, millis, are dead letters under format: seconds
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, o)
+        records.append((o["id"], buf.getvalue()))
+    devservices.produce_kafka(kafka_broker.bootstrap, name, records)
+    dims = ["id", {"name": "qty", "type": "long"}, {"name": "city", "path": "geo.city"}, *VIRTUAL]
+
+    def spec(ts_format: str) -> dict:
+        doc = typed_spec("rep", kafka_broker, name, "avro", dims, {"schemaFile": "schemas/orders.avsc"},
+                         schemaDiscovery=True)
+        doc["dataSchema"]["timestamp"] = {"column": "ts", "format": ts_format}
+        return doc
+
+    h.write_spec(s.specs, spec("seconds"))
+    code, _ = h.run_daemon(s, timeout=180)
+    assert code == 0
+    types = table_types(s, "rep")
+    assert (types["qty"], types["city"], types["price"], types["country"]) == ("long", "string", "double", "string")
+    assert status(s, "rep")["unparseable"] == 150
+    h.assert_exactly_once(h.key_counts(spark, s, "rep"), [k for k, _ in records if int(k[1:]) % 2])
+    assert len(h.deadletters(spark, s, "rep")) == 150
+
+    h.write_spec(s.specs, spec("auto"))
+    assert h.run_cli(s, "apply")[0] == 0
+    code, out = h.run_cli(s, "deadletter", "replay", "rep", "-o", "json")
+    result = json.loads(out)
+    assert code == 0 and result["replayed"] == 150 and result["committed"], out
+    code, out = h.run_cli(s, "deadletter", "replay", "rep", "-o", "json")  # a second one finds nothing
+    assert json.loads(out).get("replayed", 0) == 0 and "no dead letters" in out, out
+
+    h.assert_exactly_once(h.key_counts(spark, s, "rep"), h.keys(records))
+    assert h.deadletters(spark, s, "rep") == []
+    assert table_types(s, "rep") == types
+    rows = rows_by_id(s, "rep", ["qty", "city", "price", "country", "geo"])
+    assert rows["k000007"] == {"id": "k000007", "qty": 7, "city": "c2", "price": 1.75, "country": "DE",
+                               "geo": {"city": "c2"}}
