@@ -271,7 +271,7 @@ def apply(c: Context, confirm_terminations, output):
     try:
         p = compute_plan(c, confirm=confirm_terminations, with_positions=False)
         results = Applier(c.creating_store, actor=f"cli:{_user()}", state_dir=c.settings.state_path,
-                          warehouse=c.settings.warehouse).apply(p.actions)
+                          warehouse=c.settings.warehouse, catalog=c.settings.catalog).apply(p.actions)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if output == "json":

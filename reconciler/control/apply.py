@@ -66,6 +66,8 @@ class Applier:
     # The output tables' warehouse: a spec whose columns its table cannot take (a long
     # column now a string) is refused here as an invalid spec; None: not checked.
     warehouse: str | None = None
+    # settings.catalog: with the lake's catalog a reset fences the table before it captures
+    catalog: dict | None = None
     _tables: Any = field(default=None, repr=False)
 
     def apply(self, actions: Iterable[Action]) -> list[ActionResult]:
@@ -171,6 +173,7 @@ class Applier:
         spec = rec.spec
         now = self.clock()
         try:
+            self._fence_table(rec)
             pos, initial = self._capture(spec, req.position, now)
             compute = lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill,  # noqa: E731
                                                allow_rewind=req.allow_rewind)
@@ -198,6 +201,21 @@ class Applier:
         if req.trigger == "marker" and a.path:
             retire(a.path, "applied", summary)
         return message, summary
+
+    def _fence_table(self, rec) -> None:
+        """With an external catalog the table is the truth: first the supervisor's fence moves (a
+        batch in flight from the old checkpoint can no longer commit) and the database is rolled
+        forward to the table; only then are offsets captured and the epoch bumped. A crash
+        anywhere is resumed by the same steps (table/catalogs/fence.py)."""
+        if not self.catalog or self.warehouse is None:
+            return
+        from reconciler.table.catalogs import open_tables
+        from reconciler.table.catalogs.fence import fence
+        from reconciler.table.writeids import new_write_id
+
+        tables = open_tables(self.store.engine, self.warehouse, self.catalog)
+        fence(tables, self.store, rec.spec.data_schema.datasource, rec.id, rec.epoch + 1, new_write_id())
+        faults.crash_point("after-fence", rec.id)
 
     def _capture(self, spec: SupervisorSpec, position: Position, now: datetime):
         """``capture``, asking again while the broker says the topic or stream is missing."""

@@ -154,12 +154,13 @@ class Leadership:
     def _become_leader(self, token: int) -> None:
         previous = self.leader_seen
         settings = self._settings()
-        recover(self.store, settings.warehouse)
+        recover(self.store, settings.warehouse, settings.catalog)
         holder = self.holder
         # This term's runtimes publish with this term's token: after a takeover they are fenced.
         ctx = RuntimeContext(store=self.store, segments_dir=settings.warehouse, spark=self._spark,
                              lease=lambda: (holder, token), metrics=self._metrics,
-                             snapshots_kept=settings.snapshots_kept, reader_grace=settings.reader_grace)
+                             snapshots_kept=settings.snapshots_kept, reader_grace=settings.reader_grace,
+                             catalog=settings.catalog)
         self.manager = RuntimeManager(ctx, compact_every=settings.compact_interval,
                                       compact_lateness=settings.compact_lateness,
                                       maintain_every=settings.maintain_interval,

@@ -80,7 +80,7 @@ class Tick:
         started = time.monotonic()
         settings = self._settings()
         applier = Applier(self._store, actor=f"daemon:{self._holder}", state_dir=settings.state_path,
-                          warehouse=settings.warehouse)
+                          warehouse=settings.warehouse, catalog=settings.catalog)
         ps = PlanSettings(max_termination_share=settings.max_termination_share)
         self._leadership.begin_pass()
         try:

@@ -13,6 +13,10 @@ found by listing each table's ``data/`` and asked about in chunks; unknown ones 
 the same way. Files of committed batches are never touched, and a clean-up that fails is
 logged and never stops a leader.
 
+With an external catalog (``catalog: {type: glue | rest}``) the table commits before the
+database: each supervisor with a batch in flight is first rolled forward to its table
+(``table/catalogs/fence.py``), and only the writes still in flight after that are fenced.
+
 On an object store (``s3://``) the same fences decide; a write's files are found by its
 prefixes (``data/batch=<id>/``, ``data/compacted/<id>/``) and its tag in ``metadata/``.
 """
@@ -29,15 +33,17 @@ from reconciler.store.store import Store, WriteIntent
 log = logging.getLogger(__name__)
 
 
-def recover(store: Store, segments_dir: str | os.PathLike[str]) -> dict[str, int]:
+def recover(store: Store, segments_dir: str | os.PathLike[str], catalog: dict | None = None) -> dict[str, int]:
     from reconciler.table import storage
     from reconciler.table.locations import NAMESPACE
 
     files = storage.at(segments_dir)
-    root = files.join(str(segments_dir), NAMESPACE)
+    root = files.join(str(segments_dir), (catalog or {}).get("namespace") or NAMESPACE)
     deleted = 0
     try:
         faults.point("recover", None)
+        if catalog:
+            _roll_forward(store, segments_dir, catalog)
         for intent in store.writes_in_flight():
             if store.fence_write(intent.write_id):
                 deleted += _delete_write(files, root, intent)
@@ -48,6 +54,23 @@ def recover(store: Store, segments_dir: str | os.PathLike[str]) -> dict[str, int
     if deleted:
         log.info("recovery: %d uncommitted write director%s deleted", deleted, "y" if deleted == 1 else "ies")
     return {"orphansDeleted": deleted}
+
+
+def _roll_forward(store: Store, segments_dir, catalog: dict) -> None:
+    """An external catalog's table commits first: a batch in flight may be in its table
+    already (a crash between the two commits). Each such supervisor's database is rolled
+    forward to its table before any write is fenced, so no committed batch loses its files.
+    A catalog out of reach stops the whole clean-up (nothing fenced, nothing deleted)."""
+    from reconciler.table.catalogs import open_tables
+    from reconciler.table.catalogs.fence import roll_forward
+
+    batches = {(i.tables[0], i.supervisor_id) for i in store.writes_in_flight()
+               if i.kind == "batch" and i.supervisor_id and i.tables}
+    if not batches:
+        return
+    tables = open_tables(store.engine, segments_dir, catalog)
+    for name, supervisor_id in sorted(batches):
+        roll_forward(tables, store, name, supervisor_id)
 
 
 def _delete_write(files, root: str, intent: WriteIntent) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.pipeline.worker_errors import product_message
 from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
+from reconciler.runtime.publishing import BatchInTable, ResetUnderway
 from reconciler.runtime.sourceguard import SourceGuard
 from reconciler.store.store import SegmentFile, Store, TableConflict
 from reconciler.streams import adapter_for
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 UNHEALTHY_AFTER = 3  # consecutive failures before a supervisor is reported UNHEALTHY_*
 MAX_BACKOFF = 60.0
-PUBLISH_ATTEMPTS = 20  # table commits staged again after another writer moved the table
 RETENTION_CHECK_EVERY = 60.0  # seconds between asking for earliest offsets while all is well
 RUNNABLE = (State.PENDING, State.RUNNING, State.IDLE, State.UNHEALTHY_SUPERVISOR, State.UNHEALTHY_TASKS)
 
@@ -59,7 +58,9 @@ class RuntimeContext:
     adapters: Callable[[Any], Any] = adapter_for  # source -> stream adapter (streams.adapter_for)
     snapshots_kept: int = 25  # settings.snapshotsKept: the publish expires the snapshots beyond
     reader_grace: float = 600.0  # settings.readerGrace: what a commit unreferences goes this much later
+    catalog: dict = field(default_factory=dict)  # settings.catalog: empty is the metadata database's
     _tables: Any = field(default=None, repr=False)
+    _publisher: Any = field(default=None, repr=False)
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def batch_job(self):
@@ -73,11 +74,21 @@ class RuntimeContext:
         """The output tables' catalog (``reconciler.table.catalog.Tables``), opened once."""
         with self._tables_lock:
             if self._tables is None:
-                from reconciler.table.catalog import Tables
+                from reconciler.table.catalogs import open_tables
 
-                self._tables = Tables(self.store.engine, self.segments_dir, snapshots_kept=self.snapshots_kept,
-                                      reader_grace=self.reader_grace)
+                self._tables = open_tables(self.store.engine, self.segments_dir, self.catalog,
+                                           snapshots_kept=self.snapshots_kept, reader_grace=self.reader_grace)
             return self._tables
+
+    def publisher(self):
+        """The commit protocol of the tables' catalog (``runtime.publishing``), chosen once."""
+        if self._publisher is None:
+            if getattr(self.tables(), "PROTOCOL", "sql") == "external":
+                from reconciler.runtime.publish_external import ExternalPublish as Publish
+            else:
+                from reconciler.runtime.publish_sql import SqlPublish as Publish
+            self._publisher = Publish(self)
+        return self._publisher
 
 
 @dataclass
@@ -104,6 +115,7 @@ class SupervisorRuntime:
     _guard: SourceGuard | None = None  # is this still the source the checkpoints were taken on
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
     _record_bytes: float | None = None  # mean key + value bytes of the records read so far
+    _head: Any = None  # what the commit protocol learnt before the checkpoints were read (its fence)
 
     def reconsider(self) -> None:
         """The spec or the epoch changed: forget past failures and look at retention again."""
@@ -124,10 +136,13 @@ class SupervisorRuntime:
         except SpecChanged as exc:  # nothing published: the next step reads the range under the new spec
             log.info("%s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
+        except ResetUnderway as exc:  # nothing read: the reset finishes, then its epoch reads on
+            log.info("%s", exc, extra={"supervisor": rec.id})
+            return StepOutcome(1.0)
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
-        except TableConflict as exc:  # the table kept moving under PUBLISH_ATTEMPTS stagings
+        except TableConflict as exc:  # the table kept moving under publish_sql.PUBLISH_ATTEMPTS stagings
             log.warning("%s; the batch is read again", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.5)
         except (SparkUnavailable, SparkMisconfigured) as exc:  # the cluster, not the stream: no traceback
@@ -148,6 +163,8 @@ class SupervisorRuntime:
     def _ingest(self, rec: SupervisorRecord, spec) -> StepOutcome:
         captured = time.monotonic()
         adapter = self._adapter_for(rec)
+        # After the epoch (``rec``), before the checkpoints: an external catalog's fence is read here.
+        self._head = self.ctx.publisher().prepare(rec, spec.data_schema.datasource)
         checkpoint = self.ctx.store.checkpoints(rec.id)
         if rec.bounded:
             target = dict(rec.end_offsets)
@@ -329,6 +346,8 @@ class SupervisorRuntime:
             # schemaDiscovery: the batch's own columns, which the publish evolves the table to
             self._publish(rec, spec, ranges, written, getattr(written, "schema", None) or schema, dead_schema,
                           records)
+        except BatchInTable:  # the table may hold the batch: its files stay, the next step rolls forward
+            raise
         except Exception:  # lost, fenced, or the database went away mid-commit: the fence decides
             self._abandon(batch_id, (ds.datasource, dead_name), (data_dir, dead_dir))
             raise
@@ -387,9 +406,8 @@ class SupervisorRuntime:
             log.warning("batch %s left for recovery", batch_id[:12], exc_info=True)
 
     def _publish(self, rec, spec, ranges, written, schema, dead_schema, records: int) -> None:
-        """Stage the table snapshots and publish them with the checkpoints; a table moved by
-        another writer in between (a backfill of the same datasource, a compaction) is
-        staged again on its new metadata, the data files staying where they are."""
+        """The batch's snapshot summary, then the catalog's commit protocol (``publish_sql``:
+        one transaction; ``publish_external``: the table, then the database)."""
         from reconciler.table.catalog import (
             BATCH,
             DATASOURCE,
@@ -401,11 +419,9 @@ class SupervisorRuntime:
             ROLLUP_PROPERTY,
             SUPERVISOR,
             UNPARSEABLE,
-            deadletter_table,
         )
 
         ds = spec.data_schema
-        tables = self.ctx.tables()
         summary = {SUPERVISOR: rec.id, BATCH: written.batch_id, EPOCH: str(rec.epoch), DATASOURCE: ds.datasource,
                    RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges]),
                    RECORDS: str(records), UNPARSEABLE: str(written.dead_rows)}
@@ -416,31 +432,8 @@ class SupervisorRuntime:
         read_counts = written.read_counts
         if read_counts is not None:  # verify --deep tells a missing record from an offset without one
             summary[READ] = json.dumps(dict(sorted(read_counts.items())), separators=(",", ":"))
-        for attempt in range(PUBLISH_ATTEMPTS):
-            commits = [tables.stage_append(ds.datasource, [f.path for f in written.files], summary,
-                                           schema=schema, granularity=ds.segment_granularity, rollup=ds.rollup,
-                                           write_id=written.batch_id, attempt=attempt)]
-            if written.dead_files:
-                commits.append(tables.stage_append(deadletter_table(ds.datasource),
-                                                   [f.path for f in written.dead_files], summary, schema=dead_schema,
-                                                   write_id=written.batch_id, attempt=attempt))
-            try:
-                faults.crash_point("before-commit", rec.id)
-                self.ctx.store.publish(supervisor_id=rec.id, epoch=rec.epoch, batch_id=written.batch_id,
-                                       datasource=ds.datasource, ranges=ranges, files=files, records=records,
-                                       unparseable=written.dead_rows, lease=self.ctx.lease(),
-                                       table_commits=commits)
-                tables.committed(commits)
-                return
-            except PublishConflict:
-                if self.ctx.metrics:
-                    self.ctx.metrics.publish_conflict(rec.id)
-                raise
-            except TableConflict:
-                tables.discard_staged(commits)  # the transaction rolled back: nothing references them
-                if attempt == PUBLISH_ATTEMPTS - 1:
-                    raise
-                time.sleep(random.uniform(0.0, 0.05 * (attempt + 1)))  # concurrent writers: spread out
+        self.ctx.publisher().publish(rec, ds, written, summary, files, schema, dead_schema, ranges, records,
+                                     head=self._head)
 
     def _failed(self, rec, detailed: DetailedState, unhealthy: State, exc: Exception) -> StepOutcome:
         self.failures += 1

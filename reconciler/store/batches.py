@@ -21,6 +21,7 @@ from reconciler.store.tables import (
     iceberg_tables,
     segments,
     supervisors,
+    writes,
 )
 
 TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
@@ -96,6 +97,41 @@ class BatchesMixin:
                     for f in files
                 ])
             _add_totals(c, supervisor_id, records, unparseable, now)
+
+    def roll_forward(self, *, supervisor_id: str, batch_id: str, datasource: str, epoch: int,
+                     ranges: Sequence[PartitionRange], records: int, unparseable: int, rows: int = 0,
+                     now=None) -> bool:
+        """Record a batch the table committed and this database did not (an external catalog:
+        the table first, then the database; a crash in between). Whatever the epoch or the
+        lease is now: the table holds the batch, so its write is committed and each checkpoint
+        still at its range's start moves to the range's end (one that moved elsewhere, a
+        fresh start's, stays). False when the batch was recorded already (by whoever rolled it
+        forward first: a reset, the next step, the next leader)."""
+        now = now or utcnow()
+        try:
+            return self._roll_forward(supervisor_id, batch_id, datasource, epoch, ranges, records, unparseable,
+                                      rows, now)
+        except sa.exc.IntegrityError:  # recorded concurrently: the other transaction moved everything
+            return False
+
+    def _roll_forward(self, supervisor_id, batch_id, datasource, epoch, ranges, records, unparseable, rows,
+                      now) -> bool:
+        with self._write() as c:
+            if c.execute(sa.select(batches.c.batch_id).where(batches.c.batch_id == batch_id)).first():
+                return False
+            for rng in ranges:
+                c.execute(sa.update(checkpoints).where(
+                    checkpoints.c.supervisor_id == supervisor_id, checkpoints.c.partition == rng.partition,
+                    checkpoints.c.next_offset == rng.start).values(next_offset=rng.end))
+            # committed in the table: whatever a clean-up wrote of it (it never fences one
+            # before rolling its supervisor forward), its files are referenced now
+            c.execute(sa.delete(writes).where(writes.c.write_id == batch_id))
+            c.execute(sa.insert(batches).values(
+                batch_id=batch_id, supervisor_id=supervisor_id, datasource=datasource, epoch=epoch,
+                status="committed", ranges=json.dumps([[r.partition, r.start, r.end] for r in ranges]),
+                rows=rows, records=records, unparseable=unparseable, committed_at=now))
+            _add_totals(c, supervisor_id, records, unparseable, now)
+        return True
 
     def commit_tables(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
         """Commit a maintenance write (compaction, import, expiry): move the tables' metadata

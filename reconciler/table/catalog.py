@@ -189,6 +189,8 @@ class _Transaction(Transaction):
 class Tables:
     """The datasources' tables: create, evolve, stage appends, load for reading."""
 
+    PROTOCOL = "sql"  # the publish moves the pointer in our transaction (runtime.publish_sql)
+
     def __init__(self, engine: sa.Engine, warehouse: str | os.PathLike[str], *,
                  snapshots_kept: int = retention.DEFAULT_KEPT, reader_grace: float = grace.DEFAULT_READER_GRACE):
         self.storage = storage.at(warehouse)

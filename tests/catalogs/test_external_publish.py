@@ -1,0 +1,184 @@
+"""The external-catalog commit protocol (``runtime.publish_external``, ``table/catalogs/fence.py``)
+on moto's Glue and S3 with the real store (SQLite) and pyiceberg's own ``GlueCatalog``: the
+table first, then the database; a fence tag per supervisor; the database rolled forward from
+the table after a crash between the two commits. The batch's files are real Parquet files in
+the bucket; only the Spark job that would have written them is left out."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+from pyiceberg.catalog.glue import GlueCatalog
+
+from reconciler.errors import PublishConflict
+from reconciler.model import PartitionRange, SupervisorSpec
+from reconciler.runtime.publishing import ResetUnderway
+from reconciler.runtime.supervisor import RuntimeContext
+from reconciler.store.store import Store
+from reconciler.table import storage
+from reconciler.table.catalogs import fence
+from reconciler.table.catalogs.external import ExternalTables
+from reconciler.table.summary import BATCH, EPOCH, RANGES, RECORDS, SUPERVISOR
+from reconciler.table.writeids import new_write_id
+
+SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string())])
+DEAD = pa.schema([("raw", pa.string())])
+
+
+@dataclass
+class File:
+    path: str
+    rows: int
+    segment: str = ""
+    bytes: int = 0
+
+
+@dataclass
+class Written:
+    batch_id: str
+    files: list
+    dead_files: list = field(default_factory=list)
+    dead_rows: int = 0
+
+
+@dataclass
+class DS:
+    datasource: str = "clicks"
+    segment_granularity: str | None = None
+    rollup: bool = False
+
+
+@pytest.fixture
+def env(glue, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    store.migrate()
+    for sid in ("clicks", "other"):
+        store.create_supervisor(SupervisorSpec.from_document({
+            "id": sid, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": sid},
+            "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}), None, actor="test")
+        store.init_checkpoints(sid, {"0": 0})
+    warehouse = f"s3://{glue['bucket']}/wh"
+    ctx = RuntimeContext(store=store, segments_dir=warehouse, spark=lambda: None, catalog=glue["setting"])
+    tables = ctx.tables()
+    assert isinstance(tables, ExternalTables)
+    tables.ensure("clicks", SCHEMA, None, rollup=False)
+    tables.ensure("clicks_deadletter", DEAD, None)
+    yield ctx, store, tables, glue
+    store.close()
+
+
+def _batch(tables, store, sid: str, start: int, end: int, *, dead: bool = False) -> Written:
+    batch_id = new_write_id()
+    store.begin_write(batch_id, "batch", tables=["clicks", "clicks_deadletter"], supervisor_id=sid)
+    path = f"{tables.data_dir(tables.load('clicks'), batch_id)}/p.parquet"
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"__time": pa.array(list(range(start, end)), pa.timestamp("us", tz="UTC")),
+                             "id": [f"{sid}-{o}" for o in range(start, end)]}, schema=SCHEMA), buf)
+    storage.at(path).write_bytes(path, buf.getvalue())
+    written = Written(batch_id, [File(path, end - start)])
+    if dead:
+        dpath = f"{tables.data_dir(tables.load('clicks_deadletter'), batch_id)}/d.parquet"
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"raw": [f"bad-{sid}-{start}"]}, schema=DEAD), buf)
+        storage.at(dpath).write_bytes(dpath, buf.getvalue())
+        written.dead_files, written.dead_rows = [File(dpath, 1)], 1
+    return written
+
+
+def _summary(rec, written, ranges) -> dict[str, str]:
+    return {SUPERVISOR: rec.id, BATCH: written.batch_id, EPOCH: str(rec.epoch), RECORDS: str(sum(r.size for r in ranges)),
+            RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges])}
+
+
+def _step(ctx, store, tables, sid, *, dead=False, before_publish=None):
+    """One step as the runtime runs it: epoch, then the fence (prepare), then the checkpoints,
+    a batch of up to 5 records, the publish."""
+    rec = store.get(sid)
+    head = ctx.publisher().prepare(rec, "clicks")
+    start = store.checkpoints(sid)["0"]
+    ranges = [PartitionRange("0", start, start + 5)]
+    written = _batch(tables, store, sid, start, start + 5, dead=dead)
+    if before_publish:
+        before_publish()
+    ctx.publisher().publish(rec, DS(), written, _summary(rec, written, ranges), [], SCHEMA, DEAD, ranges, 5,
+                            head=head)
+    return written
+
+
+def _ids(glue, table="clicks"):
+    catalog = GlueCatalog("reader", **glue["properties"])
+    data = catalog.load_table((glue["database"], table)).scan().to_arrow()
+    return sorted(data.column("id" if "id" in data.column_names else "raw").to_pylist())
+
+
+def test_batches_land_in_glue_and_the_database_follows(env):
+    ctx, store, tables, glue = env
+    _step(ctx, store, tables, "clicks", dead=True)
+    _step(ctx, store, tables, "clicks")
+    assert store.checkpoints("clicks") == {"0": 10}
+    assert _ids(glue) == sorted(f"clicks-{o}" for o in range(10))
+    assert _ids(glue, "clicks_deadletter") == ["bad-clicks-0"]
+    with store.engine.connect() as c:  # the metadata database holds no table of its own for it
+        has = sa.inspect(c).has_table("iceberg_tables")
+        rows = c.execute(sa.text("SELECT table_name FROM iceberg_tables")).all() if has else []
+    assert rows == []
+
+
+def test_a_reset_fence_fails_the_batch_in_flight_and_nothing_lands(env):
+    ctx, store, tables, glue = env
+    _step(ctx, store, tables, "clicks")
+    rec = store.get("clicks")
+    # the reset's first step lands while the batch [5, 10) is being written
+    with pytest.raises(PublishConflict, match="another leader came first"):
+        _step(ctx, store, tables, "clicks",
+              before_publish=lambda: fence.fence(tables, store, "clicks", "clicks", rec.epoch + 1, new_write_id()))
+    assert _ids(glue) == sorted(f"clicks-{o}" for o in range(5))
+    assert store.checkpoints("clicks") == {"0": 5}
+    # until the reset bumps the epoch, no batch starts on the fence
+    with pytest.raises(ResetUnderway):
+        ctx.publisher().prepare(store.get("clicks"), "clicks")
+
+
+def test_a_crash_between_the_table_and_the_database_is_rolled_forward(env):
+    ctx, store, tables, glue = env
+    _step(ctx, store, tables, "clicks")
+    rec = store.get("clicks")
+    head = ctx.publisher().prepare(rec, "clicks")
+    written = _batch(tables, store, "clicks", 5, 10, dead=True)
+    ranges = [PartitionRange("0", 5, 10)]
+    summary = _summary(rec, written, ranges) | {fence.FENCE_PREV: str(head.snapshot_id),
+                                                fence.DEAD_FILES: json.dumps([written.dead_files[0].path])}
+    # the table's commit, then the process dies: the database never heard of the batch
+    tables.commit_append("clicks", [written.files[0].path], summary, fence=(fence.tag_name("clicks"), head.snapshot_id),
+                         write_id=written.batch_id)
+    assert store.checkpoints("clicks") == {"0": 5}
+    _step(ctx, store, tables, "clicks")  # the next step rolls forward first, then reads [10, 15)
+    assert store.checkpoints("clicks") == {"0": 15}
+    assert _ids(glue) == sorted(f"clicks-{o}" for o in range(15))
+    assert _ids(glue, "clicks_deadletter") == ["bad-clicks-5"]
+    assert store.committed_batch_ids([written.batch_id]) == {written.batch_id}
+    assert store.writes_in_flight() == []
+
+
+def test_another_supervisors_commit_restages_with_the_fence_kept(env):
+    """A backfill of the same datasource commits between this batch's staging and its commit:
+    Glue refuses the stale VersionId (the devservice's patch), the batch stages again, and its
+    retry still asserts the fence (pyiceberg's own retry would have dropped it)."""
+    ctx, store, tables, glue = env
+    _step(ctx, store, tables, "clicks", before_publish=lambda: _step(ctx, store, tables, "other"))
+    assert _ids(glue) == sorted([f"clicks-{o}" for o in range(5)] + [f"other-{o}" for o in range(5)])
+    rec = store.get("clicks")
+    stale = ctx.publisher().prepare(rec, "clicks")
+    _step(ctx, store, tables, "clicks")
+    written = _batch(tables, store, "clicks", 5, 10)
+    with pytest.raises(PublishConflict):  # a zombie's batch read the fence before the last commit
+        ranges = [PartitionRange("0", 5, 10)]
+        ctx.publisher().publish(rec, DS(), written, _summary(rec, written, ranges), [], SCHEMA, DEAD, ranges, 5,
+                                head=stale)
+    assert len([i for i in _ids(glue) if i.startswith("clicks-")]) == 10
