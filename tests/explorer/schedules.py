@@ -151,6 +151,9 @@ def random_schedule(seed: int) -> Schedule:
     from tests.explorer import replay  # drawn last: the other draws of a seed stay as they were
 
     replay.add_random(s, rng)
+    from tests.explorer import rolling  # drawn after replay's: a seed's earlier draws stay as they were
+
+    rolling.add_random(s, rng)
     return s
 
 
@@ -733,3 +736,7 @@ NAMED.update({f().name: f for f in _replay.NAMED})
 from tests.explorer import moments  # noqa: E402 - they are built from this module's helpers
 
 NAMED.update({f().name: f for f in moments.SCHEDULES})
+
+from tests.explorer import rolling as _rolling  # noqa: E402 - the leader's rolling compaction (issue 45)
+
+NAMED.update({f().name: f for f in _rolling.named()})
