@@ -188,12 +188,16 @@ def load_files(
 ) -> list[DirectoryState]:
     """Spec and marker files named one by one (a pre-commit hook's), one state per
     directory: the files of one directory are judged together as the daemon would judge
-    them (duplicate ids, the cross-file rules), each against the others named with it."""
+    them (duplicate ids, the cross-file rules), each against the others named with it and
+    against the directory's other spec files, which the daemon reads beside them (a hook
+    names only the changed files; the others are judged with them, never reported)."""
     groups: dict[str, tuple[list[SpecResult], list[Marker], dict[str, SpecInvalid]]] = {}
+    spelled: dict[str, str] = {}  # directory -> as the caller spelled it
     for path in paths:
         raw = os.fspath(path)
         display = shown(raw)
         real = raw if display != raw else None
+        spelled.setdefault(os.path.dirname(os.path.abspath(raw)), os.path.dirname(display))
         results, markers, rejected = groups.setdefault(os.path.dirname(os.path.abspath(raw)), ([], [], {}))
         if classify(raw) == "marker":
             if real is not None:
@@ -206,8 +210,27 @@ def load_files(
         else:
             result = load_spec(display, None, now, real=real)
             results.append(with_problems(result, [SpecProblem(display, None, None, "", BAD_NAME)]) if real else result)
-    return [_directory_state(directory, _judged(results, grants), markers, rejected, {}, grants is not None)
-            for directory, (results, markers, rejected) in groups.items()]
+    states = []
+    for directory, (results, markers, rejected) in groups.items():
+        others = _siblings(directory, spelled[directory], {os.path.abspath(r.path) for r in results}, now)
+        judged = _judged(results + others, grants)[:len(results)]
+        states.append(_directory_state(directory, judged, markers, rejected, {}, grants is not None))
+    return states
+
+
+def _siblings(directory: str, spelled: str, named: set[str], now: datetime | None) -> list[SpecResult]:
+    """The directory's spec files not named (unreadable directory: none)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(spelled, name)
+        if (classify(name) == "spec" and shown(name) == name and os.path.abspath(path) not in named
+                and os.path.isfile(path)):
+            out.append(load_spec(path, None, now))
+    return out
 
 
 def _judged(results: list[SpecResult], grants: Grants | None) -> list[SpecResult]:

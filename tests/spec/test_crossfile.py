@@ -86,5 +86,8 @@ def test_files_named_together_are_checked_together_per_directory(specs, tmp_path
     runner = CliRunner()
     together = runner.invoke(cli, ["validate", "specs/clicks.yaml", "specs/copy.yaml"], env=CLEAN_ENV)
     assert together.exit_code == 1 and "is also declared in specs/clicks.yaml" in together.stdout
+    # named alone (a hook names the changed file only) it is judged beside the directory's
+    # other specs, as the daemon judges it: it was accepted, and the daemon refused it
     alone = runner.invoke(cli, ["validate", "specs/copy.yaml"], env=CLEAN_ENV)
-    assert alone.exit_code == 0, alone.output
+    assert alone.exit_code == 1 and "is also declared in specs/clicks.yaml" in alone.stdout, alone.output
+    assert "specs/clicks.yaml:" not in alone.stdout  # the sibling is not reported

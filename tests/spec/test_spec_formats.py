@@ -92,3 +92,19 @@ def test_schema_discovery_with_rollup_is_refused_naming_file_line_and_field(spec
     assert any(p.startswith("specs/x.yaml:7:20: dataSchema.schemaDiscovery: schemaDiscovery cannot be combined "
                             "with granularity.rollup: true") for p in found), found
     assert problems(specs, "y", head("y", rollup.replace("rollup: true", "rollup: false"))) == []
+
+
+def test_a_file_named_alone_is_judged_with_the_other_specs_of_its_directory(specs):
+    """A pre-commit hook names the changed file only: its qty double was accepted while the
+    daemon, reading the whole directory, refuses it beside b.yaml's long."""
+    from reconciler.spec.loader import load_files
+
+    (specs / "a.yaml").write_text(spec("a", "d", dims="[user, {name: qty, type: double}]"))
+    (specs / "b.yaml").write_text(spec("b", "d", dims="[user, {name: qty, type: long}]"))
+    (specs / "c.yaml").write_text(spec("c", "other", dims="[user, {name: qty, type: long}]"))
+    [state] = load_files(["specs/a.yaml"])
+    assert not state.specs and list(state.invalid) == ["specs/a.yaml"]  # b.yaml judged with it, not reported
+    found = [str(p) for p in state.invalid["specs/a.yaml"].problems]
+    assert any("column 'qty' is double here but long in specs/b.yaml" in p for p in found), found
+    [state] = load_files(["specs/c.yaml"])
+    assert list(state.specs) == ["specs/c.yaml"] and not state.invalid
