@@ -30,7 +30,7 @@ _PRIMITIVES = {"boolean", "int", "long", "float", "double", "string", "bytes"}
 _LOGICAL = {"timestamp-millis": ("long", 1_000), "timestamp-micros": ("long", 1), "date": ("int", 0)}
 _DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31, days from the epoch
 _INT32 = (-(2**31), 2**31 - 1)
-_PAD = 16  # zero bytes after the last body: a varint read past a body's end stays in the buffer
+_PAD = 32  # zero bytes after the last body: reads past a body's end (a branch, then a value) stay in it
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ def decode(bodies: pa.Array, steps: list[Step], struct: pa.StructType) -> tuple[
 
 
 class _Reader:
-    """Read positions of every body, and which bodies are still readable."""
+    """Read positions of every body, and which bodies are still readable. ``valid`` (a
+    union's branch): which records hold a value; None: all of them."""
 
     def __init__(self, buf: np.ndarray, pos: np.ndarray, end: np.ndarray, ok: np.ndarray):
         self.buf, self.pos, self.end, self.ok = buf, pos.copy(), end, ok
@@ -100,72 +101,68 @@ class _Reader:
     def field(self, step: Step, t: pa.DataType) -> pa.Array:
         valid = None
         if step.branch is not None:
-            index = self._long()
+            index = self._long(None)
             self.ok &= (index == 0) | (index == 1)
             valid = index == step.branch
         values = self._value(step.kind, t, valid)
-        self._clamp()
+        past = self.pos > self.end
+        if past.any():  # read past its end: not ok, and stopped there so later reads stay in the buffer
+            self.ok &= ~past
+            self.pos = np.minimum(self.pos, self.end)
         return values
 
+    def _require(self, cond: np.ndarray, valid: np.ndarray | None) -> None:
+        self.ok &= cond if valid is None else cond | ~valid
+
     def _value(self, kind: str, t: pa.DataType, valid: np.ndarray | None) -> pa.Array:
-        n = len(self.pos)
-        present = np.ones(n, bool) if valid is None else valid
         if kind in ("string", "bytes"):
-            return self._binary(t, present, valid)
+            return self._binary(t, valid)
         if kind in ("float", "double", "boolean"):
             width = {"float": 4, "double": 8, "boolean": 1}[kind]
-            at = self.pos[:, None] + np.arange(width)
-            raw = np.ascontiguousarray(self.buf[np.minimum(at, len(self.buf) - 1)])
-            self.pos = self.pos + np.where(present, width, 0)
+            raw = np.ascontiguousarray(self.buf[self.pos[:, None] + np.arange(width)])
+            self.pos = self.pos + (width if valid is None else np.where(valid, width, 0))
             if kind == "boolean":
                 return _array(t, raw[:, 0].astype(bool), valid)
-            return _array(t, raw.view("<f4" if kind == "float" else "<f8").reshape(n), valid)
-        value = np.where(present, self._long(present), 0)
+            return _array(t, raw.view("<f4" if kind == "float" else "<f8").reshape(len(raw)), valid)
+        value = self._long(valid)
         if kind == "int" or kind == "date":
             low, high = _DAYS if kind == "date" else _INT32
-            self.ok &= ~present | ((value >= low) & (value <= high))
+            self._require((value >= low) & (value <= high), valid)
             return _array(t, value.astype(np.int32), valid)
         if kind in _LOGICAL:
             per = _LOGICAL[kind][1]
             inside = (value >= TIME_FROM_MICROS // per) & (value <= (TIME_UNTIL_MICROS - 1) // per)
-            self.ok &= ~present | inside
+            self._require(inside, valid)
             return _array(t, np.where(inside, value, 0) * per, valid)
         return _array(t, value, valid)
 
-    def _long(self, present: np.ndarray | None = None) -> np.ndarray:
-        """The zigzag varint at each position (where ``present``), positions moved past it.
+    def _long(self, valid: np.ndarray | None) -> np.ndarray:
+        """The zigzag varint at each position (where ``valid``), positions moved past it.
         One of more than 64 bits is not ok (fastavro wraps it: the reference decides)."""
         buf, pos = self.buf, self.pos
-        n = len(pos)
         first = buf[pos]
         z = (first & 0x7F).astype(np.uint64)
-        size = np.ones(n, np.int64)
-        last = first.copy()
-        more = np.flatnonzero(first & 0x80)
-        if present is not None:
-            more = more[present[more]]
+        size = np.ones(len(pos), np.int64) if valid is None else valid.astype(np.int64)
+        more = np.flatnonzero(first >= 0x80)
+        if valid is not None:
+            more = more[valid[more]]
         k = 1
         while more.size and k < 10:
-            b = buf[np.minimum(pos[more] + k, len(buf) - 1)]
+            b = buf[pos[more] + k]
             z[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
             size[more] += 1
-            last[more] = b
-            more = more[(b & 0x80) != 0]
+            more = more[b >= 0x80]
             k += 1
-        fits = (size < 10) | (last <= 1)
-        fits[more] = False  # longer than 10 bytes
-        if present is not None:
-            fits |= ~present
-            size = np.where(present, size, 0)
-        self.ok &= fits
+        if k == 10:  # a tenth byte holds the 64th bit only; more, or an eleventh byte: too long
+            ten = np.flatnonzero(size == 10)
+            self.ok[ten[buf[pos[ten] + 9] > 1]] = False
         self.pos = pos + size
         return (z >> np.uint64(1)).view(np.int64) ^ -(z & np.uint64(1)).view(np.int64)
 
-    def _binary(self, t: pa.DataType, present: np.ndarray, valid: np.ndarray | None) -> pa.Array:
-        length = self._long(present)
-        fits = (length >= 0) & (self.pos + length <= self.end)
-        self.ok &= ~present | fits
-        length = np.where(present & fits & self.ok, length, 0)
+    def _binary(self, t: pa.DataType, valid: np.ndarray | None) -> pa.Array:
+        length = self._long(valid)
+        self._require((length >= 0) & (self.pos + length <= self.end), valid)
+        length = np.where(self.ok if valid is None else self.ok & valid, length, 0)
         starts = self.pos
         self.pos = self.pos + length
         offsets = np.zeros(len(length) + 1, np.int64)
@@ -183,13 +180,6 @@ class _Reader:
             bad = np.array([v is not None and not _utf8(v) for v in out.to_pylist()], bool)
             self.ok &= ~bad
             return pa.array([None if b else v for v, b in zip(out.to_pylist(), bad, strict=True)], pa.binary()).cast(t)
-
-    def _clamp(self) -> None:
-        """A body read past its end (not ok now) stops at its end: the next field's reads
-        stay inside the buffer."""
-        past = self.pos > self.end
-        self.ok &= ~past
-        self.pos = np.minimum(self.pos, self.end)
 
 
 def _utf8(b: bytes) -> bool:
