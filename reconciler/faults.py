@@ -10,7 +10,9 @@ production: the check is one dictionary lookup.
 Points: after-write (files staged, nothing committed), before-commit, after-commit
 (committed, files not yet moved into place), inside-reset (reset transaction open),
 after-reset (committed, marker not yet renamed), after-breach (a lag policy's breach
-recorded, its reset not yet planned).
+recorded, its reset not yet planned). With an external catalog (``catalog: {type: glue}``):
+between-commits (the table committed the batch, the database not yet), after-fence (a
+reset moved the table's fence and rolled forward, nothing captured yet).
 
 ``install(hook)`` makes every point (and ``commit_point``, the two sides of a database
 COMMIT) call ``hook(name, subject)`` first: the explorer schedules threads and injects
