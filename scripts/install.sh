@@ -49,7 +49,8 @@ usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--r
                       drop-in (checked by visudo -c) to run `reconciler` as the service user
                       without a password; repeat for several users. Root needs neither.
   --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR,
-                      systemctl --root DIR, nothing started; the virtualenv runs in place there
+                      systemctl --root DIR, nothing started; the virtualenv runs in place there;
+                      the paths it prints are the staged ones (DIR/etc/...), the files name /etc/...
   --no-user           do not create the user (it must exist)
   --no-systemctl      neither enable, start, restart nor reload anything
   --no-start          enable the unit but do not start or restart it
@@ -127,6 +128,11 @@ IS_ROOT=0
 if [ "$IS_ROOT" -eq 0 ] && [ -z "$ROOT" ]; then
     die "run as root (sudo scripts/install.sh), or stage below a directory with --root DIR"
 fi
+# Below a staging root, every path printed is the staged one ($ROOT/etc/...), the one to look
+# at now; what the files themselves say (config, unit, wrapper) is the installed host's path.
+if [ -n "$ROOT" ]; then
+    say "staging below $ROOT: the paths printed are the staged files; the config, unit and wrapper name the installed host's (without $ROOT)"
+fi
 for path in "$SPECS" ${SEGMENTS:+"$SEGMENTS"}; do
     case "$path" in
         /*) ;;
@@ -202,7 +208,7 @@ done
 kept_specs=$(awk '/^specs:/ { print $2 }' "$ROOT$CONF_DIR/config.yaml" 2>/dev/null || true)
 if [ "$UNINSTALL" -eq 0 ] && [ -n "$kept_specs" ]; then
     if [ "$SPECS_GIVEN" -eq 1 ] && [ "$kept_specs" != "$SPECS" ]; then
-        die "--specs $SPECS: the kept $CONF_DIR/config.yaml watches $kept_specs; edit its specs: line to change it (then run this again), or leave --specs out"
+        die "--specs $SPECS: the kept $ROOT$CONF_DIR/config.yaml watches $kept_specs${ROOT:+ (staged: $ROOT$kept_specs)}; edit its specs: line to change it (then run this again), or leave --specs out"
     fi
     SPECS=$kept_specs
 fi
@@ -219,9 +225,9 @@ if [ "$UNINSTALL" -eq 1 ]; then
     if systemd_running; then
         systemctl daemon-reload
     fi
-    say "removed the unit, $WRAPPER and $PREFIX"
+    say "removed the unit $UNIT, $ROOT$WRAPPER and $VENV"
     if [ "$PURGE" -eq 0 ]; then
-        say "kept $CONF_DIR, $STATE, the spec directory and the user $SERVICE_USER (--purge removes them)"
+        say "kept $ROOT$CONF_DIR, $ROOT$STATE, the spec directory and the user $SERVICE_USER (--purge removes them)"
         exit 0
     fi
     specs=$(awk '/^specs:/ { print $2 }' "$ROOT$CONF_DIR/config.yaml" 2>/dev/null || true)
@@ -229,8 +235,8 @@ if [ "$UNINSTALL" -eq 1 ]; then
     rm -f "$ROOT$INSTALL_LOG"
     for dir in "${specs:-$DEFAULT_SPECS}" "$(dirname "$DEFAULT_SPECS")"; do
         if [ -d "$ROOT$dir" ]; then
-            rmdir "$ROOT$dir" 2>/dev/null && say "removed the empty $dir" \
-                || say "kept $dir: it is not empty (your config repo's checkout?)"
+            rmdir "$ROOT$dir" 2>/dev/null && say "removed the empty $ROOT$dir" \
+                || say "kept $ROOT$dir: it is not empty (your config repo's checkout?)"
         fi
     done
     if [ "$NO_USER" -eq 0 ] && service_ids; then
@@ -240,7 +246,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
         fi
         say "removed the user $SERVICE_USER"
     fi
-    say "purged $CONF_DIR and $STATE"
+    say "purged $ROOT$CONF_DIR and $ROOT$STATE"
     exit 0
 fi
 
@@ -303,7 +309,7 @@ if [ -x "$VENV/bin/python" ] && ! vpython -c 'import sys' >/dev/null 2>&1; then
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$(dirname "$VENV")"
-    step "creating the virtualenv $PREFIX" "$PYTHON" -m venv "$VENV"
+    step "creating the virtualenv $VENV" "$PYTHON" -m venv "$VENV"
 fi
 old_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))' \
     2>/dev/null || true)
@@ -331,7 +337,7 @@ install_wheel() {
 step "installing $(basename "$WHEEL") (the package alone: no test or demo extras)" install_wheel
 new_version=$(vpython -c 'from importlib.metadata import version; print(version("stream-reconciler"))')
 if [ "$HAVE_USER" -eq 1 ] && [ "$IS_ROOT" -eq 1 ] && ! as_service "$VENV/bin/reconciler" --version >/dev/null; then
-    die "$SERVICE_USER cannot run $PREFIX/bin/reconciler (does its Python, $(readlink -f "$VENV/bin/python"), lie in a directory only root may enter?)"
+    die "$SERVICE_USER cannot run $VENV/bin/reconciler (does its Python, $(readlink -f "$VENV/bin/python"), lie in a directory only root may enter?)"
 fi
 DOC=$VENV/share/doc/stream-reconciler
 rm -rf "$DOC"
@@ -342,14 +348,14 @@ cp -r README.md RELIABILITY.md CHANGELOG.md docs examples "$DOC/"  # docs/: the 
 install -d -m 0755 "$ROOT$CONF_DIR"
 CONF=$ROOT$CONF_DIR/config.yaml
 if [ -e "$CONF" ]; then
-    say "kept $CONF_DIR/config.yaml (this version's example: $PREFIX/share/doc/stream-reconciler/examples/etc/config.yaml)"
+    say "kept $CONF (this version's example: $DOC/examples/etc/config.yaml)"
 else
     sed -e "s|^specs: $DEFAULT_SPECS |specs: $SPECS |" \
         ${SEGMENTS:+-e "s|^# segments: [^ ]* |segments: $SEGMENTS |"} \
         examples/etc/config.yaml > "$BUILD/config.yaml"
     install -m 0640 "$BUILD/config.yaml" "$CONF"
     own "0:$SVC_GID" "$CONF"
-    say "wrote $CONF_DIR/config.yaml"
+    say "wrote $CONF"
 fi
 install -d -m 0700 "$ROOT$CONF_DIR/credentials"
 own 0:0 "$ROOT$CONF_DIR/credentials"
@@ -361,21 +367,21 @@ fi
 if [ -d "$ROOT$SPECS" ]; then
     mode=$(stat -c %a "$ROOT$SPECS")
     if (( 8#$mode & 8#002 )); then
-        say "warning: $SPECS is writable by others (mode $mode): the daemon refuses it (chmod o-w $SPECS)"
+        say "warning: $ROOT$SPECS is writable by others (mode $mode): the daemon refuses it (chmod o-w $ROOT$SPECS)"
     fi
     # The daemon renames markers in it and operators write specs: its group's, group-writable,
     # setgid (what a new one gets). A checkout made by root before the install is not.
     if [ "$IS_ROOT" -eq 1 ] && [ "$HAVE_USER" -eq 1 ] && { [ "$(stat -c %g "$ROOT$SPECS")" != "$SVC_GID" ] || (( (8#$mode & 8#2070) != 8#2070 )); }; then
         chgrp "$SVC_GID" "$ROOT$SPECS"
         chmod g+rwxs "$ROOT$SPECS"
-        say "made $SPECS the group $SERVICE_USER's, group-writable and setgid (was $(stat -c %U "$ROOT$SPECS"):$mode): the daemon renames markers there, operators write specs"
+        say "made $ROOT$SPECS the group $SERVICE_USER's, group-writable and setgid (was $(stat -c %U "$ROOT$SPECS"):$mode): the daemon renames markers there, operators write specs"
     fi
 else
     mkdir -p "$(dirname "$ROOT$SPECS")"
     install -d -m 2775 "$ROOT$SPECS"
     own "$SVC_UID:$SVC_GID" "$ROOT$SPECS"
     chmod 2775 "$ROOT$SPECS"  # chown clears the setgid bit
-    say "created the spec directory $SPECS (put your config repo's checkout there)"
+    say "created the spec directory $ROOT$SPECS (put your config repo's checkout there)"
 fi
 if [ -n "$SEGMENTS" ] && [ ! -d "$ROOT$SEGMENTS" ]; then
     mkdir -p "$(dirname "$ROOT$SEGMENTS")"
@@ -402,7 +408,7 @@ else
     have=$(as_service "$VENV/bin/python" -I -c \
         'from reconciler.pipeline.sparkcds import java_options as j, archive_path as a; print(a() if j() else "")')
     if [ -n "$have" ]; then
-        say "Spark class archive found: ${have#"$ROOT"}"
+        say "Spark class archive found: $have"
     else
         if ! step "building Spark's class archive as $SERVICE_USER (30 s on a quiet 2-core machine, 90 s or more on a busy one)" \
                 as_service "$VENV/bin/python" -I -m reconciler.pipeline.sparkcds; then
@@ -459,7 +465,7 @@ if [ ${#OPERATORS[@]} -gt 0 ]; then
     install -D -m 0440 "$rule" "$ROOT$SUDOERS"
     for op in "${OPERATORS[@]}"; do
         usermod ${ROOT:+--prefix "$ROOT"} -a -G "$SERVICE_USER" "$op"
-        say "operator $op: in the group $SERVICE_USER (writes specs; from $op's next login on), runs \`reconciler\` as $SERVICE_USER through sudo ($SUDOERS)"
+        say "operator $op: in the group $SERVICE_USER (writes specs; from $op's next login on), runs \`reconciler\` as $SERVICE_USER through sudo ($ROOT$SUDOERS)"
     done
 fi
 
@@ -503,4 +509,4 @@ if [ "$UPGRADE" -eq 1 ]; then
 else
     say "installed stream-reconciler $new_version"
 fi
-say "next: put specs in $SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"
+say "next: put specs in $ROOT$SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"

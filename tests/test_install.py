@@ -148,6 +148,23 @@ def test_the_staged_install_lays_out_the_service(staged):
     # one line per step; pip's own output is in the log, which names each step it ran
     strays = [line for line in output.splitlines() if not line.startswith("install: ")]
     assert not strays, strays[:20]
+    assert f"wrote {root}/etc/stream-reconciler/config.yaml" in output
+    assert f"next: put specs in {root}/srv/stream-reconciler/specs" in output
+    assert unstaged_paths(output, root) == []
+
+
+def unstaged_paths(output: str, root: Path) -> list[str]:
+    """Issue 46: staged below --root, the messages printed /etc/..., /srv/... as if installed on
+    this host. Every path printed is the staged one, except where a line says it is the
+    installed host's (an instruction to run there, the staging note itself)."""
+    bad = []
+    for line in output.splitlines():
+        if "installed host" in line:
+            continue
+        for path in re.findall(r"(?:^|[\s(`'=])(/[\w./-]+)", line):
+            if path.split("/")[1] in ("etc", "srv", "opt", "var", "usr") and not path.startswith(str(root)):
+                bad.append(f"{path} in {line!r}")
+    return bad
     log = (root / "var" / "log" / "stream-reconciler-install.log").read_text()
     assert "==> installing stream_reconciler-" in log and "Successfully installed" in log
 
@@ -214,8 +231,9 @@ def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, whe
     out = install(*common, "--operator", "alice")
     gid = int(passwd_entry(root)[3])
     assert mode_owner(checkout)[0] == "2775" and mode_owner(checkout)[2] == gid, out  # the daemon renames markers
-    assert "made /srv/config-repo/specs the group stream-reconciler's" in out
+    assert f"made {root}/srv/config-repo/specs the group stream-reconciler's" in out
     assert "operator alice: in the group stream-reconciler" in out and "next login" in out
+    assert unstaged_paths(out, root) == []
     members = lambda: next(line.split(":")[3].split(",") for line in (root / "etc" / "group").read_text().splitlines()  # noqa: E731
                            if line.split(":")[0] == USER)
     assert "alice" in members()
@@ -227,8 +245,9 @@ def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, whe
     install(*common, "--operator", "bob")
     r = subprocess.run(["bash", str(INSTALL), *base, "--specs", "/srv/config-repo"], capture_output=True, text=True,
                        timeout=600)  # another --specs than the kept config's: refused, before anything is done
-    assert r.returncode == 1 and "the kept /etc/stream-reconciler/config.yaml watches /srv/config-repo/specs" in r.stderr
-    assert "next: put specs in /srv/config-repo/specs" in install(*base)  # without --specs: the kept one
+    assert r.returncode == 1 and (f"the kept {root}/etc/stream-reconciler/config.yaml watches /srv/config-repo/specs "
+                                  f"(staged: {root}/srv/config-repo/specs)") in r.stderr
+    assert f"next: put specs in {root}/srv/config-repo/specs" in install(*base)  # without --specs: the kept one
     assert {"alice", "bob"} <= set(members())
     rules = [x for x in sudoers.read_text().splitlines() if x and not x.startswith("#")]
     assert [r.split()[0] for r in rules] == ["alice", "bob"]
@@ -361,7 +380,7 @@ def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
     out = install("--root", str(root), "--from", str(source),
                   env={"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STREAM_RECONCILER": "99.0.0"})
     assert re.search(r"upgraded stream-reconciler \S+ -> 99\.0\.0", out), out
-    assert "kept /etc/stream-reconciler/config.yaml" in out
+    assert f"kept {root}/etc/stream-reconciler/config.yaml" in out
     version = subprocess.run([str(root / "opt" / "stream-reconciler" / "bin" / "reconciler"), "--version"],
                              capture_output=True, text=True, check=True).stdout
     assert version.strip() == "reconciler, version 99.0.0"
@@ -375,7 +394,8 @@ def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
 def test_uninstall_keeps_the_data_and_purge_removes_it(staged):
     root, _ = staged
     out = install("--root", str(root), "--uninstall")
-    assert "kept /etc/stream-reconciler, /var/lib/stream-reconciler" in out
+    assert f"kept {root}/etc/stream-reconciler, {root}/var/lib/stream-reconciler" in out
+    assert unstaged_paths(out, root) == []
     for gone in ("opt/stream-reconciler", "usr/local/bin/reconciler", "etc/systemd/system/stream-reconciler.service",
                  "etc/systemd/system/multi-user.target.wants/stream-reconciler.service"):
         assert not (root / gone).exists() and not (root / gone).is_symlink(), gone
@@ -391,7 +411,8 @@ def test_uninstall_keeps_the_data_and_purge_removes_it(staged):
     assert not (root / "var" / "log" / "stream-reconciler-install.log").exists()
     assert passwd_entry(root) is None
     assert USER not in (root / "etc" / "group").read_text()
-    assert spec.is_file() and "kept /srv/stream-reconciler/specs: it is not empty" in out  # the config repo's
+    assert spec.is_file() and f"kept {root}/srv/stream-reconciler/specs: it is not empty" in out  # the config repo's
+    assert unstaged_paths(out, root) == []
     spec.unlink()
     install("--root", str(root), "--uninstall", "--purge")
     assert not (root / "srv" / "stream-reconciler").exists()  # empty now: removed
