@@ -20,6 +20,15 @@ database's size; then ``verify``'s run time at the end, and the goal ratios of i
 
 By default the leader's compaction runs as a daemon runs it by default (hourly, an hour
 after a partition closes), at the stream's clock: a batch is ``--records`` seconds of data.
+``--rolling-every N`` also runs the rolling compaction of the open hour every N commits.
+
+``--daemon``: the growth within the open hour on a real daemon instead (a Tansu broker, a
+steady producer, Spark, the leader's rolling compaction as configured; ``growth_daemon.py``):
+
+    .venv/bin/python benchmarks/commit_growth.py --daemon                          # 3 minutes at taskDuration 1s
+    .venv/bin/python benchmarks/commit_growth.py --daemon --minutes 15
+    .venv/bin/python benchmarks/commit_growth.py --daemon --task-duration 0.5s --minutes 60
+    .venv/bin/python benchmarks/commit_growth.py --daemon --rolling-compaction 0   # without: the old growth
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # growth_daemon and its neighbours (--daemon)
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -314,7 +324,19 @@ def main() -> None:
                     help="run the leader's compaction every N commits (0: never, the worst case). A batch "
                          "is --records seconds of data, so the default 720 at the default 5 is what a daemon "
                          "does by default: the hourly compactInterval with compactLateness 1h")
+    ap.add_argument("--rolling-every", type=int, default=0,
+                    help="run the rolling compaction of the open hour every N commits (0: never)")
+    ap.add_argument("--daemon", action="store_true", help="a real daemon at about one commit a second (see above)")
+    ap.add_argument("--minutes", type=float, default=3.0, help="--daemon: minutes of steady production (default 3)")
+    ap.add_argument("--task-duration", default="1s", help="--daemon: the supervisor's taskDuration (default 1s)")
+    ap.add_argument("--rate", type=int, default=200, help="--daemon: records a second (default 200)")
+    ap.add_argument("--partitions", type=int, default=1, help="--daemon: topic partitions (default 1)")
+    ap.add_argument("--rolling-compaction", type=float, default=None,
+                    help="--daemon: the rollingCompaction setting (default: the setting's default; 0 off)")
     a = ap.parse_args()
+    if a.daemon:
+        _main_daemon(a)
+        return
     logging.basicConfig(level=logging.WARNING)
     cluster = None
     with tempfile.TemporaryDirectory(prefix="commit-growth-") as tmp:
@@ -329,12 +351,34 @@ def main() -> None:
             url = cluster.create_database("commit_growth")
         try:
             doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept, a.compact_every,
-                      a.reader_grace)
+                      a.reader_grace, a.rolling_every)
         finally:
             if cluster is not None:
                 cluster.stop()
     doc["loadAverage"] = os.getloadavg()[0]
     print(json.dumps(doc, indent=2))
+
+
+def _main_daemon(a) -> None:
+    import shutil
+
+    import growth_daemon
+
+    from reconciler import logs
+    from reconciler.settings import Settings
+
+    logs.setup("WARNING")
+    for handler in logging.getLogger().handlers:  # the publish log records are caught, not printed
+        handler.setLevel(logging.WARNING)
+    rolling = a.rolling_compaction if a.rolling_compaction is not None else Settings.rolling_compaction
+    work = Path(tempfile.mkdtemp(prefix="growth-daemon-"))
+    try:
+        doc = growth_daemon.run(a.minutes, a.task_duration, a.rate, a.partitions, rolling, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(doc, indent=2))
+    if not doc["verify"]["exactly_once"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class Compactor:
         self._last_check = clock()
         self._rolled_files: dict[str, int] = {}  # datasource -> live files right after its last rolling run
         self.rolling_every = rolling_every
-        self.rolling_cpu = 0.0  # CPU seconds the rolling runs took (their thread's), since start
+        self.rolling_cpu = 0.0  # CPU seconds of the rolling runs and looks (their thread's), since start
         self.rolling_runs = 0
         self.configure(every=every, lateness=lateness, maintain_every=maintain_every,
                        snapshot_retention=snapshot_retention)
@@ -207,9 +207,9 @@ class Compactor:
             results.append(result)
             if result.partitions and not result.committed and not self._cancel.is_set():
                 log.warning("rolling compaction of %s: %s", name, result.message)
+        used = time.thread_time() - cpu
+        self.rolling_cpu += used  # the looks that found too few files included: they are its cost too
         if results:
-            used = time.thread_time() - cpu
-            self.rolling_cpu += used
             self.rolling_runs += 1
             log.info("rolling compaction: %s (%.3f CPU-s; %.1f CPU-s in %d runs so far)",
                      "; ".join(f"{r.table}: {r.files_before} file(s) -> {r.files_after}" for r in results),

@@ -141,6 +141,7 @@ def make_settings(root: str | os.PathLike[str], db: str = "", **overrides: Any) 
         # the leader's table maintenance rewrites files on its own clock: off unless a test asks
         "compact_interval": 0,
         "maintain_interval": 0,
+        "rolling_compaction": 0,
     }
     values.update(overrides)
     (root / "specs").mkdir(parents=True, exist_ok=True)
