@@ -182,3 +182,27 @@ def test_another_supervisors_commit_restages_with_the_fence_kept(env):
         ctx.publisher().publish(rec, DS(), written, _summary(rec, written, ranges), [], SCHEMA, DEAD, ranges, 5,
                                 head=stale)
     assert len([i for i in _ids(glue) if i.startswith("clicks-")]) == 10
+
+
+def test_recovery_rolls_forward_before_it_fences_writes_in_flight(env, s3_server):
+    """A new leader's recovery: the batch the table holds keeps its files and is recorded; the
+    batch the table does not hold is fenced and its files deleted."""
+    from reconciler.runtime.recovery import recover
+
+    ctx, store, tables, glue = env
+    rec = store.get("clicks")
+    head = ctx.publisher().prepare(rec, "clicks")
+    landed = _batch(tables, store, "clicks", 0, 5)
+    ranges = [PartitionRange("0", 0, 5)]
+    tables.commit_append("clicks", [landed.files[0].path],
+                         _summary(rec, landed, ranges) | {fence.FENCE_PREV: str(head.snapshot_id or "")},
+                         fence=(fence.tag_name("clicks"), head.snapshot_id), write_id=landed.batch_id)
+    lost = _batch(tables, store, "other", 0, 5)  # written, never committed anywhere
+    recover(store, ctx.segments_dir, glue["setting"])
+    assert store.checkpoints("clicks") == {"0": 5}
+    assert store.committed_batch_ids([landed.batch_id, lost.batch_id]) == {landed.batch_id}
+    assert store.writes_in_flight() == []
+    keys = s3_server.keys(glue["bucket"], "wh/")
+    assert any(f"batch={landed.batch_id}/" in k for k in keys)
+    assert not any(f"batch={lost.batch_id}/" in k for k in keys)
+    assert _ids(glue) == sorted(f"clicks-{o}" for o in range(5))
