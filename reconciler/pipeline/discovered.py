@@ -104,6 +104,8 @@ class Discovered:
                 continue
             have = self.types.get(name) or self.table.get(name.lower())
             if col.type != _RAW:
+                if (ready := _iceberg_ready(col.type)) != col.type:
+                    col = col.cast(ready)
                 self._saw(name, col.type)
             if col.type == _RAW:
                 out[name] = self._json(name, col, have, reasons)
@@ -233,6 +235,20 @@ def _type_text(t: pa.DataType) -> str:
 
 def _type_of(text: bytes) -> pa.DataType:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))).field("t").type
+
+
+def _iceberg_ready(t: pa.DataType) -> pa.DataType:
+    """``t`` with every time of day in microseconds, Iceberg's only ``time`` (Avro's
+    time-millis is Arrow's time32[ms], which no Iceberg column holds: every publish failed)."""
+    if pa.types.is_time(t):
+        return pa.time64("us")
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _iceberg_ready(f.type), f.nullable) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, _iceberg_ready(t.item_type))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(pa.field(t.value_field.name, _iceberg_ready(t.value_type), t.value_field.nullable))
+    return t
 
 
 def _number(t: pa.DataType) -> bool:

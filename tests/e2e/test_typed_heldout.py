@@ -152,3 +152,56 @@ def test_validate_refuses_a_missing_schema_file(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert f"{path}:{line}:" in out and "dataSchema.avro.schemaFile" in out and "orders.avsc" in out, out
+
+
+RICH = {"type": "record", "name": "Rich", "namespace": "acme", "fields": [
+    {"name": "id", "type": "string"},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "i", "type": "int"}, {"name": "l", "type": "long"}, {"name": "f", "type": "float"},
+    {"name": "d", "type": "double"}, {"name": "b", "type": "boolean"}, {"name": "raw", "type": "bytes"},
+    {"name": "fx", "type": {"type": "fixed", "name": "F4", "size": 4}},
+    {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+    {"name": "arr", "type": {"type": "array", "items": "long"}},
+    {"name": "m", "type": {"type": "map", "values": "string"}},
+    {"name": "opt", "type": ["null", "long"], "default": None},
+    {"name": "either", "type": ["null", "long", "string"], "default": None},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "tm", "type": {"type": "int", "logicalType": "time-millis"}},
+    {"name": "tsu", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "lts", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+    {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+    {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+]}
+
+
+def test_avro_discovery_maps_every_type_as_the_issue_lists(kafka_broker, topic, tmp_path, registry):  # noqa: F811
+    import datetime as dt
+    import decimal
+    import uuid
+
+    name = topic(partitions=1)
+    when = dt.datetime(2026, 11, 28, 7, 0, tzinfo=dt.timezone.utc)
+    rows = [{"id": f"r{i}", "ts": when + dt.timedelta(seconds=i), "i": i, "l": 2**40 + i, "f": 0.5, "d": i / 4,
+             "b": i % 2 == 0, "raw": b"\x00\x01", "fx": b"abcd", "e": "B", "arr": [i, i + 1], "m": {"k": "v"},
+             "opt": None if i % 2 else i, "either": "s" if i % 2 else i, "day": dt.date(2026, 11, 28),
+             "tm": dt.time(7, 30), "tsu": when, "lts": dt.datetime(2026, 11, 28, 7, 0),
+             "dec": decimal.Decimal("12.34"), "u": str(uuid.UUID(int=i))} for i in range(20)]
+    devservices.produce_kafka(kafka_broker.bootstrap, name, avro_records(registry, name, RICH, rows))
+    s = h.make_settings(tmp_path)
+    doc = h.spec_doc("rich", h.kafka_source(kafka_broker.bootstrap, name), dimensions=VIRTUAL,
+                     metrics=[{"name": "n", "type": "count"}], granularity=NO_ROLLUP)
+    doc["dataSchema"].update(format="avro", avro={"schemaRegistry": {"url": registry.url}}, schemaDiscovery=True)
+    h.write_spec(s.specs, doc)
+    _run(s)
+
+    types = {f.name: str(f.field_type) for f in _table(s, "rich").schema().fields}
+    expected = {"i": "int", "l": "long", "f": "float", "d": "double", "b": "boolean", "raw": "binary",
+                "e": "string", "day": "date", "tm": "time", "tsu": "timestamptz", "lts": "timestamp",
+                "dec": "decimal(10, 2)", "u": "string"}  # uuid: its canonical text (docs/spec.md)
+    assert {k: types.get(k) for k in expected} == expected, types
+    assert types["fx"] in ("fixed[4]", "binary") and types["arr"].startswith("list<") and types["m"].startswith("map<")
+    assert types["opt"] == "long" and types["either"].startswith("struct<"), types
+    [r] = [r for r in _rows(s, "rich") if r["id"] == "r3"]
+    assert (r["i"], r["l"], r["e"], r["arr"], r["opt"], r["day"], r["dec"]) == (
+        3, 2**40 + 3, "B", [3, 4], None, dt.date(2026, 11, 28), decimal.Decimal("12.34"))
+    assert _status(s)["rich"]["unparseable"] == 0
