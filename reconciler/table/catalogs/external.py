@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 _NO_RETRIES = {TableProperties.COMMIT_NUM_RETRIES: "0"}
 
 
+_GLUE_RETRIES = "glue.max-retries"  # pyiceberg's default, 10 attempts, holds a step for minutes
+
+
 class CatalogUnreachable(RetryableError):
     """The lake's catalog did not answer: the step is retried, and status shows why."""
 
@@ -104,6 +107,8 @@ class ExternalTables:
             resolve = resolve_ref
         # Resolved here, when the catalog opens: the settings keep the references, never the secrets.
         props = {k: resolve(v) for k, v in (setting.get("properties") or {}).items()}
+        if str(props.get(_GLUE_RETRIES, "")).isdigit():  # pyiceberg hands it to botocore as given: a number
+            props[_GLUE_RETRIES] = int(props[_GLUE_RETRIES])
         try:
             self.catalog = load_catalog(f"reconciler-{self.kind}", **{"type": self.kind, "warehouse": root,
                                                                       **io, **props})
