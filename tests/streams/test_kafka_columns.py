@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, Message
 
 from reconciler.model import KafkaSource, PartitionRange
 from reconciler.streams.base import RECORD_SCHEMA
-from reconciler.streams.kafka.columns import Columns, any_error, binary_array
+from reconciler.streams.kafka.columns import Columns, any_error
 from reconciler.streams.kafka.reader import KafkaRangeReader
 
 T0 = 1_700_000_000_000
@@ -70,17 +70,6 @@ def test_columns_cut_the_same_records_as_one_message_at_a_time(chunks, rows):
     assert all(b.num_rows <= rows for b in got)
     assert pa.Table.from_batches(got, schema=RECORD_SCHEMA).equals(
         pa.Table.from_batches([_expected(every)], schema=RECORD_SCHEMA))
-
-
-@pytest.mark.parametrize("items", [
-    [], [None], [None, None], [b"a", None, b"bc"], [b"", b""], [b"a", b"", b"\xff\x00"],
-    [bytes([i]) * i for i in range(200)],
-], ids=["empty", "one null", "nulls", "mixed", "empty values", "bytes", "lengths"])
-def test_binary_array_is_pa_array(items):
-    got = binary_array(list(items))
-    assert got.type == pa.binary()
-    assert got.equals(pa.array(items, pa.binary()))
-    got.validate(full=True)
 
 
 def test_any_error_finds_an_event_anywhere_in_a_chunk():

@@ -9,6 +9,10 @@ prove them: librdkafka hands one partition's messages in strictly increasing off
 (it drops what lies below the fetch position), so a chunk of ``last - first + 1``
 messages holds every offset of that span once. A chunk with gaps (compaction,
 transaction markers) has its offsets read one by one.
+
+Keys and values stay ``pa.array`` of the collected bytes: joining them into one buffer
+made the reader cheaper but the Parquet writer dearer by more in ``cpu_floor.py`` (its
+pages came back fresh from the system, 5 runs of 5), so the join was not kept.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ _VALUE = Message.value
 _TIMESTAMP = Message.timestamp
 _SECOND = itemgetter(1)
 _STREAM_TIME = RECORD_SCHEMA.field("stream_time").type
-_MAX_BINARY = 2**31 - 1  # a binary array's 32-bit offsets
 
 
 def any_error(msgs: Sequence[Message]) -> bool:
@@ -78,8 +81,8 @@ class Columns:
         # -1 (or any negative): the record has no timestamp
         ts = pa.array(stamps, pa.int64(), mask=stamps < 0) if (stamps < 0).any() else pa.array(stamps)
         return pa.RecordBatch.from_arrays(
-            [self._partition(n), pa.array(offsets), binary_array(keys), binary_array(values),
-             ts.cast(_STREAM_TIME)],
+            [self._partition(n), pa.array(offsets), pa.array(keys, pa.binary()),
+             pa.array(values, pa.binary()), ts.cast(_STREAM_TIME)],
             schema=RECORD_SCHEMA,
         )
 
@@ -90,27 +93,6 @@ class Columns:
             if len(self._parts) < 8:  # a range's batches are of few sizes: full ones and its last
                 self._parts[n] = arr
         return arr
-
-
-def binary_array(items: list[bytes | None]) -> pa.Array:
-    """``pa.array(items, pa.binary())``, built from one join where no item is None.
-
-    ``pa.array`` grows its data buffer as it copies, and on memory the process has not
-    touched yet (a task's batches are kept until it writes) that cost 3 to 7 times a join
-    into one buffer of the exact size (65,536 values of 100 bytes: 16 batches 0.25-0.62
-    CPU-s against 0.09)."""
-    n = len(items)
-    nulls = items.count(None)
-    if nulls == n:
-        return pa.nulls(n, pa.binary())
-    if nulls:
-        return pa.array(items, pa.binary())
-    ends = np.cumsum(np.fromiter(map(len, items), np.int64, n))
-    if ends[-1] > _MAX_BINARY:
-        return pa.array(items, pa.binary())  # beyond 32-bit offsets: Arrow's own way
-    offsets = np.zeros(n + 1, np.int32)
-    offsets[1:] = ends
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))])
 
 
 def _cut(chunks: list[np.ndarray], n: int) -> tuple[np.ndarray, list[np.ndarray]]:
