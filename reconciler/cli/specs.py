@@ -100,10 +100,8 @@ def _config_file(c: Context) -> Path | None:
 
 
 def _table_problems(c: Context, states) -> list:
-    """Each spec whose columns its table cannot take (``table.types.table_refusal``), when
+    """Each spec whose columns its table cannot take (``table.types.table_problems``), when
     the database is there; without one, or out of reach, nothing (validate needs none)."""
-    from reconciler.errors import SpecProblem
-
     try:
         store = c.existing_store()
     except click.ClickException:
@@ -111,16 +109,14 @@ def _table_problems(c: Context, states) -> list:
     if store is None:
         return []
     from reconciler.table.catalog import Tables
-    from reconciler.table.types import table_refusal
+    from reconciler.table.types import table_problems
 
     out = []
     try:
         tables = Tables(store.engine, c.settings.warehouse)
         for state in states:
             for path, spec in sorted(state.specs.items()):
-                why = table_refusal(tables, spec.data_schema)
-                if why is not None:
-                    out.append(SpecProblem(str(path), None, None, "dataSchema", why))
+                out += table_problems(tables, str(path), spec)  # at the refused column's line
     except Exception as exc:  # noqa: BLE001 - a warehouse out of reach: the other checks stand
         click.echo(f"note: the tables could not be checked ({type(exc).__name__}: {exc})", err=True)
     return out

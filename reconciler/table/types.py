@@ -14,6 +14,7 @@ Arrow schema in, the changes (or refusals) out, printed by ``plan`` as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
@@ -117,3 +118,40 @@ def table_refusal(tables, data_schema) -> str | None:
         return None
     return f"table {data_schema.datasource!r} cannot take the spec's columns: " + "; ".join(
         str(c).removeprefix("! ") for c in found)
+
+
+def table_problems(tables, path: str, spec) -> list:
+    """``table_refusal`` as ``validate`` reports it: one problem per refused column, at the
+    dimension or metric of the file that declares it (``dataSchema`` when none does)."""
+    from reconciler.errors import SpecProblem
+    from reconciler.pipeline.transform import output_schemas
+    from reconciler.spec.yamlsafe import format_field, parse_yaml
+
+    ds = spec.data_schema
+    table = tables.load(ds.datasource)
+    found = refused(changes(table.schema(), output_schemas(ds)[0])) if table is not None else []
+    if not found:
+        return []
+    try:
+        parsed = parse_yaml(Path(path).read_bytes(), path)
+    except Exception:  # noqa: BLE001 - changed or gone since it was loaded: the refusal stands, unplaced
+        parsed = None
+    out = []
+    for c in found:
+        at = _declared_at(spec.document, c.column)
+        line, column = parsed.value_position(at) if parsed is not None and at else (None, None)
+        out.append(SpecProblem(path, line, column, format_field(at) if at else "dataSchema",
+                               f"table {ds.datasource!r} cannot take the spec's columns: {str(c).removeprefix('! ')}"))
+    return out
+
+
+def _declared_at(document, name: str) -> tuple | None:
+    """Where a spec document declares column ``name``: its dimension, else its metric."""
+    ds = document.get("dataSchema") or {}
+    for key, names in (("dimensions", ("name",)), ("metrics", ("name", "field"))):
+        for i, d in enumerate(ds.get(key) or ()):
+            given = [d] if isinstance(d, str) else [d.get(n) for n in names] if isinstance(d, dict) else []
+            if any(isinstance(g, str) and g.lower() == name.lower() for g in given):
+                return ("dataSchema", key, i)
+    return None
+
