@@ -38,5 +38,8 @@ def test_every_stage_sees_each_record_once_and_the_floor_is_reported(kafka_broke
         assert doc[stage]["wall_s"] > 0 and doc[stage]["cpu_s"] >= 0, stage
     assert set(doc["cpu_s_per_1m"]) == {"raw_client", "reader", "transform", "write", "broker_raw",
                                         "broker_reader"}
+    per_1m = doc["cpu_s_per_1m"]
+    assert doc["record_cpu_s_per_1m"] == pytest.approx(
+        per_1m["reader"] + per_1m["broker_reader"] + per_1m["transform"] + per_1m["write"], abs=0.005)
     assert doc["floor_seconds"] > 0 and doc["floor_seconds_raw_client"] > 0 and doc["goal_seconds"] > 0
     assert doc["goal_reachable"] == (doc["floor_seconds_raw_client"] <= doc["goal_seconds"])
