@@ -182,8 +182,9 @@ def join(types: Sequence[pa.DataType]) -> pa.DataType:
     """One type for a new column met as each of ``types``, whatever their order: the same
     type; Iceberg's promotions (int -> long, float -> double, a decimal's precision up);
     numbers of both sorts -> double (JSON's widening); other flat types -> string (which
-    takes any flat value); anything else (a nested or binary type against another) the
-    first by name, so at least the choice is the same for every cut."""
+    takes any flat value); two records -> one with every field of both (each joined), two
+    lists -> a list of the join; anything else (a nested or binary type against another)
+    the first by name, so at least the choice is the same for every cut."""
     unique = sorted(set(types), key=str)
     out = unique[0]
     for t in unique[1:]:
@@ -200,6 +201,13 @@ def _join2(a: pa.DataType, b: pa.DataType) -> pa.DataType:
         return pa.float64()
     if _flat(a) and _flat(b):
         return pa.string()
+    if pa.types.is_struct(a) and pa.types.is_struct(b):  # every field of both: none dropped
+        fields = {f.name: f.type for f in a}
+        for f in b:
+            fields[f.name] = _join2(fields[f.name], f.type) if f.name in fields else f.type
+        return pa.struct(list(fields.items()))
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return pa.list_(_join2(a.value_type, b.value_type))
     return min(a, b, key=str)
 
 

@@ -134,3 +134,21 @@ def test_a_task_reports_what_it_met_and_the_batch_settles_on_the_join():
     assert [r["q"] for r in rows] == ["1", "2.5", "x"] and _outcome([[a], [b]], again)[1] == []
     # tasks that agree, or differ only by a promotion Iceberg reads (int files, long table), run once
     assert settle([pa.schema([("n", pa.int32())]), pa.schema([("n", pa.int64())])]) == ({"n": pa.int64()}, {})
+
+
+def test_two_writer_versions_of_a_new_record_field_keep_every_nested_field():
+    # geo met as {city} then as {city, zip} (a writer schema that added a nested field):
+    # the first decided {city}, and zip was cast away without a word; the join keeps both.
+    from reconciler.pipeline.discovered import Discovered, join, settle
+
+    v1 = pa.struct([("city", pa.string())])
+    v2 = pa.struct([("city", pa.string()), ("zip", pa.int32())])
+    assert join([v2, v1]) == join([v1, v2]) == v2
+    assert join([pa.list_(pa.int32()), pa.list_(pa.int64())]) == pa.list_(pa.int64())
+    d = Discovered()
+    d.conform({"geo": pa.array([{"city": "a"}], v1)}, ["geo"])
+    d.conform({"geo": pa.array([{"city": "b", "zip": 7}], v2)}, ["geo"])
+    final, again = settle([pa.schema(d.report())])
+    assert again == final == {"geo": v2}
+    rows, reasons = Discovered(again).conform({"geo": pa.array([{"city": "a"}], v1)}, ["geo"])
+    assert rows["geo"].to_pylist() == [{"city": "a", "zip": None}] and reasons == [None]
