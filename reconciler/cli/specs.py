@@ -153,6 +153,7 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
     the database holds (created and migrated first: apply writes anyway)."""
     from reconciler.control.plan import ActionKind, PlanSettings, desired_from_directory, plan
     from reconciler.control.positions import capture
+    from reconciler.runtime import startedover
 
     desired = desired_from_directory(directory or _directory(c))
     if actual is None:
@@ -171,7 +172,11 @@ def compute_plan(c: Context, *, confirm: bool = False, with_positions: bool = Tr
         if spec is None:
             continue
         try:
-            positions[a.supervisor_id] = capture(spec, a.request.position, now)[0]
+            pos = capture(spec, a.request.position, now)[0]
+            if rec is not None:  # the preview says what the reset will do on a source that started over
+                why = startedover.started_over(c.existing_store(), rec, a.request.position)
+                pos = dataclasses.replace(pos, started_over=why)
+            positions[a.supervisor_id] = pos
         except ReconcilerError as exc:
             click.echo(f"warning: cannot preview the reset of {a.supervisor_id}: {render.printable(exc)}", err=True)
     return plan(desired, actual, positions=positions, settings=ps, now=now, lag=lag)
@@ -263,11 +268,13 @@ def apply(c: Context, confirm_terminations, output):
     requests (backfill stanzas and marker files). Exit 1 if any action failed.
     """
     from reconciler.control.apply import Applier
+    from reconciler.runtime import startedover
 
     try:
         p = compute_plan(c, confirm=confirm_terminations, with_positions=False)
         results = Applier(c.creating_store, actor=f"cli:{_user()}", state_dir=c.settings.state_path,
-                          warehouse=c.settings.warehouse, catalog=c.settings.catalog).apply(p.actions)
+                          warehouse=c.settings.warehouse, catalog=c.settings.catalog,
+                          started_over=startedover.asker(c.creating_store)).apply(p.actions)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if output == "json":

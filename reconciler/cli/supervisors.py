@@ -196,6 +196,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     from reconciler.control.positions import capture
     from reconciler.control.requests import from_cli
     from reconciler.control.resets import compute_reset, fill_from, renew
+    from reconciler.runtime import startedover
 
     position = parse_position(to)
     try:
@@ -205,7 +206,7 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     if rec is None or rec.kind != "main":
         _refuse(f"no main supervisor '{supervisor_id}' (see `reconciler status`)", output)
     with _quiet("reconciler.streams.kafka.librdkafka"):  # an unreachable broker is said once, below
-        started_over = _started_over(c, rec, position)
+        started_over = startedover.started_over(c.store, rec, position)
     req = from_cli(supervisor_id, position, operation_id=uuid.uuid4().hex[:12], backfill=backfill,
                    backfill_task_count=backfill_task_count, allow_rewind=allow_rewind, reason=reason,
                    started_over=started_over)
@@ -232,38 +233,6 @@ def reset(c: Context, supervisor_id, to, backfill, backfill_task_count, allow_re
     if not result.ok:
         _refuse(result.message, output, supervisor=supervisor_id)
     _print_reset({"dryRun": False, "message": result.message, **result.details}, output)
-
-
-def _started_over(c: Context, rec, position: Position) -> str | None:
-    """Why the supervisor's source started over below its checkpoint (a topic deleted and
-    created again, a partition truncated), or None: then a rewind reads new records, in a new
-    source generation. Asked read-only, as the runtime asks it (``runtime.truncation.detect``:
-    the source's id against this generation's, the record below a checkpoint above the end),
-    else taken from the runtime's own finding (its UNHEALTHY error: the fingerprint, which
-    only the runtime keeps). ``latest`` never moves a checkpoint back: not asked."""
-    from reconciler.observe.status import STARTED_OVER
-    from reconciler.runtime import truncation
-    from reconciler.streams import adapter_for
-
-    checkpoint = c.store.checkpoints(rec.id)
-    if position.kind == "latest" or not checkpoint:
-        return None
-    found = None
-    try:
-        adapter = adapter_for(rec.spec.source)
-        try:
-            _, found = truncation.detect(adapter, checkpoint, adapter.latest(),
-                                         c.store.source_identity(rec.id, rec.generation))
-        finally:
-            adapter.close()
-    except ReconcilerError:  # not asked: the capture that follows says why, once
-        pass
-    if found is not None:
-        return found.why
-    error = rec.runtime_error or ""
-    if rec.state == "UNHEALTHY_SUPERVISOR" and STARTED_OVER in error:
-        return error.split(f": {STARTED_OVER}")[0]
-    return None
 
 
 def _print_reset(doc, output) -> None:

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from reconciler import faults
 from reconciler.control import positions as positions_mod
 from reconciler.control.actual import DetailedState, Kind, State
 from reconciler.control.plan import Action, ActionKind
-from reconciler.control.resets import Positions, compute_reset
+from reconciler.control.resets import RENEWED, Positions, compute_reset
 from reconciler.errors import PermanentError, ReconcilerError, StaleRequest
 from reconciler.model import Position, SupervisorSpec
 from reconciler.spec import secrets
@@ -68,6 +68,10 @@ class Applier:
     warehouse: str | None = None
     # settings.catalog: with the lake's catalog a reset fences the table before it captures
     catalog: dict | None = None
+    # Whether a reset's rewind lands on a source that started over below the checkpoint
+    # (``runtime.startedover.asker``, handed in: this layer may not import the runtime); a
+    # request that does not say so already is asked, whatever its trigger. None: not asked.
+    started_over: Callable[[Any, Position], str | None] | None = None
     _tables: Any = field(default=None, repr=False)
 
     def apply(self, actions: Iterable[Action]) -> list[ActionResult]:
@@ -172,6 +176,10 @@ class Applier:
             return self._reject(a, f"unknown supervisor '{req.supervisor_id}'")
         spec = rec.spec
         now = self.clock()
+        if req.started_over is None and self.started_over is not None:
+            why = self.started_over(rec, req.position)
+            if why:  # the records below the checkpoint are new ones: the transaction begins a new generation
+                req = replace(req, started_over=why)
         try:
             self._fence_table(rec)
             pos, initial = self._capture(spec, req.position, now)
@@ -312,6 +320,8 @@ def _message(result: ResetResult) -> str:
         return "already applied earlier (same token); nothing changed"
     moved = ", ".join(f"{p.partition}: {p.checkpoint}→{p.new}" for p in result.outcome.partitions if p.new != p.checkpoint)
     msg = f"checkpoint moved ({moved or 'no change'})"
+    # a rewind of a source that started over: the log and `reconciler apply` say what the CLI's reset says
+    msg += "".join(f"; {w}" for w in result.outcome.warnings if w.startswith(RENEWED))
     if result.backfill_id:
         msg += f"; backfill {result.backfill_id} covers {result.outcome.backfill_records} records"
     if result.outcome.lost_records:

@@ -36,7 +36,7 @@ from typing import Any
 from reconciler.control.actual import ActualState, State, SupervisorRecord
 from reconciler.control.lagpolicy import LagState, PolicyDecision, decide_all
 from reconciler.control.requests import ResetRequest, from_marker, from_stanza
-from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from
+from reconciler.control.resets import Positions, ResetOutcome, compute_reset, fill_from, renew
 from reconciler.errors import printable
 from reconciler.model import (
     KafkaSource,
@@ -452,4 +452,6 @@ def _with_preview(action: Action, actual: ActualState, positions: Mapping[str, P
     except ValueError:
         return action  # startFrom: timestamp without its captured offsets: no preview rather than a wrong one
     preview = compute_reset(req.position, current, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)
+    if pos.started_over and rec is not None:  # as the reset transaction will (Store.apply_reset)
+        preview = renew(preview, pos.started_over, f"{rec.id}@{rec.generation + 1}")
     return Action(action.kind, action.supervisor_id, action.reason, action.spec, action.path, req, preview, action.error)

@@ -110,6 +110,9 @@ class Positions:
     latest: Mapping[str, int]
     for_time: Mapping[str, int] | None = None  # offsets_for_time of a timestamp position
     start_from: Mapping[str, int] | None = None  # what the spec's startFrom gives (never-started supervisor)
+    # why the source started over below the checkpoint (``runtime.startedover``), or None: the
+    # plan's preview then says what the reset will do there (``renew``), as ``reset --dry-run`` does
+    started_over: str | None = None
 
 
 def fill_missing(checkpoint: Mapping[str, int], earliest: Mapping[str, int],
@@ -243,6 +246,7 @@ def compute_reset(
 
 
 REWIND = "rewind:"
+RENEWED = "the source started over"  # how ``renew``'s warning begins: said again by the applier's message
 READ_AGAIN = "would read {n} records again"
 
 
@@ -255,7 +259,7 @@ def renew(outcome: ResetOutcome, why: str, generation: str) -> ResetOutcome:
     renewed = sum(p.renewed for p in parts)
     warnings = [w for w in outcome.warnings if not w.startswith(REWIND)]
     if renewed:
-        warnings.append(f"the source started over ({why}): the {renewed} records below the checkpoints are new "
+        warnings.append(f"{RENEWED} ({why}): the {renewed} records below the checkpoints are new "
                         f"ones, read once in a new source generation ({generation}); nothing is read twice")
     errors = tuple(e.replace("records again", "records there (new ones of the new source, none read twice)")
                    if "would read" in e else e for e in outcome.errors)

@@ -19,6 +19,7 @@ from reconciler.control.plan import ActionKind, PlanSettings
 from reconciler.control.reconcile import reconcile_once
 from reconciler.errors import ReconcilerError
 from reconciler.observe.metrics import Metrics
+from reconciler.runtime import startedover
 from reconciler.runtime.batching import caught_up
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.settings import Settings
@@ -80,7 +81,8 @@ class Tick:
         started = time.monotonic()
         settings = self._settings()
         applier = Applier(self._store, actor=f"daemon:{self._holder}", state_dir=settings.state_path,
-                          warehouse=settings.warehouse, catalog=settings.catalog)
+                          warehouse=settings.warehouse, catalog=settings.catalog,
+                          started_over=startedover.asker(self._store))  # markers and stanzas, as the CLI's reset
         ps = PlanSettings(max_termination_share=settings.max_termination_share)
         self._leadership.begin_pass()
         try:

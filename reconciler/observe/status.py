@@ -31,6 +31,7 @@ from typing import Any
 from reconciler.control.actual import Kind, State, SupervisorRecord
 from reconciler.errors import ReconcilerError
 from reconciler.observe import deadletterstatus
+from reconciler.runtime.startedover import STARTED_OVER
 from reconciler.spec import secrets
 from reconciler.store.records import NO_BATCHES, BatchTotals
 from reconciler.store.store import Store
@@ -87,9 +88,6 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
     return out
 
 
-# What ``runtime.truncation.Restart.unhealthy_message`` says of a source that started over;
-# tests/observe/test_status.py builds that message, so the two cannot drift apart unseen.
-STARTED_OVER = "the offsets started again below the checkpoints"
 
 
 def lag_unknown(rec: SupervisorRecord, checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> str | None:
