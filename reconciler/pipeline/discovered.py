@@ -109,6 +109,9 @@ class Discovered:
                 self._saw(name, col.type)
             if col.type == _RAW:
                 out[name] = self._json(name, col, have, reasons)
+            elif (grown := _grown(have, col.type)) is not None:
+                out[name] = col.cast(grown)  # a record that gained a field: the column gains it too
+                self.types[name] = grown
             elif have is None or col.type == have or widens(col.type, have):
                 target = have or col.type
                 out[name] = col if col.type == target else col.cast(target)
@@ -243,6 +246,16 @@ def _type_text(t: pa.DataType) -> str:
 
 def _type_of(text: bytes) -> pa.DataType:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))).field("t").type
+
+
+def _grown(have: pa.DataType | None, t: pa.DataType) -> pa.DataType | None:
+    """A record column ``have`` with the fields record ``t`` adds (Iceberg adds nested
+    optional fields as it adds columns), when both read as it; else None. Casting ``t`` to
+    ``have`` would drop what it adds without a word."""
+    if have is None or not (pa.types.is_struct(have) and pa.types.is_struct(t)):
+        return None
+    merged = join([have, t])
+    return merged if merged != have and widens(have, merged) and widens(t, merged) else None
 
 
 def _iceberg_ready(t: pa.DataType) -> pa.DataType:

@@ -83,8 +83,29 @@ def changes(current: Schema, wanted: pa.Schema) -> list[Change]:
             except Exception:  # pyiceberg's ResolveError: not a promotion
                 if _narrows(field.field_type, kind):
                     continue  # a narrower value fits the wider column: written as it
+                if _adds_fields(field.field_type, kind):
+                    out.append(Change("widen", name, _text(field.field_type), _text(kind)))
+                    continue
                 out.append(Change("refuse", name, str(field.field_type), str(kind)))
     return out
+
+
+def _adds_fields(have: IcebergType, want: IcebergType) -> bool:
+    """Whether record ``want`` is record ``have`` plus fields (Iceberg adds them as optional
+    nested columns), its other fields the same or promoted."""
+    if not (isinstance(have, StructType) and isinstance(want, StructType)):
+        return False
+    wanted = {f.name: f.field_type for f in want.fields}
+    for f in have.fields:
+        w = wanted.get(f.name)
+        if w is None:
+            return False
+        if not (_same(f.field_type, w) or _adds_fields(f.field_type, w)):
+            try:
+                promote(f.field_type, w)
+            except Exception:  # noqa: BLE001 - pyiceberg's ResolveError: not a promotion
+                return False
+    return len(wanted) > len(have.fields) or not _same(have, want)
 
 
 def refused(found: list[Change]) -> list[Change]:

@@ -17,7 +17,17 @@ import pytest
 
 import devservices
 from tests.e2e import helpers as h
-from tests.e2e.test_typed_formats import V1, VIRTUAL, order, rows_by_id, status, table_types, typed_spec
+from tests.e2e.test_typed_formats import (  # noqa: F401 (registry: a fixture)
+    V1,
+    VIRTUAL,
+    avro_records,
+    order,
+    registry,
+    rows_by_id,
+    status,
+    table_types,
+    typed_spec,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
@@ -111,3 +121,34 @@ def test_replay_of_a_typed_avro_schema_file_spec_decodes_and_types_as_a_batch(sp
     rows = rows_by_id(s, "rep", ["qty", "city", "price", "country", "geo"])
     assert rows["k000007"] == {"id": "k000007", "qty": 7, "city": "c2", "price": 1.75, "country": "DE",
                                "geo": {"city": "c2"}}
+
+
+GEO2 = {"type": "record", "name": "Geo", "fields": [{"name": "city", "type": "string"},
+                                                     {"name": "zip", "type": ["null", "string"], "default": None}]}
+V1_ZIP = {**V1, "fields": [f if f["name"] != "geo" else {"name": "geo", "type": GEO2} for f in V1["fields"]]}
+
+
+def test_a_nested_field_a_later_writer_adds_is_added_to_the_record_column(spark, kafka_broker, topic, tmp_path,
+                                                                          registry):  # noqa: F811
+    """geo {city} then geo {city, zip}: zip was cast away without a word (the table's
+    struct decided); now the column gains geo.zip, null in the old rows."""
+    name = topic(partitions=1)
+    v1 = avro_records(registry, name, V1, [order(i) for i in range(50)])
+    devservices.produce_kafka(kafka_broker.bootstrap, name, v1)
+    s = h.make_settings(tmp_path)
+    doc = typed_spec("nest", kafka_broker, name, "avro", VIRTUAL, {"schemaRegistry": {"url": registry.url}},
+                     schemaDiscovery=True)
+    h.write_spec(s.specs, doc)
+    assert h.run_daemon(s, timeout=180)[0] == 0
+    assert table_types(s, "nest")["geo"].startswith("struct<") and "zip" not in table_types(s, "nest")["geo"]
+
+    v2 = avro_records(registry, name, V1_ZIP, [{**order(i), "geo": {"city": "c", "zip": f"z{i}"}}
+                                               for i in range(50, 80)])
+    devservices.produce_kafka(kafka_broker.bootstrap, name, v2)
+    assert h.run_daemon(s, timeout=180)[0] == 0
+    h.assert_exactly_once(h.key_counts(spark, s, "nest"), h.keys(v1 + v2))
+    assert "zip" in table_types(s, "nest")["geo"], table_types(s, "nest")
+    rows = rows_by_id(s, "nest", ["geo"])
+    assert rows["k000060"]["geo"] == {"city": "c", "zip": "z60"}
+    assert rows["k000007"]["geo"] == {"city": "c2", "zip": None}
+    assert status(s, "nest")["unparseable"] == 0

@@ -47,3 +47,15 @@ def test_nested_columns_are_typed_and_compared_whatever_their_ids():
     assert changes(table, nested) == []
     more = nested.append(pa.field("line", pa.struct([("sku", pa.string())])))
     assert [str(c) for c in changes(table, more)] == ["+ column line struct<sku: string> (optional)"]
+
+
+def test_a_record_column_that_gains_a_field_widens_and_one_that_changes_a_field_is_refused():
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    table = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(pa.schema([("geo", pa.struct([("city", pa.string())]))])))
+    grown = pa.schema([("geo", pa.struct([("city", pa.string()), ("zip", pa.string())]))])
+    assert [str(c) for c in changes(table, grown)] == [
+        "~ column geo struct<city: string> -> struct<city: string, zip: string>"]
+    changed = pa.schema([("geo", pa.struct([("city", pa.int64())]))])
+    assert [c.column for c in refused(changes(table, changed))] == ["geo"]
