@@ -166,7 +166,8 @@ def _known_or_refuse(c, datasource: str | None, output: str) -> list[str]:
     here, and an empty catalog is said here, without importing pyiceberg."""
     from reconciler.table.locations import DEADLETTER_SUFFIX, catalog_names
 
-    names = catalog_names(c.read_store.engine)
+    # the lake's catalog lists its own (one call); the metadata database's, one query
+    names = open_tables(c).names() if c.settings.catalog else catalog_names(c.read_store.engine)
     sources = [n for n in names if not n.endswith(DEADLETTER_SUFFIX)]
     if datasource and datasource not in names:
         _refuse(f"no table '{datasource}' (datasources: {', '.join(sources) or 'none yet'})", output)

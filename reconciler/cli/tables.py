@@ -14,12 +14,10 @@ def open_tables(c):
     """The output tables' catalog for a command that reads (never creates) the database."""
     from reconciler.table.catalog import Tables
 
-    if c.settings.catalog:  # the lake's catalog: these commands read the metadata database's
-        from reconciler.errors import Misconfigured
+    if c.settings.catalog:  # the lake's catalog (what it cannot do yet it refuses, naming the setting)
+        from reconciler.table.catalogs import open_tables as open_catalog
 
-        raise Misconfigured(f"setting catalog: type {c.settings.catalog['type']} is not supported by this command "
-                            "yet (segments, verify, compact, maintain, plan's table preview and db upgrade read "
-                            "the metadata database's catalog); query the table through your catalog instead")
+        return open_catalog(c.read_store.engine, c.settings.warehouse, c.settings.catalog)
 
     return Tables(c.read_store.engine, c.settings.warehouse, reader_grace=c.settings.reader_grace)
 

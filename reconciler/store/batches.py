@@ -137,10 +137,30 @@ class BatchesMixin:
         """Commit a maintenance write (compaction, import, expiry): move the tables' metadata
         pointers (compare-and-swap, as in ``publish``) and finish the write, in one
         transaction. Raises TableConflict when a table moved since it was staged and
-        WriteFenced when a clean-up discarded the write first (nothing committed)."""
+        WriteFenced when a clean-up discarded the write first (nothing committed).
+
+        A commit to the lake's catalog (``external``: it cannot join this transaction) goes
+        the other way round: the write is finished first (so no clean-up can fence it and
+        delete its files once the table references them), then the catalog commits; a
+        conflict records the write as in flight again and raises TableConflict."""
+        external = [tc for tc in table_commits if getattr(tc, "external", False)]
+        if external:
+            return self._commit_external(write_id, kind, external)
         with self._write() as c:
             _move_pointers(c, table_commits, f"{kind} {write_id}")
             self._finish_write(c, write_id, kind)
+
+    def _commit_external(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
+        from reconciler.table.catalog import TableConflict as Restage
+
+        with self._write() as c:
+            self._finish_write(c, write_id, kind)
+        try:
+            for tc in table_commits:
+                tc.commit()
+        except Restage as exc:  # nothing committed: the write is in flight again, its files protected
+            self.begin_write(write_id, kind, tables=[tc.table for tc in table_commits])
+            raise TableConflict(str(exc)) from None
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)

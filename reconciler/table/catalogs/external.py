@@ -13,8 +13,10 @@ requirements and drops every ``AssertRefSnapshotId``, the fence with them. A con
 back as ``TableConflict`` and the caller stages again on the table as it is then, with the
 same fence.
 
-What needs a staged pointer move inside our transaction (compaction, expiry, replay, the
-layout import) is refused by ``stage`` with a message that names the setting.
+A compaction stages its change (``stage``) and ``Store.commit_tables`` finishes its write in
+the database first, then commits it to the catalog (a crash in between leaks its files to
+orphan clean-up, never deletes a referenced one). Expiry, orphan clean-up, replay and the
+layout import are refused with a message that names the setting.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,
     SetSnapshotRefUpdate,
+    update_table_metadata,
 )
 
 from reconciler import faults
@@ -69,6 +73,9 @@ log = logging.getLogger(__name__)
 _NO_RETRIES = {TableProperties.COMMIT_NUM_RETRIES: "0"}
 
 
+# The maintenance writes that commit to an external catalog (``stage``); the others (expiry,
+# orphan clean-up, replay, the layout import) are refused naming the setting, untested there.
+STAGED_KINDS = ("compact",)
 _GLUE_RETRIES = "glue.max-retries"  # pyiceberg's default, 10 attempts, holds a step for minutes
 
 
@@ -202,10 +209,42 @@ class ExternalTables:
             return self.storage.join(table.location(), "data", f"{BATCH_DIR_PREFIX}{batch_id}")
         return local_path(table.location()) / "data" / f"{BATCH_DIR_PREFIX}{batch_id}"
 
-    def stage(self, name: str, build, **_: Any):
-        raise self._unsupported()
+    def stage(self, name: str, build: Callable[[_Transaction], None], *, write_id: str, attempt: int = 0,
+              expected: str | None = None) -> ExternalCommit:
+        """A maintenance write's change of ``name`` (compaction only, so far), built on the
+        table as it is now; ``Store.commit_tables`` commits it to the catalog
+        (``ExternalCommit.commit``) after finishing the write in the database."""
+        kind = self._write_kind(write_id)
+        if kind not in STAGED_KINDS:
+            raise self._unsupported()
+        table = self.current(name)
+        if expected is not None and table.metadata_location != expected:
+            raise TableConflict(f"table {name}: planned on {expected}, now at {table.metadata_location}")
+        tx = _Transaction(table)
+        tx.tag = tag(write_id, attempt)
+        build(tx)
+        requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+        staged = Table(identifier=table.name(), metadata=update_table_metadata(table.metadata, tx._updates),
+                       metadata_location=table.metadata_location, io=table.io, catalog=self.catalog)
+        return ExternalCommit(name, table.metadata_location, staged, write_id,
+                              lambda: self._commit_staged(table, requirements, tx._updates))
 
-    stage_append = stage
+    def stage_append(self, *_: Any, **__: Any):
+        raise self._unsupported()  # the publish commits with its fence (``commit_append``)
+
+    def _commit_staged(self, table: Table, requirements, updates) -> None:
+        try:
+            _call(self.kind, lambda: self.catalog.commit_table(table, requirements, updates))
+        except CommitFailedException as exc:
+            raise TableConflict(f"table {table.name()[-1]} changed since it was staged ({_short(exc)})") from None
+
+    def _write_kind(self, write_id: str) -> str | None:
+        import sqlalchemy as sa
+
+        from reconciler.store.tables import writes
+
+        with self._engine.connect() as c:
+            return c.execute(sa.select(writes.c.kind).where(writes.c.write_id == write_id)).scalar()
 
     def discard_staged(self, commits: Sequence[Any]) -> None:
         """A commit that failed wrote its metadata file and manifests under the table: they
@@ -277,6 +316,22 @@ class ExternalTables:
                 raise FenceMoved(f"table {name}: fence {ref} moved while the commit was made ({_short(exc)})") from None
             raise TableConflict(f"table {name} changed since the commit was staged ({_short(exc)})") from None
         return added[0]
+
+
+@dataclass(frozen=True)
+class ExternalCommit:
+    """A staged change of a table in the lake's catalog, committed by ``commit()``: the
+    shape of ``catalog.TableCommit`` that compaction reads (table, expected, staged)."""
+
+    table: str
+    expected: str
+    staged: Table | None = field(compare=False, repr=False)
+    write_id: str | None = None
+    commit: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
+    external: bool = True
+    new: str | None = None
+    files: tuple[str, ...] = ()
+    superseded: tuple[str, ...] = ()
 
 
 def _ref(table: Table, ref: str) -> int | None:
