@@ -17,7 +17,9 @@ a policy's ``for`` must be measured while they run. Each round:
    the record at each checkpoint that is behind (``streams.lagtime``: at most one fetch per
    partition), all supervisors at once on a small pool, each broker call bounded by
    ``LAG_TIMEOUT`` as ``reconciler status`` is: a stream that does not answer is unknown,
-   never 0, and ends no breach. A record's timestamp never changes, so a checkpoint that has
+   never 0, and ends no breach; so is a main supervisor held UNHEALTHY because its source
+   started over below the checkpoint (``status.lag_unknown``: the new records there are not
+   read, whatever latest minus checkpoint says): its samples are gaps, its history before kept. A record's timestamp never changes, so a checkpoint that has
    not moved since the last round is not asked again (measured: ``benchmarks/lag_observe.py``);
 2. for each supervisor with a ``lagPolicy``, advances its breach (``control.lagpolicy.advance``)
    and writes the observations with the audit entries of breaches that held for ``for`` or
@@ -47,6 +49,7 @@ from reconciler import faults
 from reconciler.control.actual import ActualState, Kind, State, SupervisorRecord
 from reconciler.control.lagpolicy import LagObservation, LagState, PolicyStatus, advance, decide
 from reconciler.errors import ReconcilerError
+from reconciler.observe.status import lag_unknown
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.store.freshness import MILESTONES, AuditNote
 from reconciler.store.store import Store
@@ -87,15 +90,18 @@ class SupervisorLag:
     at: datetime
     partitions: tuple[PartitionLag, ...] = ()
     error: str | None = None  # the stream could not be asked
+    unknown: str | None = None  # why the lag cannot be told though the stream answered (``status.lag_unknown``)
 
     @property
     def records(self) -> int | None:
         values = [p.records for p in self.partitions]
-        return None if self.error or None in values else sum(values)
+        return None if self.error or self.unknown or None in values else sum(values)
 
     @property
     def seconds(self) -> float | None:
-        return None if self.error else max_seconds({p.partition: p.seconds for p in self.partitions})
+        if self.error or self.unknown:
+            return None
+        return max_seconds({p.partition: p.seconds for p in self.partitions})
 
 
 @dataclass
@@ -202,6 +208,13 @@ class LagObserver:
                 _close(seen)
                 seen.adapter, seen.spec_hash = adapter_for(rec.spec.source, timeout=LAG_TIMEOUT), rec.spec_hash
             target = dict(rec.end_offsets) if rec.bounded else seen.adapter.latest()
+            if (why := lag_unknown(rec, checkpoint, target)) is not None:
+                # a source that started over below the checkpoint: latest minus checkpoint (0, or a
+                # few) would chart a supervisor that reads nothing as caught up; a gap, not a 0
+                return SupervisorLag(rec.id, now, tuple(PartitionLag(p, checkpoint.get(p), end, None, None)
+                                                        for p, end in sorted(target.items(),
+                                                                             key=lambda kv: _order(kv[0]))),
+                                     unknown=why)
             times = self._times(seen, checkpoint, target)
         except ReconcilerError as exc:
             _close(seen)
@@ -346,7 +359,7 @@ class LagObserver:
             if o.error:
                 continue
             self.metrics.observe_lag(o.supervisor_id, {p.partition: (p.checkpoint, p.target, p.seconds)
-                                                       for p in o.partitions})
+                                                       for p in o.partitions}, unknown=o.unknown is not None)
         self.metrics.prune_lag({o.supervisor_id for o in found})
 
 

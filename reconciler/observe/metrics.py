@@ -123,13 +123,22 @@ class Metrics:
                 self.checkpoint.labels(supervisor, p).set(cp)
                 self.lag.labels(supervisor, p).set(max(0, end - cp))
 
-    def observe_lag(self, supervisor: str, partitions: Mapping[str, tuple[int | None, int | None, float | None]]) -> None:
+    def observe_lag(self, supervisor: str, partitions: Mapping[str, tuple[int | None, int | None, float | None]],
+                    *, unknown: bool = False) -> None:
         """The lag observer's round: per partition (checkpoint, target, seconds); unknown seconds
-        remove the series (absent is unknown, never 0)."""
+        remove the series (absent is unknown, never 0). ``unknown``: the lag in records cannot be
+        told from target minus checkpoint (a source that started over below the checkpoint):
+        its series is removed too."""
         seen = self._lag_series.setdefault(supervisor, set())
         for p, (cp, target, seconds) in partitions.items():
             if cp is not None and target is not None:
                 self.checkpoint.labels(supervisor, p).set(cp)
+            if unknown:
+                try:
+                    self.lag.remove(supervisor, p)
+                except KeyError:
+                    pass
+            elif cp is not None and target is not None:
                 self.lag.labels(supervisor, p).set(max(0, target - cp))
             if seconds is None:
                 if p in seen:
