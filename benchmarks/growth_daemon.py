@@ -25,7 +25,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from freshness import ID, _Producer, _Publishes, _spec, _store  # the same daemon, producer and publish log
+from freshness import (  # the same daemon, producer and publish log
+    ID,
+    _Producer,
+    _Publishes,
+    _spec,
+    _store,
+)
 from ingest import _verify
 from marker_latency import _wait
 

@@ -11,13 +11,22 @@ from datetime import timedelta
 
 import pytest
 
+from reconciler.store.store import Store
 from reconciler.table import compact as mc
 from reconciler.table import rolling
-from reconciler.table.catalog import RANGES, SUPERVISOR, summary_ranges
+from reconciler.table.catalog import RANGES, SUPERVISOR, Tables, summary_ranges
 from tests.benchmarks.load import benchmark
-from tests.table.test_maintenance import T0, _append_batch, _files, _rows, _scan, env  # noqa: F401 - fixture
+from tests.table.test_maintenance import T0, _append_batch, _files, _rows, _scan
 
 OPEN_NOW = T0 + timedelta(minutes=30)  # the hour T0 is still being written
+
+
+@pytest.fixture
+def env(db_url, tmp_path):
+    store = Store(db_url)
+    store.migrate()
+    yield store, Tables(store.engine, tmp_path / "segments")
+    store.close()
 
 
 def _batch(tables, b: int, per: int = 10, minute=lambda k: 0, user=lambda k: "u", name="clicks"):
