@@ -55,8 +55,8 @@ class DS:
 
 
 @pytest.fixture
-def env(glue, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+def env(glue, db_url):
+    store = Store(db_url)
     store.migrate()
     for sid in ("clicks", "other"):
         store.create_supervisor(SupervisorSpec.from_document({
