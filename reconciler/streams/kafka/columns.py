@@ -61,7 +61,9 @@ class Columns:
         """Records only (no events), in offset order, all within the range."""
         n = len(msgs)
         first, last = msgs[0].offset(), msgs[-1].offset()
-        if last - first + 1 == n:
+        # The middle message too: a chunk that repeated some offsets and skipped as many
+        # (only a misbehaving broker could send one) would otherwise pass the count check.
+        if last - first + 1 == n and msgs[n // 2].offset() == first + n // 2:
             offsets = np.arange(first, last + 1, dtype=np.int64)
         else:
             offsets = np.fromiter(map(_OFFSET, msgs), np.int64, n)
