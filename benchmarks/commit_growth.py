@@ -17,6 +17,7 @@ database's size; then ``verify``'s run time at the end, and the goal ratios of i
     .venv/bin/python benchmarks/commit_growth.py --db postgres         # a throwaway PostgreSQL cluster
     .venv/bin/python benchmarks/commit_growth.py --commits 20000 --window 2000
     .venv/bin/python benchmarks/commit_growth.py --compact-every 0     # never compacted: the worst case
+    .venv/bin/python benchmarks/commit_growth.py --catalog glue --commits 2000 --window 500   # Glue on moto
 
 By default the leader's compaction runs as a daemon runs it by default (hourly, an hour
 after a partition closes), at the stream's clock: a batch is ``--records`` seconds of data.
@@ -205,7 +206,8 @@ def _metadata_dir(meta_dir: Path) -> tuple[int, int]:
 
 
 def run(url: str, root: Path, commits: int, window: int, records: int, kept: int,
-        compact_every: int = 720, reader_grace: float = 600.0, rolling_every: int = 0) -> dict:
+        compact_every: int = 720, reader_grace: float = 600.0, rolling_every: int = 0,
+        catalog: dict | None = None) -> dict:
     store = Store(url)
     store.migrate()
     spec = SupervisorSpec.from_document({
@@ -217,7 +219,7 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     phases = Phases()
     ctx = RuntimeContext(store=store, segments_dir=root / "segments", spark=lambda: None, metrics=phases,
                          job=TinyJob(), adapters=lambda source: counter, snapshots_kept=kept,
-                         reader_grace=reader_grace)
+                         reader_grace=reader_grace, catalog=catalog or {})
     rt = SupervisorRuntime(SID, ctx)
     tables = ctx.tables()
     windows = []
@@ -282,13 +284,14 @@ def run(url: str, root: Path, commits: int, window: int, records: int, kept: int
     store.heartbeat("commit-growth", "leader", 15.0)
     lease_s = time.monotonic() - lease_t
     recovery_t = time.monotonic()
-    recovered = recover(store, root / "segments")
+    recovered = recover(store, root / "segments", catalog)
     recovery_s = time.monotonic() - recovery_t
     data_dirs = sum(1 for d in (root / "segments").rglob("data/*") if d.is_dir())
     store.close()
     second = windows[1] if len(windows) > 1 else windows[0]
     return {
         "db": "postgresql" if url.startswith("postgresql") else "sqlite", "commits": commits,
+        "catalog": (catalog or {}).get("type", "sql"),
         "recordsPerCommit": records, "snapshotsKept": kept, "compactEvery": compact_every,
         "compactions": {"runs": len(compactions), "filesIn": compacted[0], "filesOut": compacted[1],
                         "medianSeconds": round(statistics.median(compactions), 3) if compactions else None,
@@ -326,6 +329,9 @@ def main() -> None:
                          "does by default: the hourly compactInterval with compactLateness 1h")
     ap.add_argument("--rolling-every", type=int, default=0,
                     help="run the rolling compaction of the open hour every N commits (0: never)")
+    ap.add_argument("--catalog", choices=("sql", "glue"), default="sql",
+                    help="glue: the tables in AWS Glue on moto (devservices/glue.py; the files stay local), "
+                         "published table first, then the database; sql: the metadata database's catalog")
     ap.add_argument("--daemon", action="store_true", help="a real daemon at about one commit a second (see above)")
     ap.add_argument("--minutes", type=float, default=3.0, help="--daemon: minutes of steady production (default 3)")
     ap.add_argument("--task-duration", default="1s", help="--daemon: the supervisor's taskDuration (default 1s)")
@@ -349,12 +355,20 @@ def main() -> None:
             cluster = devservices.PostgresCluster(durable=True)
             cluster.start()
             url = cluster.create_database("commit_growth")
+        glue = catalog = None
+        if a.catalog == "glue":
+            from devservices.glue import GlueServer
+
+            glue = GlueServer().start()
+            catalog = {"type": "glue", "namespace": "default", "properties": glue.catalog_properties()}
         try:
             doc = run(url, Path(tmp), a.commits, a.window, a.records, a.snapshots_kept, a.compact_every,
-                      a.reader_grace, a.rolling_every)
+                      a.reader_grace, a.rolling_every, catalog)
         finally:
             if cluster is not None:
                 cluster.stop()
+            if glue is not None:
+                glue.stop()
     doc["loadAverage"] = os.getloadavg()[0]
     print(json.dumps(doc, indent=2))
 

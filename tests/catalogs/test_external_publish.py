@@ -206,3 +206,23 @@ def test_recovery_rolls_forward_before_it_fences_writes_in_flight(env, s3_server
     assert any(f"batch={landed.batch_id}/" in k for k in keys)
     assert not any(f"batch={lost.batch_id}/" in k for k in keys)
     assert _ids(glue) == sorted(f"clicks-{o}" for o in range(5))
+
+
+def test_the_publish_keeps_the_history_short_and_deletes_what_it_unreferenced(env, s3_server):
+    """As with sql (retention.py): snapshots beyond snapshotsKept expire in the publish's own
+    commit, their ranges folded into the table's properties; the files only they needed go
+    (readerGrace 0 here); the fence tags' snapshots stay; every row still reads once."""
+    ctx, store, tables, glue = env
+    short = RuntimeContext(store=store, segments_dir=ctx.segments_dir, spark=lambda: None, catalog=glue["setting"],
+                           snapshots_kept=2, reader_grace=0.0)
+    tables = short.tables()
+    for _ in range(12):
+        _step(short, store, tables, "clicks")
+    table = tables.load("clicks")
+    assert len(table.metadata.snapshots) <= 2 + 5 + 1  # keep + slack (+ a tag's head)
+    assert table.metadata.refs[fence.tag_name("clicks")].snapshot_id == table.current_snapshot().snapshot_id
+    assert json.loads(table.metadata.properties["reconciler.expired-ranges"])["clicks"][0][1] == 0
+    assert _ids(glue) == sorted(f"clicks-{o}" for o in range(60))
+    listed = {k.rsplit("/", 1)[-1] for k in s3_server.keys(glue["bucket"], "wh/") if "/metadata/" in k}
+    assert sum(1 for n in listed if n.startswith("snap-")) < 12  # expired manifest lists deleted
+    assert store.checkpoints("clicks") == {"0": 60}

@@ -56,6 +56,7 @@ from reconciler.table.catalog import (
     TIME,
     RollupMismatch,
     TableConflict,
+    _delete_quietly,
     _evolve_partitioning,
     _new_columns,
     _Transaction,
@@ -63,6 +64,7 @@ from reconciler.table.catalog import (
     granularity_name,
 )
 from reconciler.table.locations import local_path
+from reconciler.table.reach import _ManifestReader
 from reconciler.table.schema import partition_transform
 from reconciler.table.writeids import tag
 
@@ -126,6 +128,9 @@ class ExternalTables:
         self._lock = threading.Lock()
         self._namespace_ready = False
         self.snapshots_kept = snapshots_kept
+        # What a publish's expiry unreferences goes after the readers' grace, as with sql (not
+        # ``retired``: that name is how expiry and orphan clean-up start, refused here).
+        self._retired = grace.Retired(reader_grace, lambda files: _delete_quietly(self.storage, files))
 
     @property
     def retired(self):
@@ -298,6 +303,8 @@ class ExternalTables:
         tx = _Transaction(table)
         tx.tag = tag(write_id, attempt)
         build(tx)
+        # The history kept short as with sql (retention.py): the tags' snapshots stay.
+        retention.expire_beyond(tx, self.snapshots_kept, readers=self._retired.grace > 0)
         added = [u.snapshot.snapshot_id for u in tx._updates if isinstance(u, AddSnapshotUpdate)]
         if len(added) != 1:
             raise RuntimeError(f"commit to {name}: expected one new snapshot, got {len(added)}")
@@ -309,13 +316,24 @@ class ExternalTables:
         updates = (*tx._updates, SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.TAG, snapshot_id=added[0]))
         faults.point("external-commit", name)
         try:
-            _call(self.kind, lambda: self.catalog.commit_table(table, requirements, updates))
+            response = _call(self.kind, lambda: self.catalog.commit_table(table, requirements, updates))
         except CommitFailedException as exc:
             now = self.load(name)
             if now is not None and _ref(now, ref) != head:
                 raise FenceMoved(f"table {name}: fence {ref} moved while the commit was made ({_short(exc)})") from None
             raise TableConflict(f"table {name} changed since the commit was staged ({_short(exc)})") from None
+        self._retire_superseded(name, table, response.metadata)
         return added[0]
+
+    def _retire_superseded(self, name: str, base: Table, new) -> None:
+        """After a commit: what only the versions before it needed goes after the readers'
+        grace. Never raises: the commit happened, and an error here must not make it look
+        failed (its files would be discarded); what is left is orphan clean-up's."""
+        try:
+            self._retired.retire(retention.superseded(base.metadata, new, _ManifestReader(base.io)))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("table %s: files the commit unreferenced not retired (%s); left for orphan clean-up",
+                        name, exc)
 
 
 @dataclass(frozen=True)
