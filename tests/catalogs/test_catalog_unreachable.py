@@ -1,5 +1,5 @@
 """A lake's catalog that does not answer: the step fails with the setting's name and is
-retried with a back-off (never a crash), the supervisor's status says why, and the leader's
+retried with a back-off (never a crash), the supervisor's status and /healthz say why, and the leader's
 recovery leaves every write alone (nothing fenced, nothing deleted)."""
 
 from __future__ import annotations
@@ -43,13 +43,19 @@ def test_a_step_reports_it_and_backs_off_and_recovery_deletes_nothing(nowhere, t
     store.create_supervisor(SupervisorSpec.from_document({
         "id": "clicks", "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:1", "topic": "t"},
         "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}), None, actor="test")
-    ctx = RuntimeContext(store=store, segments_dir=warehouse, spark=lambda: None, catalog=setting)
+    from reconciler.observe.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.set_role("leader")
+    ctx = RuntimeContext(store=store, segments_dir=warehouse, spark=lambda: None, catalog=setting, metrics=metrics)
     runtime = SupervisorRuntime("clicks", ctx)
     outcomes = [runtime.step() for _ in range(3)]
     assert all(o.delay > 0 and not o.done for o in outcomes)
     rec = store.get("clicks")
     assert "setting catalog" in (rec.last_error or "") and str(rec.state) == "UNHEALTHY_SUPERVISOR"
     assert SECRET not in (rec.last_error or "")
+    healthy, doc = metrics.health()  # what /healthz answers
+    assert not healthy and any("setting catalog" in p for p in doc["problems"])
     in_flight = new_write_id()
     store.begin_write(in_flight, "batch", tables=["clicks"], supervisor_id="clicks")
     recover(store, warehouse, setting)  # logs and stops: never fences a write the table may hold
