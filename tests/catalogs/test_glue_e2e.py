@@ -138,3 +138,43 @@ def test_ingest_reset_with_backfill_and_a_kill_between_the_commits(spark, kafka_
     code, out = h.run_cli(s, "maintain", "clicks", "--older-than", "0s", "-o", "json")
     assert code != 0 and "setting catalog" in out, out
     h.assert_exactly_once(glue_counts(glue), keys(0, 4300))
+
+
+def test_twenty_thousand_records_two_kills_a_marker_reset_and_compaction(spark, kafka_broker, topic, glue,
+                                                                         tmp_path, monkeypatch):
+    """The issue's scenario: 20,000 records, a reset with a backfill by marker, two SIGKILLs
+    (a main batch before its table commit; a backfill batch between the two commits), a
+    compaction: every id once through Glue, verify --deep passes, no SQL-catalog table."""
+    name = topic(partitions=2)
+    s = h.make_settings(tmp_path, segments=f"s3://{glue['bucket']}/warehouse", catalog=json.dumps(glue["setting"]))
+    monkeypatch.setenv("RECONCILER_CATALOG", json.dumps(glue["setting"]))
+    h.write_spec(Path(s.specs), h.spec_doc("clicks", h.kafka_source(kafka_broker.bootstrap, name), task_count=2,
+                                           max_batch_records=1500))
+    produce(kafka_broker, name, 0, 6000)
+    env = {"RECONCILER_CATALOG": json.dumps(glue["setting"]), "RECONCILER_CRASH_AT": "before-commit",
+           "RECONCILER_CRASH_AFTER": "2", "RECONCILER_CRASH_SUPERVISOR": "clicks"}
+    proc = h.run_subprocess(s, "run", "--until-caught-up", "--timeout", "180", env=env)
+    assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    produce(kafka_broker, name, 6000, 8000)
+    (Path(s.specs) / "clicks.reset.yaml").write_text("resetTo: latest\nbackfill: true\nreason: glue\n")
+    env = {"RECONCILER_CATALOG": json.dumps(glue["setting"]), "RECONCILER_CRASH_AT": "between-commits",
+           "RECONCILER_CRASH_AFTER": "1", "RECONCILER_CRASH_SUPERVISOR": "clicks-backfill"}
+    proc = h.run_subprocess(s, "run", "--until-caught-up", "--timeout", "180", env=env)
+    assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    produce(kafka_broker, name, 14000, 6000)
+    code, _ = h.run_daemon(s, timeout=240)
+    assert code == 0
+    report = h.cli_json(s, "compact", "clicks", "--lateness", "0s")
+    assert report["ok"], report
+    h.assert_exactly_once(glue_counts(glue), keys(0, 20000))
+    report = h.cli_json(s, "verify", "clicks", "--deep")
+    assert report["ok"] and report["findings"] == [], report
+    assert report["deep"]["duplicateOffsets"] == 0 and report["deep"]["rows"] == 20000
+    no_sql_table(s)
+    store = Store(s.db_url)
+    try:
+        actual = store.read_actual()
+        bfs = [sid for sid, r in actual.supervisors.items() if r.parent_id == "clicks"]
+        assert bfs and all(str(actual.supervisors[b].state) == "COMPLETED" for b in bfs)
+    finally:
+        store.close()
