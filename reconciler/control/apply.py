@@ -102,8 +102,8 @@ class Applier:
             return
         from reconciler.table.locations import catalog_names
 
-        try:
-            names = catalog_names(self.store.engine)
+        try:  # the lake's catalog is asked below (its load says whether the table exists)
+            names = catalog_names(self.store.engine) if not self.catalog else None
         except Exception:  # noqa: BLE001 - unreadable here: the full check below says why
             names = None
         if names is not None and a.spec.data_schema.datasource not in names:
@@ -112,9 +112,9 @@ class Applier:
 
         try:
             if self._tables is None:
-                from reconciler.table.catalog import Tables
+                from reconciler.table.catalogs import open_tables
 
-                self._tables = Tables(self.store.engine, self.warehouse)
+                self._tables = open_tables(self.store.engine, self.warehouse, self.catalog)
             why = table_refusal(self._tables, a.spec.data_schema)
         except Exception as exc:  # noqa: BLE001 - a warehouse out of reach: the publish refuses such a change
             log.warning("%s: its table could not be checked (%s: %s); a change it cannot take fails at publish",

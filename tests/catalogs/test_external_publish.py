@@ -226,3 +226,30 @@ def test_the_publish_keeps_the_history_short_and_deletes_what_it_unreferenced(en
     listed = {k.rsplit("/", 1)[-1] for k in s3_server.keys(glue["bucket"], "wh/") if "/metadata/" in k}
     assert sum(1 for n in listed if n.startswith("snap-")) < 12  # expired manifest lists deleted
     assert store.checkpoints("clicks") == {"0": 60}
+
+
+def test_apply_refuses_a_column_change_the_glue_table_cannot_take(glue, tmp_path):
+    """apply's table check asks the lake's catalog (the metadata database has no table)."""
+    from reconciler.control.apply import Applier
+    from reconciler.control.plan import Action, ActionKind
+    from reconciler.pipeline.transform import output_schemas
+
+    def spec(qty_type):
+        return SupervisorSpec.from_document({
+            "id": "orders", "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9", "topic": "o"},
+            "dataSchema": {"datasource": "orders", "timestamp": {"column": "ts"},
+                           "dimensions": [{"name": "qty", "type": qty_type}]}})
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    store.migrate()
+    warehouse = f"s3://{glue['bucket']}/wh"
+    good = spec("long")
+    store.create_supervisor(good, "specs/orders.yaml", actor="test")
+    ExternalTables(store.engine, warehouse, glue["setting"]).ensure("orders", output_schemas(good.data_schema)[0],
+                                                                   "hour")
+    applier = Applier(store, actor="test", warehouse=warehouse, catalog=glue["setting"])
+    [result] = applier.apply([Action(ActionKind.UPDATE, "orders", "spec changed", spec=spec("string"),
+                                     path="specs/orders.yaml")])
+    assert not result.ok and "qty long -> string: refused" in result.message
+    assert store.get("orders").spec_hash == good.spec_hash
+    store.close()
