@@ -108,12 +108,12 @@ def _table_problems(c: Context, states) -> list:
         return []
     if store is None:
         return []
-    from reconciler.table.catalog import Tables
+    from reconciler.table.catalogs import open_tables
     from reconciler.table.types import table_problems
 
     out = []
     try:
-        tables = Tables(store.engine, c.settings.warehouse)
+        tables = open_tables(store.engine, c.settings.warehouse, c.settings.catalog)  # the lake's too
         for state in states:
             for path, spec in sorted(state.specs.items()):
                 out += table_problems(tables, str(path), spec)  # at the refused column's line

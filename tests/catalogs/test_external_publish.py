@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -253,3 +254,25 @@ def test_apply_refuses_a_column_change_the_glue_table_cannot_take(glue, tmp_path
     assert not result.ok and "qty long -> string: refused" in result.message
     assert store.get("orders").spec_hash == good.spec_hash
     store.close()
+
+
+def test_validate_checks_the_columns_against_the_glue_table(glue, tmp_path, monkeypatch):
+    import yaml
+
+    from reconciler.pipeline.transform import output_schemas
+    from tests.e2e import helpers as h
+
+    doc = {"id": "orders", "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9", "topic": "o"},
+           "dataSchema": {"datasource": "orders", "timestamp": {"column": "ts"},
+                          "dimensions": [{"name": "qty", "type": "long"}]}}
+    s = h.make_settings(tmp_path, segments=f"s3://{glue['bucket']}/wh", catalog=json.dumps(glue["setting"]))
+    monkeypatch.setenv("RECONCILER_CATALOG", json.dumps(glue["setting"]))
+    store = Store(s.db_url)
+    store.migrate()
+    ExternalTables(store.engine, s.warehouse, glue["setting"]).ensure(
+        "orders", output_schemas(SupervisorSpec.from_document(doc).data_schema)[0], "hour")
+    store.close()
+    doc["dataSchema"]["dimensions"] = [{"name": "qty", "type": "string"}]
+    (Path(s.specs) / "orders.yaml").write_text(yaml.safe_dump(doc))
+    code, out = h.run_cli(s, "validate")
+    assert code != 0 and "qty long -> string" in out, out
