@@ -1,7 +1,7 @@
 """Issue 42's speed goal, the part a task owns: decoding Avro must cost a task less than
 JSON does (the benchmark's Avro job has to beat the JSON job, whose reads and writes it
 shares). Measured in one process on the benchmark's records, so a busy machine slows both
-sides alike; the best of a few rounds takes out a neighbour's burst."""
+sides alike; the best of a few alternating rounds takes out a neighbour's burst."""
 
 from __future__ import annotations
 
@@ -39,15 +39,12 @@ def _data_schema(fmt: str, **options) -> DataSchema:
                       typed=tuple(Dimension(d, "string", (d,)) for d in dims), format_options=options)
 
 
-def _best(data_schema: DataSchema, batches: list[pa.RecordBatch], base_dir: str) -> float:
-    best = float("inf")
-    for _ in range(4):
-        t = Transformer(data_schema, base_dir=base_dir)
-        started = time.perf_counter()
-        rows = sum(t(b).rows.num_rows for b in batches)
-        best = min(best, time.perf_counter() - started)
-        assert rows == N
-    return best
+def _once(data_schema: DataSchema, batches: list[pa.RecordBatch], base_dir: str) -> float:
+    t = Transformer(data_schema, base_dir=base_dir)
+    started = time.perf_counter()
+    rows = sum(t(b).rows.num_rows for b in batches)
+    assert rows == N
+    return time.perf_counter() - started
 
 
 def test_decoding_avro_costs_a_task_less_than_json(tmp_path):
@@ -59,7 +56,10 @@ def test_decoding_avro_costs_a_task_less_than_json(tmp_path):
         buf.truncate()
         fastavro.schemaless_writer(buf, parsed, json.loads(value))
         bodies.append(buf.getvalue())
-    avro = _best(_data_schema("avro", schemaFile="click.avsc"), _batches(bodies), str(tmp_path))
-    text = _best(_data_schema("json"), _batches([v for _, v in records]), str(tmp_path))
-    # before the numpy reader: 1.2 x JSON (DuckDB over a container file); after: 0.45 x
-    assert avro < 0.8 * text, f"Avro {avro:.3f} s against JSON {text:.3f} s for {N} records"
+    avro_batches, json_batches = _batches(bodies), _batches([v for _, v in records])
+    avro, text = float("inf"), float("inf")
+    for _ in range(5):  # alternating, so a neighbour's burst slows one round of each, not one side
+        avro = min(avro, _once(_data_schema("avro", schemaFile="click.avsc"), avro_batches, str(tmp_path)))
+        text = min(text, _once(_data_schema("json"), json_batches, str(tmp_path)))
+    # DuckDB over a container file (before): 1.4-1.8 x JSON; the numpy reader: 0.4-0.65 x
+    assert avro < text, f"Avro {avro:.3f} s against JSON {text:.3f} s for {N} records"
