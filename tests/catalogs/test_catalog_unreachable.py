@@ -33,6 +33,9 @@ def test_the_catalog_out_of_reach_is_an_error_naming_the_setting(nowhere, tmp_pa
     with pytest.raises(CatalogUnreachable) as err:
         tables.load("clicks")
     assert "setting catalog" in str(err.value) and SECRET not in str(err.value)
+    from reconciler.spec.secrets import scrub
+
+    assert SECRET not in scrub(f"boto said: {SECRET}")  # a literal secret is learnt by the scrubber
     store.close()
 
 

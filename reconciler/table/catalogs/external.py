@@ -110,12 +110,17 @@ class ExternalTables:
             Path(root).mkdir(parents=True, exist_ok=True)
             io = {}
         self.warehouse = root
+        from reconciler.spec.secrets import is_secret_key, scrubber
+
         if resolve is None:
             from reconciler.spec.secrets import resolve as resolve_ref
 
             resolve = resolve_ref
         # Resolved here, when the catalog opens: the settings keep the references, never the secrets.
         props = {k: resolve(v) for k, v in (setting.get("properties") or {}).items()}
+        for k, v in props.items():  # a literal secret too: never in a message this process prints
+            if is_secret_key(k) and isinstance(v, str) and v:
+                scrubber.learn(v)
         if str(props.get(_GLUE_RETRIES, "")).isdigit():  # pyiceberg hands it to botocore as given: a number
             props[_GLUE_RETRIES] = int(props[_GLUE_RETRIES])
         try:
