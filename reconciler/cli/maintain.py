@@ -95,7 +95,8 @@ Examples:
               help="A partition is closed once its end is this far in the past: late records may still "
                    "arrive before that, and compacting an open partition would only be redone.")
 @click.option("--target-file-size", type=Size(), default="128MiB", show_default=True,
-              help="Size of the files written, in Arrow (uncompressed) bytes; files under half of it count as small.")
+              help="Size of the files written, in Parquet bytes (estimated from the inputs); files under half of it "
+                   "count as small.")
 @click.option("--no-rollup", is_flag=True,
               help="Only merge files, even when the datasource's spec says rollup: true.")
 @click.option("--dry-run", is_flag=True, help="Show the partitions and files that would be rewritten; change nothing.")

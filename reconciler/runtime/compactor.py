@@ -14,6 +14,11 @@ It also runs the rolling compaction of the partitions still being written
 (one pointer query; the metadata is cached) and runs at once where ``TRIGGER_FILES`` files
 arrived since its last run, so the open partition stays near 100 files at any commit rate.
 
+Each datasource's compaction is on its own: one that fails (a corrupt file, a full disk, a
+catalog out of reach) is logged with its datasource and counted (``failures``), and the
+run goes on with the next datasource and the maintenance due, instead of leaving them all
+to the next run, where the same datasource would fail first again.
+
 ``configure`` changes the intervals, the lateness and the retention of a running compactor
 (SIGHUP): a run is due ``every`` seconds after the last one started, whatever ``every`` was
 then, so a shorter interval brings the next run forward and a longer one puts it off; a run
@@ -64,7 +69,10 @@ class Compactor:
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_results: list = []
+        self.last_maintenance: list = []
         self.last_error: str | None = None
+        self.failures = 0  # datasources whose compaction (hourly or rolling) raised, since start
+        self._errors: list[str] = []  # this run's, per datasource
 
     def configure(self, *, every: float, lateness: float, maintain_every: float,
                   snapshot_retention: float, rolling_every: float | None = None) -> None:
@@ -138,14 +146,15 @@ class Compactor:
 
     def _run(self, compact_due: bool, maintain_due: bool, rolling_due: bool = False,
              check_due: bool = False) -> None:
+        self._errors = []
         try:
             if compact_due:
                 self.last_results = self.run_once()
             if (rolling_due or check_due) and not self._cancel.is_set():
                 self.roll_once(force=rolling_due)
             if maintain_due and not self._cancel.is_set():
-                self.maintain_once()
-            self.last_error = None
+                self.last_maintenance = self.maintain_once()
+            self.last_error = "; ".join(self._errors) or None
         except Exception as exc:  # the database or disk: try again next time, never kill the daemon
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("table maintenance failed (retried in the next run): %s", exc, exc_info=True)
@@ -170,11 +179,15 @@ class Compactor:
         for name, rollup in sorted(self.datasources().items()):
             if self._cancel.is_set():
                 break
-            if tables.load(name) is None:
+            try:
+                if tables.load(name) is None:
+                    continue
+                result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
+                                 target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
+                                 cancel=self._cancel)
+            except Exception as exc:
+                self._failed("compaction", name, exc)
                 continue
-            result = compact(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
-                             target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
-                             cancel=self._cancel)
             results.append(result)
             if result.partitions and not result.committed and not self._cancel.is_set():
                 log.warning("compaction of %s: %s", name, result.message)
@@ -193,17 +206,21 @@ class Compactor:
         for name, rollup in sorted(self.datasources().items()):
             if self._cancel.is_set():
                 break
-            if name not in self._rolled_files and tables.load(name) is None:
+            try:
+                if name not in self._rolled_files and tables.load(name) is None:
+                    continue
+                live = live_files(tables.current(name))
+                last = min(self._rolled_files.get(name, 0), live)  # a closed hour's compaction lowers it
+                self._rolled_files[name] = last
+                if not force and live - last < TRIGGER_FILES:
+                    continue
+                result = compact_open(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
+                                      target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
+                                      cancel=self._cancel)
+                self._rolled_files[name] = live_files(tables.current(name))
+            except Exception as exc:
+                self._failed("rolling compaction", name, exc)
                 continue
-            live = live_files(tables.current(name))
-            last = min(self._rolled_files.get(name, 0), live)  # a closed hour's compaction lowers it
-            self._rolled_files[name] = last
-            if not force and live - last < TRIGGER_FILES:
-                continue
-            result = compact_open(tables, name, store=self.ctx.store, rollup=rollup, lateness=lateness,
-                                  target_file_size=self.target_file_size or DEFAULT_TARGET_FILE_SIZE,
-                                  cancel=self._cancel)
-            self._rolled_files[name] = live_files(tables.current(name))
             results.append(result)
             if result.partitions and not result.committed and not self._cancel.is_set():
                 log.warning("rolling compaction of %s: %s", name, result.message)
@@ -215,6 +232,12 @@ class Compactor:
                      "; ".join(f"{r.table}: {r.files_before} file(s) -> {r.files_after}" for r in results),
                      used, self.rolling_cpu, self.rolling_runs)
         return results
+
+    def _failed(self, what: str, datasource: str, exc: Exception) -> None:
+        self.failures += 1
+        self._errors.append(f"{what} of {datasource}: {type(exc).__name__}: {exc}")
+        log.warning("%s of %s failed (retried at the next run; the other datasources go on): %s",
+                    what, datasource, exc, exc_info=True)
 
     def maintain_once(self) -> list:
         from reconciler.table.expire import expire_snapshots

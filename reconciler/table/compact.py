@@ -5,7 +5,12 @@ old files or the new ones, never both, never neither). With rollup it also aggre
 across batches: one row per (``__time``, dimensions), counts and sums added, mins and
 maxes taken. A batch published meanwhile makes the commit fail cleanly: it is planned
 again on the new metadata (partitions whose files did not change reuse the files already
-written) and retried. It never touches offsets: its snapshot carries
+written) and retried; so is one that finds the table's partitioning changed since its plan
+(the merged files belong to the plan's partition spec: staged under another, pyiceberg
+would file them under the new spec with the old partition value, out of reach of every
+time-filtered scan). A partition whose candidates were all written by one earlier
+compaction has nothing new to merge and is left alone (rewriting it would write the same
+files again, run after run). It never touches offsets: its snapshot carries
 ``reconciler.operation=compact`` and no ``reconciler.ranges``.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -52,7 +58,7 @@ log = logging.getLogger(__name__)
 
 OPERATION = "reconciler.operation"  # snapshot summary: compact | import (a batch has none)
 DEFAULT_LATENESS = timedelta(hours=1)
-DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per output file (Parquet is smaller)
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # Parquet bytes per output file (the selection's measure too)
 COMMIT_ATTEMPTS = 10
 ROLLING = "reconciler.rolling"  # snapshot summary: "true" on a rolling compaction of open partitions
 
@@ -214,6 +220,8 @@ def compact(
             else:
                 groups, open_count = select(table, effective, target_file_size, now), 0
             result.open_partitions = open_count
+            planned_spec = table.metadata.default_spec_id
+            groups = [g for g in groups if g.key[0] == planned_spec]  # merged files belong to the plan's spec
             result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
                                                     sum(f.record_count for f in g.files),
                                                     sum(f.file_size_in_bytes for f in g.files)) for g in groups]
@@ -247,7 +255,10 @@ def compact(
             if select is not None:
                 summary[ROLLING] = "true"
 
-            def build(tx, groups=groups, new_files=new_files, summary=summary):
+            def build(tx, groups=groups, new_files=new_files, summary=summary, planned_spec=planned_spec):
+                now_spec = tx.table_metadata.default_spec_id
+                if now_spec != planned_spec:  # a publish evolved the partitioning since the plan
+                    raise ValidationException(f"the partitioning changed (spec {planned_spec} -> {now_spec})")
                 producer = tagged(tx.update_snapshot(snapshot_properties=summary).overwrite(), tx)
                 with producer as ow:
                     for group in groups:
@@ -373,34 +384,61 @@ def _plan(table: Table, rollup: Rollup | None, lateness: timedelta, target: int,
             continue
         if rollup is None:
             g.tasks = [t for t in g.tasks if t.file.file_size_in_bytes < small]
-        if len(g.tasks) >= 2:
+        if len(g.tasks) >= 2 and has_news(g.files):
             groups.append(g)
     return groups, open_count
 
 
+_COMPACTED = re.compile(rf"/data/{COMPACTED_DIR}/([0-9a-f]{{24}})/")
+
+
+def compaction_of(path: str) -> str | None:
+    """The write id of the compaction that wrote data file ``path`` (its directory names the
+    write, its name carries the write's tag), or None: a batch's, a replay's, an import's."""
+    m = _COMPACTED.search(path)
+    if m is None or str(tag(m.group(1))) not in path.rsplit("/", 1)[-1]:
+        return None
+    return m.group(1)
+
+
+def has_news(files: Iterable[DataFile]) -> bool:
+    """Whether ``files`` are more than one earlier compaction's output: every file not
+    written by a compaction is news, and so are the outputs of a second compaction."""
+    return len({compaction_of(f.file_path) or f.file_path for f in files}) >= 2
+
+
 def _rewrite(table: Table, group: Group, rollup: Rollup | None, target: int, write_id: str) -> list[DataFile]:
-    """Read a partition's files, (roll up,) and write them again as ``target``-sized files
-    of the same partition under ``<table>/data/compacted/<write id>/``."""
+    """Read a partition's files, (roll up,) and write them again as files of about
+    ``target`` Parquet bytes, of the same partition and partition spec, under
+    ``<table>/data/compacted/<write id>/``."""
     metadata = table.metadata
     schema = metadata.schema()
     rows = ArrowScan(metadata, table.io, schema, AlwaysTrue()).to_table(group.tasks)
+    # pyiceberg packs by Arrow bytes, several times the Parquet bytes: packed by ``target``
+    # the outputs would be "small" (Parquet) again and rewritten at every run. The inputs'
+    # ratio estimates the outputs' (a merged file compresses a little better, not worse).
+    parquet = sum(f.file_size_in_bytes for f in group.files)
+    arrow_target = int(target * max(1.0, rows.nbytes / parquet)) if parquet else target
     if rollup is not None:
         rows = rollup_rows(rows, rollup)
     if TIME in rows.column_names:
         rows = rows.sort_by(TIME)
     props = dict(metadata.properties)
     props[TableProperties.WRITE_DATA_PATH] = f"{table.location().rstrip('/')}/data/{COMPACTED_DIR}/{write_id}"
+    spec_id = group.files[0].spec_id
     write_meta = metadata.model_copy(update={"properties": props})
-    spec = metadata.spec()
-    key = PartitionKey([], spec, schema)
+    key = PartitionKey([], metadata.specs()[spec_id], schema)  # the path and value of the inputs' spec
     key.__dict__["partition"] = group.tasks[0].file.partition  # the files' own partition (same spec)
     task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping,
                                     format_version=metadata.format_version)
     write_uuid, counter = tag(write_id), itertools.count()
     tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), schema=task_schema, record_batches=batches,
                        partition_key=key)
-             for batches in bin_pack_arrow_table(rows, target))
-    return list(write_file(table.io, write_meta, tasks))
+             for batches in bin_pack_arrow_table(rows, arrow_target))
+    out = list(write_file(table.io, write_meta, tasks))
+    for f in out:  # pyiceberg's DataFile drops the spec id it is given; ours says where it belongs
+        f.spec_id = spec_id
+    return out
 
 
 def rollup_rows(rows: pa.Table, rollup: Rollup) -> pa.Table:
@@ -431,8 +469,6 @@ def time_field_id(schema) -> int | None:
         return schema.find_field(TIME).field_id
     except ValueError:
         return None
-
-
 
 
 def time_interval(spec, partition, time_id: int | None) -> tuple[datetime | None, datetime | None]:

@@ -10,8 +10,10 @@ when many files arrived since its last run.
 What it selects, per partition of the table's current partitioning that is not closed:
 the small files (under half the target size) whose data sequence number is at most the
 cutoff, the current snapshot's sequence number minus ``keep_recent``: the files of the
-last few commits are left to the next run. The cutoff is taken once per run, at its
-first plan. A run that loses the compare-and-swap (a publish moved the table) plans
+last few commits are left to the next run. A partition whose selected files all came out
+of one earlier compaction has nothing new and is left alone: an hour that has ended but
+is still open would otherwise be rewritten whole at every run. The cutoff is taken once
+per run, at its first plan. A run that loses the compare-and-swap (a publish moved the table) plans
 again with the same cutoff, so it selects the same files: publishes only add files of
 newer sequence numbers, and ``compact`` reuses what it wrote for an unchanged set. Without
 that, each lost race would select a slightly different set, rewrite it, and lose again
@@ -48,6 +50,7 @@ from reconciler.table.compact import (
     Group,
     Rollup,
     compact,
+    has_news,
     time_field_id,
     time_interval,
 )
@@ -77,7 +80,8 @@ class OpenSelector:
 def select_open(table: Table, snap: Any, cutoff: int, lateness: timedelta, target: int,
                 now: datetime) -> list[Group]:
     """The groups to merge: per open partition of the current partitioning, its small
-    files of data sequence number at most ``cutoff``, when there are ``MIN_FILES`` or more."""
+    files of data sequence number at most ``cutoff``, when there are ``MIN_FILES`` or more
+    and they are not all one earlier compaction's output (``compact.has_news``)."""
     metadata = table.metadata
     spec = metadata.spec()
     time_id = time_field_id(metadata.schema())
@@ -99,7 +103,7 @@ def select_open(table: Table, snap: Any, cutoff: int, lateness: timedelta, targe
                 continue  # closed: the hourly compaction's (rewriting it here would race it)
             key = (f.spec_id, tuple(f.partition))
             by_key.setdefault(key, Group(key, start, end, [])).tasks.append(FileScanTask(f))
-    groups = [g for g in by_key.values() if len(g.tasks) >= MIN_FILES]
+    groups = [g for g in by_key.values() if len(g.tasks) >= MIN_FILES and has_news(g.files)]
     return sorted(groups, key=lambda g: (g.start or datetime.min.replace(tzinfo=UTC), g.key))
 
 

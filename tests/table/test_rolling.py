@@ -189,3 +189,55 @@ def test_the_leaders_compactor_rolls_by_interval_and_sooner_by_file_count(env):
     compactor.configure(every=0.0, lateness=3600.0, maintain_every=0.0, snapshot_retention=3600.0, rolling_every=0.0)
     assert not run(1005.0 + 3600)  # off (SIGHUP): never again
     compactor.stop()
+
+
+def test_a_datasource_whose_compaction_fails_leaves_the_others_and_maintenance_to_run(env):
+    """The first datasource's hourly and rolling compactions raise (a disk error, here at the
+    point after the rewrite): each is logged and counted, and in the same run the next
+    datasource's closed and open hours are compacted and the maintenance due runs. Before,
+    the first error ended the run: every datasource after it and the maintenance waited for
+    the next run, where the same datasource failed first again."""
+    from datetime import UTC, datetime
+
+    from reconciler import faults
+    from reconciler.model import SupervisorSpec
+    from reconciler.runtime.compactor import Compactor
+    from reconciler.runtime.supervisor import RuntimeContext
+    from tests.e2e import helpers as h
+
+    store, tables = env
+    this_minute = int((datetime.now(UTC) - T0).total_seconds() // 60)  # the open hour, whenever the test runs
+    for name in ("aaa", "clicks"):  # sorted: the failing one first
+        store.create_supervisor(SupervisorSpec.from_document(h.spec_doc(name, h.kafka_source("127.0.0.1:1", "t"))),
+                                None, actor="test")
+        for b in range(3):
+            _batch(tables, b, name=name)  # the closed hour T0
+        for b in range(3, 9):
+            _batch(tables, b, minute=lambda k: this_minute, name=name)
+
+    def disk_error(point, subject):
+        if point == "compact-written" and subject == "aaa":
+            raise OSError(28, "No space left on device")
+
+    ctx = RuntimeContext(store=store, segments_dir=tables.warehouse, spark=lambda: None)
+    now = [1000.0]
+    compactor = Compactor(ctx, every=60.0, rolling_every=60.0, maintain_every=60.0, first_delay=5.0,
+                          clock=lambda: now[0])
+    faults.install(disk_error)
+    try:
+        now[0] = 1060.0
+        assert compactor.maybe_run()
+        compactor._thread.join(60)
+    finally:
+        faults.install(None)
+        compactor.stop()
+    assert compactor.failures == 2
+    assert "compaction of aaa: OSError" in compactor.last_error
+    assert "rolling compaction of aaa: OSError" in compactor.last_error
+    assert [(r.table, r.committed) for r in compactor.last_results] == [("clicks", True)]
+    assert len(_files(tables, "aaa")) == 9  # untouched, and what its runs wrote is gone
+    assert not list((tables.warehouse / "aaa" / "data" / "compacted").rglob("*.parquet"))
+    ops = [s.summary.additional_properties for s in tables.load("clicks").snapshots()]
+    assert [p.get(mc.ROLLING) for p in ops if p.get(mc.OPERATION) == "compact"] == [None, "true"]
+    assert len(_files(tables, "clicks")) < 3 + 6  # T0 merged into one, then the open hour rolled
+    assert {r.table for r in compactor.last_maintenance} >= {"aaa", "clicks"}
