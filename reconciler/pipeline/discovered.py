@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reconciler.pipeline.casts import cast_exact, loss_words
 from reconciler.table.avrotypes import widens
 
 _KINDS = {bool: "boolean", int: "long", float: "double", str: "string", dict: "json", list: "json"}
@@ -88,7 +89,12 @@ class Discovered:
     """The discovered columns of one task: each one's type, decided once (see the docstring)."""
 
     def __init__(self, table_types: Mapping[str, pa.DataType] | None = None):
-        self.table = {k.lower(): t for k, t in (table_types or {}).items()}
+        # Names as written: Iceberg's are case-sensitive. A table from before the case rule
+        # may hold two spellings; each keeps its own type.
+        self.table = dict(table_types or {})
+        self.spelled: dict[str, str] = {}  # lower-case name -> the table's spelling
+        for k in self.table:
+            self.spelled.setdefault(k.lower(), k)
         self.types: dict[str, pa.DataType] = {}  # first-seen order: the output's order
         self.seen: dict[str, pa.DataType] = {}  # a column the table lacks: the join of every type met
 
@@ -102,19 +108,25 @@ class Discovered:
             col = columns[name]
             if pa.types.is_null(col.type):
                 continue
-            have = self.types.get(name) or self.table.get(name.lower())
+            if name not in self.table and (other := self.spelled.get(name.lower())) is not None:
+                _refuse(col, reasons, f"field {name}: the table has a column {other}; a column name that "
+                        "differs from another only in case is refused (Trino, Glue and Hive read both as one)")
+                continue
+            have = self.types.get(name) or self.table.get(name)
             if col.type != _RAW:
-                if (ready := _iceberg_ready(col.type)) != col.type:
+                if (ready := _iceberg_ready(col.type)) is None:
+                    continue  # a record without fields holds nothing, and Parquet cannot write it
+                if ready != col.type:
                     col = col.cast(ready)
                 self._saw(name, col.type)
             if col.type == _RAW:
                 out[name] = self._json(name, col, have, reasons)
             elif (grown := _grown(have, col.type)) is not None:
-                out[name] = col.cast(grown)  # a record that gained a field: the column gains it too
+                out[name] = _exact(name, col, grown, reasons)  # a record that gained a field: the column too
                 self.types[name] = grown
             elif have is None or col.type == have or widens(col.type, have):
                 target = have or col.type
-                out[name] = col if col.type == target else col.cast(target)
+                out[name] = _exact(name, col, target, reasons)
                 self.types.setdefault(name, target)
             elif _flat(col.type) and have == pa.string():
                 out[name] = col.cast(pa.string())
@@ -123,9 +135,8 @@ class Discovered:
                 out[name] = col
                 self.types[name] = col.type
             else:
-                why = f"incompatible schema: field {name} is {_name(col.type)}, the table reads {_name(have)}"
-                for i in pc.indices_nonzero(col.is_valid()).to_pylist():
-                    reasons[i] = reasons[i] or why
+                _refuse(col, reasons, f"incompatible schema: field {name} is {_name(col.type)}, "
+                        f"the table reads {_name(have)}")
                 self.types.setdefault(name, have)
         return out, reasons
 
@@ -177,7 +188,7 @@ class Discovered:
         return out
 
     def _saw(self, name: str, t: pa.DataType) -> None:
-        if name.lower() not in self.table:
+        if name not in self.table:
             self.seen[name] = join([self.seen[name], t]) if name in self.seen else t
 
 
@@ -235,9 +246,33 @@ def settle(found: Sequence[pa.Schema]) -> tuple[dict[str, pa.DataType], dict[str
             wants = (f.metadata or {}).get(_WANTS.encode())
             met.setdefault(f.name, []).extend([f.type] + ([_type_of(wants)] if wants else []))
     final = {name: join(types) for name, types in met.items()}
-    again = any(f.type != final[f.name] and promoted(f.type, final[f.name]) != final[f.name]
-                for schema in found for f in schema)
+    # Names that differ only in case are one column to Trino, Glue and Hive: the spelling
+    # that sorts first is the column, whichever task met which, and the batch runs again
+    # with it as the table's, so every task dead-letters the other spellings alike.
+    spellings: dict[str, list[str]] = {}
+    for name in final:
+        spellings.setdefault(name.lower(), []).append(name)
+    others = {n for names in spellings.values() for n in sorted(names)[1:]}
+    final = {name: t for name, t in final.items() if name not in others}
+    again = bool(others) or any(f.type != final[f.name] and promoted(f.type, final[f.name]) != final[f.name]
+                                for schema in found for f in schema)
     return final, (dict(final) if again else {})
+
+
+def _refuse(col: pa.Array, reasons: list[str | None], why: str) -> None:
+    """Every record with a value in ``col`` is a dead letter for ``why`` (unless it is already)."""
+    for i in pc.indices_nonzero(col.is_valid()).to_pylist():
+        reasons[i] = reasons[i] or why
+
+
+def _exact(name: str, col: pa.Array, target: pa.DataType, reasons: list[str | None]) -> pa.Array:
+    """``col`` as ``target``; a value the cast would round (a long beyond 2^53 as a double)
+    is null and its record a dead letter naming the field, as JSON's rule has it."""
+    out, lossy = cast_exact(col, target)
+    if lossy is not None:
+        for i in pc.indices_nonzero(lossy).to_pylist():
+            reasons[i] = reasons[i] or f"field {name}: {loss_words(col[i].as_py(), target)}"
+    return out
 
 
 def _type_text(t: pa.DataType) -> str:
@@ -258,17 +293,22 @@ def _grown(have: pa.DataType | None, t: pa.DataType) -> pa.DataType | None:
     return merged if merged != have and widens(have, merged) and widens(t, merged) else None
 
 
-def _iceberg_ready(t: pa.DataType) -> pa.DataType:
+def _iceberg_ready(t: pa.DataType) -> pa.DataType | None:
     """``t`` with every time of day in microseconds, Iceberg's only ``time`` (Avro's
-    time-millis is Arrow's time32[ms], which no Iceberg column holds: every publish failed)."""
+    time-millis is Arrow's time32[ms], which no Iceberg column holds: every publish failed),
+    and without records of no fields (Avro's ``"fields": []``, Protobuf's Empty: Parquet
+    cannot write a struct without children, so every task failed); None when nothing is left."""
     if pa.types.is_time(t):
         return pa.time64("us")
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _iceberg_ready(f.type), f.nullable) for f in t])
+        fields = [pa.field(f.name, ready, f.nullable) for f in t if (ready := _iceberg_ready(f.type)) is not None]
+        return pa.struct(fields) if fields else None
     if pa.types.is_map(t):
-        return pa.map_(t.key_type, _iceberg_ready(t.item_type))
+        item = _iceberg_ready(t.item_type)
+        return None if item is None else pa.map_(t.key_type, item)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(pa.field(t.value_field.name, _iceberg_ready(t.value_type), t.value_field.nullable))
+        value = _iceberg_ready(t.value_type)
+        return None if value is None else pa.list_(pa.field(t.value_field.name, value, t.value_field.nullable))
     return t
 
 

@@ -264,7 +264,10 @@ class Transformer:
         # schemaDiscovery: the record's other top-level fields as columns (not with rollup:
         # they would be grouping keys no spec declared); ``table_types``: the table's columns
         self.discovery = Discovered(table_types) if data_schema.schema_discovery and not data_schema.rollup else None
-        self._declared = {c.lower() for c in output_columns(data_schema)} | {data_schema.timestamp_column.lower()}
+        # A key named as a declared or virtual column, in any case, is no column of its own:
+        # names are unique whatever their case (``__Partition`` is ``__partition``).
+        self._declared = {c.lower() for c in [*output_columns(data_schema), data_schema.timestamp_column,
+                                              *VIRTUAL_COLUMNS]}
 
     def __call__(self, batch: pa.RecordBatch) -> Transformed:
         cols = _records(batch)

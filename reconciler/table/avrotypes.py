@@ -13,10 +13,13 @@ The mapping is Iceberg's, with Redpanda's answer where Iceberg has none:
   ``google.protobuf.Timestamp`` -> timestamptz; the wrapper types (``Int64Value``...) ->
   their value, nullable; every field is nullable (proto3 has no "required").
 
-``widens(writer, reader)``: whether a value of the writer's type can be read as the
-reader's without loss (Avro's promotion rules: int -> long -> float -> double, and the
-same inside structs, lists and maps); a writer schema that fails it is an incompatible
-change.
+``widens(writer, reader)``: whether the writer's type can be read as the reader's (Avro's
+promotion rules: int -> long -> float -> double, and the same inside structs, lists and
+maps); a writer schema that fails it is an incompatible change. Iceberg promotes only int
+-> long and float -> double; the other steps can round a value (a long beyond 2^53 as a
+double, an int beyond 2^24 as a float), so each value is cast alone
+(``pipeline.casts.cast_exact``) and one that would round is a dead letter, never a batch
+that fails.
 """
 
 from __future__ import annotations
@@ -171,7 +174,7 @@ _WIDER = {
 
 
 def widens(writer: pa.DataType, reader: pa.DataType) -> bool:
-    """Whether every value of ``writer`` reads as ``reader`` without loss (see the docstring)."""
+    """Whether ``writer`` reads as ``reader`` by Avro's promotions (see the docstring)."""
     if writer == reader or pa.types.is_null(writer):
         return True
     if writer in _WIDER and reader in _WIDER:

@@ -85,7 +85,7 @@ from reconciler.table.deadletters import (
     read,
 )
 from reconciler.table.reach import _unlink
-from reconciler.table.replayspecs import ReplayRefused, how_to_parse, specs_of
+from reconciler.table.replayspecs import ReplayRefused, how_to_parse, rejoin, specs_of, with_types
 from reconciler.table.summary import OPERATION
 from reconciler.table.writeids import COMPACTED_DIR, new_write_id
 
@@ -129,6 +129,7 @@ class _Parsed:
     stayed_reasons: list[str]  # reasons of the selected letters that stay (new, or kept when left alone)
     left: list[str]  # why, for each selected letter no spec can bring back (left as it is)
     changed: bool
+    found: Any = None  # schemaDiscovery: the new columns' report (``Discovered.report``), to join
 
 
 def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = None,
@@ -158,9 +159,14 @@ def replay(tables: Tables, store: Any, datasource: str, *, reason: str | None = 
             planned = dead_table.metadata_location
             mine = [f for f in files if f.supervisor is not None and lineage(f.supervisor) in specs
                     and (supervisor is None or f.supervisor == supervisor or lineage(f.supervisor) == supervisor)]
-            for f in mine:
-                if f.path not in parsed:
-                    parsed[f.path] = _parse(f, specs[lineage(f.supervisor)], reason, how[lineage(f.supervisor)])
+            if any(f.path not in parsed for f in mine):
+                def parse(f: DeadFile, again: dict | None = None) -> _Parsed:
+                    return _parse(f, specs[lineage(f.supervisor)], reason, with_types(how[lineage(f.supervisor)], again))
+
+                parsed.update({f.path: parse(f) for f in mine})
+                # A new key's type is joined across every letter, as across a batch's tasks:
+                # each file's own decision would leave rows the table cannot take as one.
+                parsed.update(rejoin(mine, parsed, parse))
             changed = [f for f in mine if parsed[f.path].changed]
             _count(result, changed, parsed, [f for f in mine if not parsed[f.path].changed], reason)
             if not changed or not result.replayed and dry_run:
@@ -284,7 +290,8 @@ def _parse(f: DeadFile, spec: Any, reason: str | None, how: dict | None = None) 
     changed = bool(replayed) or kept_reasons != [r for r, k in zip(reasons, keep, strict=True) if k]
     kept = rows.filter(pa.array(keep))
     kept = kept.set_column(kept.schema.get_field_index("reason"), "reason", pa.array(kept_reasons, pa.string()))
-    return _Parsed(data if data.num_rows else None, kept.cast(DEAD_SCHEMA), replayed, stayed, left, changed)
+    found = pa.schema(t.discovery.report()) if t.discovery is not None and t.discovery.types else None
+    return _Parsed(data if data.num_rows else None, kept.cast(DEAD_SCHEMA), replayed, stayed, left, changed, found)
 
 
 _BACK = object()  # no new reason: the record parses now
@@ -340,7 +347,7 @@ def _write(tables: Tables, datasource: str, dead_table: Any, changed: list[DeadF
     data_paths: list[str] = []
     data_schema = None
     if rows:
-        unified = pa.unify_schemas([r.schema for r in rows])
+        unified = pa.unify_schemas([r.schema for r in rows], promote_options="permissive")  # int -> long
         data_schema = pa.schema([f for f in unified if f.name != SEGMENT])
         order = [*data_schema.names, SEGMENT]
         files = sink.Files(data_root, stem, SEGMENT, storage=sink.task_storage(str(data_root), store_json))

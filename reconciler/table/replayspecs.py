@@ -9,6 +9,7 @@ and, with schemaDiscovery, the table's column types (a discovered column keeps i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from reconciler.errors import PermanentError
@@ -65,3 +66,22 @@ def how_to_parse(tables: Any, actual: dict[str, Any], datasource: str, specs: di
             raise ReplayRefused(f"supervisor {main}: {exc}") from None
         out[main] = {"files": files, "table_types": types if spec.data_schema.schema_discovery else None}
     return out
+
+
+def with_types(how: dict, again: dict | None) -> dict:
+    """``how`` with the joined types ``again`` as the table's (a spec with schemaDiscovery)."""
+    if not again or how.get("table_types") is None:
+        return how
+    return {**how, "table_types": {**how["table_types"], **again}}
+
+
+def rejoin(files: list, parsed: dict, parse: Callable[[Any, dict], Any]) -> dict:
+    """The files parsed again with their new columns' joined types (``discovered.settle``
+    over every file's report) when some file decided a type the join does not read as
+    itself; else nothing. The same join as a batch's, so the letters of many batches come
+    back as the rows of one."""
+    from reconciler.pipeline.discovered import settle
+
+    found = [parsed[f.path].found for f in files if parsed[f.path].found is not None]
+    again = settle(found)[1] if found else {}
+    return {f.path: parse(f, again) for f in files} if again else {}

@@ -28,13 +28,16 @@ class Change:
     column: str
     before: str | None
     after: str
+    why: str | None = None  # a refusal's reason when it is not the type change
 
     def __str__(self) -> str:
         if self.kind == "add":
             return f"+ column {self.column} {self.after} (optional)"
         if self.kind == "widen":
             return f"~ column {self.column} {self.before} -> {self.after}"
-        return f"! column {self.column} {self.before} -> {self.after}: refused ({_why(self.before, self.after)})"
+        if self.before is None:
+            return f"! column {self.column} {self.after}: refused ({self.why})"
+        return f"! column {self.column} {self.before} -> {self.after}: refused ({self.why or _why(self.before, self.after)})"
 
 
 def iceberg_types(schema: pa.Schema) -> dict[str, IcebergType]:
@@ -70,11 +73,19 @@ def _same(a: IcebergType, b: IcebergType) -> bool:
 
 def changes(current: Schema, wanted: pa.Schema) -> list[Change]:
     """What writing ``wanted`` into a table of ``current`` changes, in ``wanted``'s order."""
-    have = {f.name.lower(): f for f in current.fields}
+    have = {f.name: f for f in current.fields}  # Iceberg's names are case-sensitive
+    spelled: dict[str, str] = {}
+    for f in current.fields:
+        spelled.setdefault(f.name.lower(), f.name)
     out = []
     for name, kind in iceberg_types(wanted).items():
-        field = have.get(name.lower())
-        if field is None:
+        field = have.get(name)
+        if field is None and name.lower() in spelled:
+            # Trino, Glue and Hive read two such columns as one: the table would be unreadable there
+            out.append(Change("refuse", name, None, _text(kind), why=(
+                f"the table has a column {spelled[name.lower()]}: a column name that differs from another "
+                "only in case is refused; use that spelling or another name")))
+        elif field is None:
             out.append(Change("add", name, None, _text(kind)))
         elif not _same(field.field_type, kind):
             try:

@@ -59,3 +59,14 @@ def test_a_record_column_that_gains_a_field_widens_and_one_that_changes_a_field_
         "~ column geo struct<city: string> -> struct<city: string, zip: string>"]
     changed = pa.schema([("geo", pa.struct([("city", pa.int64())]))])
     assert [c.column for c in refused(changes(table, changed))] == ["geo"]
+
+
+def test_a_column_differing_from_the_tables_only_in_case_is_refused_and_both_spellings_of_an_old_table_kept():
+    # Before: names were compared lower-cased, so "User" was taken as the table's "user"
+    # and the file's column read as null; Trino, Glue and Hive read two such names as one.
+    found = changes(CURRENT, pa.schema([("User", pa.string()), ("user", pa.string())]))
+    assert [str(c) for c in found] == [
+        "! column User string: refused (the table has a column user: a column name that differs from another only "
+        "in case is refused; use that spelling or another name)"]
+    both = Schema(NestedField(1, "Q", LongType(), required=False), NestedField(2, "q", StringType(), required=False))
+    assert changes(both, pa.schema([("Q", pa.int64()), ("q", pa.string())])) == []

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reconciler.pipeline.casts import cast_exact, loss_words
 from reconciler.pipeline.formats import ARROW_TYPES, Decoded, Field
 from reconciler.pipeline.formats.registry import UnknownSchema, split_wire
 from reconciler.table.avrotypes import widens
@@ -136,7 +137,7 @@ def _column(n: int, groups: Sequence[Group], f: Field, reasons: list[str | None]
             _refuse(g, f, arr.type, type_name(ARROW_TYPES[f.type]), reasons)
             continue
         if target is not None and arr.type != target and widens(arr.type, target):
-            arr = arr.cast(target)
+            arr = _exact(g, f, arr, target, reasons)
         pieces.append((g, arr))
     if not pieces:
         return pa.nulls(n, target or pa.null())
@@ -149,7 +150,7 @@ def _column(n: int, groups: Sequence[Group], f: Field, reasons: list[str | None]
         if arr.type == common:
             kept.append((g.index, arr))
         elif widens(arr.type, common):
-            kept.append((g.index, arr.cast(common)))
+            kept.append((g.index, _exact(g, f, arr, common, reasons)))
         else:
             _refuse(g, f, arr.type, type_name(common), reasons)
     if not kept:
@@ -161,6 +162,16 @@ def _column(n: int, groups: Sequence[Group], f: Field, reasons: list[str | None]
     pos = np.full(n, -1, np.int64)
     pos[order] = np.arange(len(order))
     return values.take(pa.array(pos, mask=pos < 0))
+
+
+def _exact(g: Group, f: Field, arr: pa.Array, target: pa.DataType, reasons: list[str | None]) -> pa.Array:
+    """``arr`` as ``target``; a value the promotion would round is null, its record a dead letter."""
+    out, lossy = cast_exact(arr, target)
+    if lossy is not None:
+        for i in pc.indices_nonzero(lossy).to_pylist():
+            at = int(g.index[i])
+            reasons[at] = reasons[at] or f"field {'.'.join(f.path)}: {loss_words(arr[i].as_py(), target)}"
+    return out
 
 
 def _refuse(g: Group, f: Field, writer: pa.DataType, reader: str, reasons: list[str | None]) -> None:
