@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reconciler.cli.base import _echo_json, cli, pass_ctx
@@ -47,7 +45,9 @@ def segments(c, datasource, output):
     """The data files of DATASOURCE's Iceberg table (its current snapshot): time interval,
     rows, size, the batch that committed each, and the offsets each file holds: the batch's
     ranges narrowed by the file's own __partition/__offset statistics (marked "the batch's"
-    when the table has no such columns)."""
+    when the table has no such columns). A compacted file (batch -) shows its statistics alone:
+    one partition's offsets, or for several partitions "partitions 0-3, offsets 0-49999",
+    bounds over the whole file, not per partition."""
     from reconciler.table.files import data_files
 
     table = open_tables(c).load(datasource)
@@ -59,11 +59,23 @@ def segments(c, datasource, output):
     if not rows:
         click.echo(_no_table(c, datasource))
         return
-    for r in rows:  # render.segments_text's row shape
-        r["ranges"] = json.dumps([[x["partition"], x["start"], x["end"]] for x in r["ranges"]])
-        r["batch_id"] = r["batch_id"] or "-"
-    click.echo(render.segments_text(rows))
+    click.echo(render.table(["interval", "rows", "bytes", "batch", "offsets", "path"], [
+        [f"{r['interval_start']}/{r['interval_end']}", r["rows"], r["bytes"], (r["batch_id"] or "-")[:12],
+         _offsets_text(r), r["path"]] for r in rows]))
     click.echo(f"\n{len(rows)} file(s), {sum(r['rows'] for r in rows)} rows")
+
+
+def _offsets_text(row: dict) -> str:
+    """What a file holds, saying where it is known from when not from its own per-partition
+    statistics: the batch's ranges, or (a compacted file of several partitions) bounds that
+    hold over the whole file, not per partition."""
+    if (b := row["bounds"]) is not None:
+        (p_lo, p_hi), (o_lo, o_hi) = b["partitions"], b["offsets"]
+        return f"partitions {p_lo}-{p_hi}, offsets {o_lo}-{o_hi} (from the file's statistics)"
+    text = ", ".join(f"{x['partition']}:[{x['start']},{x['end']})" for x in row["ranges"])
+    if text and row["rangesFrom"] == "batch":  # no __partition/__offset statistics to narrow them
+        text += " (the batch's)"
+    return text
 
 @cli.command(epilog="""\b
 Exit status: 0 when every offset is in exactly one batch (gaps explained by the audit

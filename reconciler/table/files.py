@@ -70,6 +70,15 @@ class TableFile:
     committed_at: datetime | None = None
     batch_ranges: tuple[tuple[str, int, int], ...] = field(default=())  # the committing batch's, all files
     exact: bool = False  # ``ranges`` narrowed by the file's own statistics, not the batch's
+    # a file no batch committed (a compaction's) of several partitions: its statistics bound
+    # the partitions and the offsets over the whole file, not per partition: (p_lo, p_hi, o_lo, o_hi)
+    bounds: tuple[str, str, int, int] | None = None
+
+    @property
+    def ranges_from(self) -> str:
+        if self.bounds is not None:
+            return "file bounds"
+        return "file statistics" if self.exact else "batch"
 
     def to_dict(self, datasource: str) -> dict:
         return {
@@ -80,7 +89,9 @@ class TableFile:
             "snapshot_id": self.snapshot_id, "batch_id": self.batch_id, "supervisor_id": self.supervisor_id,
             "created_at": self.committed_at.isoformat() if self.committed_at else None,
             "ranges": [{"partition": p, "start": s, "end": e} for p, s, e in self.ranges],
-            "rangesFrom": "file statistics" if self.exact else "batch",
+            "rangesFrom": self.ranges_from,
+            "bounds": None if self.bounds is None else {
+                "partitions": [self.bounds[0], self.bounds[1]], "offsets": [self.bounds[2], self.bounds[3]]},
             "batchRanges": [{"partition": p, "start": s, "end": e} for p, s, e in self.batch_ranges],
         }
 
@@ -191,11 +202,17 @@ def data_files(table: Table) -> list[TableFile]:
             snap = snapshots.get(entry.snapshot_id) if entry.snapshot_id is not None else None
             props = _summary(snap) if snap is not None else {}
             ranges = tuple((str(p), int(s), int(e)) for p, s, e in json.loads(props[RANGES])) if RANGES in props else ()
-            own = bounds.own_ranges(df, ranges)
+            own, whole = bounds.own_ranges(df, ranges), None
+            if not ranges and (stats := bounds.of_file(df)) is not None:
+                p_lo, p_hi, o_lo, o_hi = stats
+                if p_lo == p_hi:  # one partition: exact
+                    own = ((str(p_lo), o_lo, o_hi + 1),)
+                else:
+                    whole = (str(p_lo), str(p_hi), o_lo, o_hi)
             out.append(TableFile(path, df.record_count, df.file_size_in_bytes, segment, start, end,
                                  entry.snapshot_id, props.get(BATCH) or _batch_of(path), props.get(SUPERVISOR),
                                  ranges if own is None else own, _when(snap) if snap is not None else None,
-                                 ranges, own is not None))
+                                 ranges, own is not None, whole))
     out.sort(key=lambda f: (f.interval_start or EPOCH_START, f.path))
     return out
 
@@ -205,7 +222,8 @@ class _BoundsReader:
     With ``__partition`` and ``__offset`` among the columns, a file's own lower and upper
     bounds (Iceberg's column statistics) say which partitions, and which offsets of them, it
     holds: exact for a file of one partition, the batch's ranges within the file's bounds for
-    a file of several."""
+    a file of several. A file no batch committed (a compaction merged it) has only its own
+    bounds: exact for one partition, per file (not per partition) for several."""
 
     def __init__(self, schema) -> None:
         self._partition = self._field(schema, "__partition")
@@ -218,8 +236,9 @@ class _BoundsReader:
         except ValueError:
             return None
 
-    def own_ranges(self, df, ranges) -> tuple[tuple[str, int, int], ...] | None:
-        if self._partition is None or self._offset is None or not ranges:
+    def of_file(self, df) -> tuple[str | int, str | int, int, int] | None:
+        """(lowest partition, highest partition, lowest offset, highest offset) of the file."""
+        if self._partition is None or self._offset is None:
             return None
         from pyiceberg.conversions import from_bytes
 
@@ -231,6 +250,13 @@ class _BoundsReader:
             return None  # no statistics kept for the columns (a truncated bound, another writer)
         if p_lo is None or o_lo is None:
             return None
+        return p_lo, p_hi, int(o_lo), int(o_hi)
+
+    def own_ranges(self, df, ranges) -> tuple[tuple[str, int, int], ...] | None:
+        whole = self.of_file(df) if ranges else None
+        if whole is None:
+            return None
+        p_lo, p_hi, o_lo, o_hi = whole
         # bounds compare as the column's type does: a string column's ("10" < "9") like its statistics
         key = str if isinstance(p_lo, str) else int
         return tuple((p, max(s, o_lo), min(e, o_hi + 1)) for p, s, e in ranges
