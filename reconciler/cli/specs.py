@@ -74,14 +74,18 @@ def validate(c: Context, paths, output):
     note = None if grants else ("note: secret references were checked for syntax only: no daemon settings here "
                                 "(no config file, secretsDir, secretEnv or secretGrants); give the daemon's "
                                 "(--config FILE) to check them as the daemon and `plan` do")
+    warnings = [w for state in states for w in state.warnings]  # advice: the exit status stays 0
     if output == "json":
         _echo_json({"ok": not problems, "specs": specs, "markers": markers, "secretsChecked": grants is not None,
-                    "problems": [dataclasses.asdict(p) for p in problems]})
+                    "problems": [dataclasses.asdict(p) for p in problems],
+                    "warnings": [dataclasses.asdict(w) for w in warnings]})
         sys.exit(1 if problems else 0)
     # The problems are the command's output, as the json report is: stdout. stderr is left to
     # what stops it from running at all (a setting, an unreadable config file).
     for p in problems:
         click.echo(render.printable(str(p)))
+    for w in warnings:
+        click.echo(f"warning: {render.printable(str(w))}")
     if note and _has_references(states):
         click.echo(note)
     if problems:
@@ -216,6 +220,8 @@ def plan_cmd(c: Context, output, no_positions):
     schema_lines, refusals = _schema_preview(c, directory) if store is not None else ([], [])
     errors += refusals
     doc = {**p.to_dict(), "errors": errors}
+    if directory.warnings:  # advice (a file named unlike its id): the exit status stays as planned
+        doc["warnings"] = [str(w) for w in directory.warnings]
     if schema_lines:
         doc["schemaChanges"] = schema_lines
     doc["notes"] += notes
@@ -233,6 +239,8 @@ def plan_cmd(c: Context, output, no_positions):
             click.echo(f"schema: {render.printable(line)}")
         for error in errors:
             click.echo(f"error: {render.printable(error)}")
+        for warning in doc.get("warnings", []):
+            click.echo(f"warning: {render.printable(warning)}")
     sys.exit(1 if errors else 2 if p.changes or schema_lines else 0)
 
 

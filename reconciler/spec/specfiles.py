@@ -64,9 +64,11 @@ def load_spec_file(
     return result.spec
 
 
-def spec_warnings(path: str | os.PathLike[str], spec: SupervisorSpec) -> list[SpecProblem]:
-    """Advice that does not invalidate a spec: the file name differs from ``specs/<id>.yaml``;
-    a secret is written out instead of referenced."""
+def spec_warnings(path: str | os.PathLike[str], spec: SupervisorSpec,
+                  id_line: tuple[int | None, int | None] = (None, None)) -> list[SpecProblem]:
+    """Advice that does not invalidate a spec: the file name differs from ``specs/<id>.yaml``
+    (at ``id_line``, where ``id`` is written: the supervisor is the id's, so a misspelt id
+    makes a new one); a secret is written out instead of referenced."""
     shown = os.fspath(path)
     name = os.path.basename(shown)
     stem = name.rsplit(".", 1)[0]
@@ -86,8 +88,7 @@ def spec_warnings(path: str | os.PathLike[str], spec: SupervisorSpec) -> list[Sp
             0,
             SpecProblem(
                 shown,
-                None,
-                None,
+                *id_line,
                 "id",
                 f"id '{spec.id}' differs from the file name; by convention the file is {spec.id}.yaml",
             ),
@@ -187,7 +188,7 @@ def _finish(result: SpecResult, parsed: ParsedYaml, now: datetime | None) -> Non
             ]
     if result.spec is not None and not result.problems:
         secrets.learn_literals(parsed.data.get("source"))  # scrubbed from the first line that may quote them
-        result.warnings = tuple(spec_warnings(display, result.spec))
+        result.warnings = tuple(spec_warnings(display, result.spec, result.id_line))
 
 
 def _note_id(result: SpecResult, parsed: ParsedYaml) -> None:
