@@ -432,6 +432,31 @@ def test_the_ci_examples_pin_a_ref_that_exists():
     assert not re.search(r"stream-reconciler==", "\n".join(installs))
 
 
+def test_the_changelog_agrees_with_the_release_section_and_the_ci_pin():
+    """Issue 46, a newcomer: CHANGELOG pointed to README "Releases" (moved to
+    docs/operations.md) and had "Upgrading from 0.1.0" while saying nothing is tagged. Each
+    section it names (FILE, "Heading") is a heading of that file; it upgrades only from a
+    release it describes or the tags hold; before the first tag it says a commit is pinned,
+    as the CI examples do."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    named = re.findall(r'(README|[\w./-]+\.md),? "([^"]+)"', text)
+    assert named, "the changelog names no section: this check would check nothing"
+    for doc, heading in named:
+        path = ROOT / ("README.md" if doc == "README" else doc)
+        headings = {h.strip() for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+        assert heading in headings, f'CHANGELOG.md names {doc} "{heading}", which is no heading of {path.name}'
+    released = set(re.findall(r"^## (\d+\.\d+\.\d+)", text, re.M))
+    tags = set(subprocess.run(["git", "tag", "-l", "v*"], cwd=ROOT, capture_output=True, text=True
+                              ).stdout.replace("v", "").split())
+    for version in re.findall(r"[Uu]pgrading from (?:v)?(\d+\.\d+\.\d+)", text):
+        assert version in released | tags, f"CHANGELOG.md upgrades from {version}, which no release or tag is"
+    pin = str(yaml.safe_load((ROOT / "examples" / "ci" / "pre-commit-config.yaml").read_text())["repos"][0]["rev"])
+    if not released and not tags:  # before the first release: both say a commit is pinned
+        assert re.fullmatch(r"[0-9a-f]{7,40}", pin), pin
+        assert "None is tagged yet" in (ROOT / "docs" / "operations.md").read_text()
+        assert "No release is tagged yet" in text and "pin a commit" in text
+
+
 def test_the_ci_job_annotates_each_problem_and_fails_on_a_bad_spec(tmp_path, reader_env):
     job = yaml.safe_load((ROOT / "examples" / "ci" / "validate-specs.yml").read_text())
     [step] = [s for s in job["jobs"]["validate"]["steps"] if s.get("name") == "reconciler validate"]
