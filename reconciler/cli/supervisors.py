@@ -51,11 +51,22 @@ def status(c: Context, supervisor_id, output, no_lag):
       lag            latest (or end) minus checkpoint, in records; lag age: how old the oldest
                      record not yet ingested is; ? when unknown (a broker down, or a source
                      that started over below the checkpoint: said under the table)
+      records        records ingested so far, over all its batches (the unparseable
+                     ones, counted apart under unparseable, included); a completed
+                     backfill has lag 0 and lag age 0s: its range is done
+      [1] ...        an error (its last one, or the broker's) is said once, under the table,
+                     for every supervisor it concerns
       (as of HH:MM:SSZ)  no daemon leads now: states are as the last one left them
       leader: none   the last daemon's lease ran out: after a clean stop too (it is not an error)
+    \b
+    A reset's preview (reset --dry-run, plan, history), per partition:
+      new            the checkpoint after the reset
+      backfill       records the backfill supervisor will ingest: [checkpoint, new)
+      skipped        records a forward jump without backfill leaves unread (--no-backfill)
+      reread         records a rewind (--allow-rewind) reads a second time
 
     Without a daemon running, states are as last seen; lag is still asked of the brokers
-    (--no-lag skips that). A broker that cannot be reached is said once, under the table.
+    (--no-lag skips that).
     """
     from reconciler.observe.status import all_status
 

@@ -129,6 +129,26 @@ def per_second(points: Sequence[tuple[datetime, int | None]]) -> list[tuple[date
     return out
 
 
+def batch_rates(commits: Sequence[tuple[datetime, int]], now: datetime, *, complete: bool = True,
+                columns: int = 60) -> list[tuple[datetime, float | None]]:
+    """Records ingested per second from the store's batches (publish time, records), so a chart
+    shows what was ingested before this daemon started, and a backfill's batches whenever the
+    lag observer looked: the records published in each of ``columns`` equal slices of the span,
+    over the slice's length, at the slice's start. ``complete``: ``commits`` holds every batch
+    of the span; otherwise the slices before the oldest are unknown (left out), not 0."""
+    if not commits:
+        return []
+    start = span_start([t for t, _ in commits], now)
+    width = (now - start).total_seconds() / columns
+    sums = [0] * columns
+    for t, n in commits:
+        if start <= t <= now:
+            sums[min(columns - 1, int((t - start).total_seconds() // width))] += int(n or 0)
+    oldest = min(t for t, _ in commits)
+    return [(start + timedelta(seconds=width * i), total / width) for i, total in enumerate(sums)
+            if complete or start + timedelta(seconds=width * (i + 1)) > oldest]
+
+
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "?"

@@ -115,6 +115,7 @@ class _Seen:
     times: dict[str, tuple[int, int]] = field(default_factory=dict)  # partition -> (checkpoint, record time)
     under_since: datetime | None = None  # an announced breach under its thresholds since (not stored)
     policy_error: str | None = None  # the last failure of its policy, logged once while it lasts
+    finished: bool = False  # a completed backfill's last sample (lag 0, all it ingested) is taken
 
 
 class LagObserver:
@@ -176,6 +177,7 @@ class LagObserver:
         actual = self.store.read_actual()
         now = self.clock()
         watched = {sid: r for sid, r in actual.supervisors.items() if r.state in OBSERVED}
+        finished = []
         for gone in set(self._seen) - set(watched):
             rec = actual.supervisors.get(gone)
             seen = self._seen[gone]
@@ -184,6 +186,17 @@ class LagObserver:
             if rec is None or rec.state != State.COMPLETED or not seen.samples or \
                     (now - seen.samples[-1].at).total_seconds() > HISTORY:
                 self._seen.pop(gone)
+            elif not seen.finished:
+                finished.append(gone)
+        for sid, rec in actual.supervisors.items():
+            # a backfill that ran between two rounds (or before this leader) was never seen: its
+            # chart is its run from the database, its whole range behind at its start, none at its end
+            if rec.bounded and rec.state == State.COMPLETED and sid not in self._seen and rec.created_at \
+                    and rec.updated_at and (now - rec.updated_at).total_seconds() <= HISTORY:
+                start = rec.start_offsets or {}
+                behind = sum(max(0, e - start.get(p, e)) for p, e in (rec.end_offsets or {}).items())
+                self._seen[sid] = _Seen(samples=deque([Sample(rec.created_at, behind, None, 0)]))
+                finished.append(sid)
         recs = sorted(watched.values(), key=lambda r: r.id)
         found: list[SupervisorLag] = []
         if recs:
@@ -191,10 +204,19 @@ class LagObserver:
                 found = list(pool.map(lambda r: self._observe(r, actual.checkpoints.get(r.id, {}), now), recs))
         with self._lock:
             self.latest = {o.supervisor_id: o for o in found}
-        totals = self.store.all_batch_totals() if found else {}
+        totals = self.store.all_batch_totals() if found or finished else {}
         for o in found:
             t = totals.get(o.supervisor_id)
             self._remember(o, t.records if t is not None else 0)
+        for sid in finished:
+            # its range is done: the charts end at lag 0 with what its last batches ingested, not at
+            # the lag seen before them (the table says 0; a chart saying "now 59,257" contradicted it)
+            t, seen = totals.get(sid), self._seen[sid]
+            ended = actual.supervisors[sid].updated_at or now
+            at = max(ended, seen.samples[-1].at) if seen.samples else now
+            self._remember(SupervisorLag(sid, at, (PartitionLag("", None, None, 0, 0.0),)),
+                           t.records if t is not None else 0)
+            seen.finished = True
         self._export(found)
         running = {o.supervisor_id: o for o in found if watched[o.supervisor_id].state in RUNNABLE}
         self._policies(actual, running, now)
@@ -356,7 +378,8 @@ class LagObserver:
         if self.metrics is None:
             return
         for o in found:
-            if o.error:
+            if o.error:  # the broker did not answer: unknown, not the last value seen
+                self.metrics.forget_lag(o.supervisor_id)
                 continue
             self.metrics.observe_lag(o.supervisor_id, {p.partition: (p.checkpoint, p.target, p.seconds)
                                                        for p in o.partitions}, unknown=o.unknown is not None)

@@ -148,6 +148,20 @@ class Metrics:
                 self.lag_seconds.labels(supervisor, p).set(seconds)
                 seen.add(p)
 
+    def forget_lag(self, supervisor: str) -> None:
+        """A stream that did not answer: its lag in records and in time are unknown, so their
+        series are removed (absent is unknown, never the last value seen, nor 0); the checkpoint
+        gauge stays (the database told it)."""
+        for gauge in (self.lag, self.lag_seconds):
+            for metric in gauge.collect():
+                for sample in metric.samples:
+                    if sample.labels.get("supervisor") == supervisor:
+                        try:
+                            gauge.remove(supervisor, sample.labels["partition"])
+                        except KeyError:
+                            pass
+        self._lag_series.pop(supervisor, None)
+
     def prune_lag(self, observed: Iterable[str]) -> None:
         """Drop the lag-in-time series of supervisors no longer observed (terminated, completed)."""
         keep = set(observed)
@@ -275,6 +289,15 @@ def _spark_info() -> dict[str, Any]:
     return session_info()
 
 
+def not_found(path: str, pages: bool = True) -> str:
+    """The short page of a 404: what was asked and the paths there are."""
+    valid = ([("/", "the status page"), ("/supervisors/ID", "one supervisor's page")] if pages else []) + [
+        ("/metrics", "Prometheus metrics"), ("/healthz", "health, as JSON")]
+    items = "".join(f'<li><a href="{p if "ID" not in p else "/"}">{p}</a>: {what}</li>' for p, what in valid)
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>not found</title></head><body>"
+            f"<p>No page at <code>{html.escape(path)}</code>. The paths here are:</p><ul>{items}</ul></body></html>")
+
+
 def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | None = None) -> BoundedHTTPServer:
     """Start ``/metrics``, ``/healthz`` and (with ``page``) the status page ``/`` and the pages of
     each supervisor ``/supervisors/<id>`` on ``host:port`` in a daemon thread (port 0: any free
@@ -302,7 +325,7 @@ def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | No
                 try:
                     body = page(path)
                     if body is None:
-                        self._send(404, "text/html; charset=utf-8", b"<!doctype html><p>no such page</p>")
+                        self._send(404, "text/html; charset=utf-8", not_found(path).encode())
                     else:
                         self._send(200, "text/html; charset=utf-8", body.encode())
                 except Exception as exc:  # noqa: BLE001 (the page must say why, not drop the connection)
@@ -310,7 +333,7 @@ def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | No
                     self._send(500, "text/html; charset=utf-8",
                                f"<!doctype html><p>status page unavailable: {text}</p>".encode())
                 return
-            if self.path.startswith("/healthz"):
+            if path == "/healthz":
                 ok, body = metrics.health()
                 data = json.dumps(body, default=str).encode()
                 self.send_response(200 if ok else 503)
@@ -319,7 +342,11 @@ def serve(metrics: Metrics, address: str, page: Callable[[str], str | None] | No
                 self.end_headers()
                 self.wfile.write(data)
                 return
-            self._send(200, CONTENT_TYPE_LATEST, exposition.get("/metrics"))
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, exposition.get("/metrics"))
+                return
+            # any other path answered /metrics with 200: a typo looked like a working page
+            self._send(404, "text/html; charset=utf-8", not_found(path, page is not None).encode())
 
         def log_message(self, *args):  # access logs would drown the event log
             pass

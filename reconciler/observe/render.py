@@ -91,7 +91,9 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
     if not items:
         return "No supervisors. Add a spec to the spec directory and run `reconciler apply`."
     rows = []
-    notes: dict[str, list[str]] = {}  # one stream error (a broker down) is said once, under the table
+    # each error is said once, under the table: a broker that is down fails every supervisor
+    # reading from it with the same words, as its last error (a daemon runs) or as the stream error
+    notes: dict[str, list[str]] = {}
     for s in items:
         lag = "?" if s["lag"] is None else s["lag"]
         progress = ""
@@ -108,10 +110,10 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         if s.get("override"):
             state += " (by operator)"
         age = "?" if s.get("lagSeconds") is None else _age(s["lagSeconds"])
-        error = s["lastError"] or ""
-        if not error and s["streamError"]:
-            notes.setdefault(s["streamError"], []).append(s["id"])
-            error = f"lag unknown: see [{list(notes).index(s['streamError']) + 1}] below"
+        error = s["lastError"] or s["streamError"] or ""
+        if error:
+            notes.setdefault(error, []).append(s["id"])
+            error = ("" if s["lastError"] else "lag unknown: ") + f"see [{list(notes).index(error) + 1}] below"
         rows.append([s["id"], state, s["detailedState"], lag, age, s["records"], s["unparseable"], progress, error])
     out = [table(["supervisor", "state", "detail", "lag", "lag age", "records", "unparseable", "backfill", "error"],
                  rows, wrap_last=80)]

@@ -58,14 +58,18 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
     if positions is not None:
         latest, stream_error, times = (*positions, None)[:3]
     unknown = lag_unknown(rec, checkpoint, latest)
+    # a completed backfill's range is done: no lag, in records or in time (not "unknown" because
+    # its broker is not asked)
+    finished = rec.bounded and rec.state == State.COMPLETED
     parts = []
     for p in sorted(set(checkpoint) | set(latest) | set(rec.end_offsets or {}), key=_order):
         cp = checkpoint.get(p)
         end = (rec.end_offsets or {}).get(p)
         target = end if end is not None else latest.get(p)
-        lag = max(0, target - cp) if target is not None and cp is not None and not unknown else None
+        lag = 0 if finished else max(0, target - cp) if target is not None and cp is not None and not unknown else None
         parts.append({"partition": p, "checkpoint": cp, "latest": latest.get(p), "end": end, "lag": lag,
-                      "lagSeconds": None if unknown else _partition_seconds(p, cp, target, times, now)})
+                      "lagSeconds": 0.0 if finished else None if unknown
+                      else _partition_seconds(p, cp, target, times, now)})
     totals = totals if totals is not None else store.batch_totals(rec.id)
     out: dict[str, Any] = {
         "id": rec.id, "kind": str(rec.kind), "parent": rec.parent_id, "state": str(rec.state),
@@ -75,7 +79,7 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
         "specError": rec.spec_error, "runtimeError": rec.runtime_error,
         "lastRequest": rec.last_request, "streamError": stream_error, "partitions": parts,
         "lag": _total_lag(parts, rec.bounded or bool(latest)),
-        "lagSeconds": _max_seconds(parts, times is not None),
+        "lagSeconds": _max_seconds(parts, times is not None or finished),
         "lagUnknown": unknown,
         "records": totals.records, "unparseable": totals.unparseable, "batches": totals.batches,
         "lostRecords": lost if lost is not None else store.lost_records(rec.id),

@@ -30,8 +30,10 @@ from reconciler.observe.charts import Marker, duration, per_second, timechart
 Samples = Sequence[tuple[datetime, int | None, float | None, int | None]]
 
 REFRESH = 5  # seconds
+# the "Recent resets and backfills" list: what moved a checkpoint or a backfill (an operator's
+# suspend or resume is in the supervisor's own audit log, not here)
 RESET_ACTIONS = ("reset", "reset-and-backfill", "retention-loss", "reject-request", "fresh-start",
-                 "cancel-backfill", "suspend-backfill", "resume-backfill", "operator-suspend", "operator-resume")
+                 "cancel-backfill", "suspend-backfill", "resume-backfill")
 ALERT_ACTIONS = ("lag-breach", "lag-breach-end", "unhealthy", "recovered")  # a list of their own (issue 41.7)
 
 _STYLE = """
@@ -40,7 +42,8 @@ h1{font-size:20px;margin:0 0 .3em} h2{font-size:16px;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #ddd;
 vertical-align:top} th{background:#f4f4f4} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#176c2f} .bad{color:#b3261e;font-weight:600} .muted{color:#777}
-.err{color:#b3261e;max-width:24em;overflow-wrap:break-word} td.err{min-width:12em} td.policy{min-width:8em;max-width:16em}
+.err{color:#b3261e;overflow-wrap:break-word} td.err{white-space:nowrap} td.policy{min-width:8em;max-width:16em} td.policy:empty{min-width:0}
+#supervisors th{white-space:nowrap} #errors{padding-left:1.2em;list-style:none}
 progress{width:7em} code{font-size:13px} svg.chart{display:block;flex:none}
 a{color:#1a4f8b} .warn{color:#8a5a00;font-weight:600}
 .st{font-weight:600;padding:.05em .4em;border-radius:3px;white-space:nowrap;background:#eee;color:#444}
@@ -48,7 +51,7 @@ a{color:#1a4f8b} .warn{color:#8a5a00;font-weight:600}
 .st-UNHEALTHY_SUPERVISOR,.st-UNHEALTHY_TASKS{background:#b3261e;color:#fff} .st-SUSPENDED{background:#7a7a7a;color:#fff}
 #supervisors tr.sup td{border-bottom:none} #supervisors td.charts{padding-top:0}
 div.charts{display:flex;flex-wrap:wrap;gap:6px 10px}
-#audit code{overflow-wrap:anywhere} #partitions{width:auto;min-width:40em}
+#audit{table-layout:fixed} #audit td{overflow-wrap:anywhere} #partitions{width:auto;min-width:40em}
 @media (max-width:1000px){#supervisors{font-size:13px} #supervisors th,#supervisors td{padding:.25em .4em}}
 """
 
@@ -64,14 +67,15 @@ def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any
     newest audit entries of ``RESET_ACTIONS`` and of ``ALERT_ACTIONS``, each its own list."""
     now = now or datetime.now(UTC)
     ok, body = health
+    notes = error_notes(items, body.get("failing") or {})
     parts = [
         page_head("stream-reconciler"),
         "<h1>stream-reconciler</h1>",
-        _health(ok, body, now),
+        _health(ok, body, now, notes),
         _webhooks(webhooks),
         "<h2>Supervisors</h2>",
-        _supervisors(items, lag, observed or {}, history or {}, now, resets),
-        "<h2>Recent resets</h2>",
+        _supervisors(items, lag, observed or {}, history or {}, now, resets, notes),
+        "<h2>Recent resets and backfills</h2>",
         _resets(resets),
         "<h2>Recent alerts</h2>",
         _resets(alerts, table="alerts"),
@@ -104,10 +108,12 @@ def _webhooks(hooks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def charts(samples: Samples, now: datetime, *, markers: Sequence[Marker] = (), width: int = 260,
-           height: int = 96) -> str:
-    """The three charts of one supervisor: lag in records, lag in time, records ingested per second."""
+           height: int = 96, ingested: Sequence[tuple[datetime, float | None]] | None = None) -> str:
+    """The three charts of one supervisor: lag in records, lag in time, records ingested per second
+    (``ingested``: its points, e.g. ``charts.batch_rates``; else from the samples' running totals)."""
     size = {"width": width, "height": height, "markers": markers}
-    ingested = per_second([(s[0], s[3] if len(s) > 3 else None) for s in samples])
+    if ingested is None:
+        ingested = per_second([(s[0], s[3] if len(s) > 3 else None) for s in samples])
     return ("<div class=charts>"
             + timechart([(s[0], s[1]) for s in samples], now, label="lag (records)", css_class="chart lag-records",
                         **size)
@@ -145,27 +151,51 @@ def state_badge(state: str) -> str:
     return f'<span class="st st-{css}">{escape(state).replace("_", "_<wbr>")}</span>'
 
 
-def _health(ok: bool, body: Mapping[str, Any], now: datetime) -> str:
+def error_notes(items: Sequence[Mapping[str, Any]], failing: Mapping[str, str]) -> dict[str, list[str]]:
+    """Each distinct error once, with the supervisors it concerns, in order: a broker that is down
+    fails every supervisor reading from it with the same words, which the page said in full once
+    per supervisor in the health list and again in each row (issue 46)."""
+    notes: dict[str, list[str]] = {}
+    for sid, error in failing.items():
+        notes.setdefault(str(error), []).append(str(sid))
+    for s in items:
+        error = s.get("lastError") or s.get("streamError")
+        if error and s.get("state") != "TERMINATED" and str(s["id"]) not in notes.get(str(error), ()):
+            notes.setdefault(str(error), []).append(str(s["id"]))
+    return notes
+
+
+def _health(ok: bool, body: Mapping[str, Any], now: datetime, notes: Mapping[str, Sequence[str]] = {}) -> str:  # noqa: B006
     word = '<span class=ok>healthy</span>' if ok else '<span class=bad>unhealthy</span>'
     out = [f'<p id=health>Daemon: {word}, role <b>{escape(str(body.get("role")))}</b>, '
            f'page at {now:%Y-%m-%d %H:%M:%S}Z.</p>']
-    problems = body.get("problems") or []
+    failing = {f"{sid}: {err}" for sid, err in (body.get("failing") or {}).items()}
+    problems = [p for p in body.get("problems") or [] if str(p) not in failing]  # the failing ones are notes
     if problems:
         out.append("<ul class=err>" + "".join(f"<li>{escape(str(p))}</li>" for p in problems) + "</ul>")
+    if notes:
+        out.append("<ol id=errors class=err>" + "".join(
+            f'<li id="err-{n}">[{n}] <b>{escape(_who(ids))}</b>: {escape(text)}</li>'
+            for n, (text, ids) in enumerate(notes.items(), 1)) + "</ol>")
     return "\n".join(out)
+
+
+def _who(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[str, float]],
                  observed: Mapping[str, Mapping[str, Any]], history: Mapping[str, Samples], now: datetime,
-                 audit: Sequence[Mapping[str, Any]] = ()) -> str:
+                 audit: Sequence[Mapping[str, Any]] = (), notes: Mapping[str, Sequence[str]] = {}) -> str:  # noqa: B006
     if not items:
         return "<p class=muted>No supervisors yet: add a spec to the spec directory.</p>"
     # kind and datasource under the name, the charts in a row of their own: readable at 900 px
     head = ("<table id=supervisors><thead><tr><th>supervisor</th><th>state</th><th class=num>lag</th>"
             "<th class=num>lag in time</th><th class=num>last commit</th><th class=num>records</th><th>backfill</th>"
             "<th>lag policy</th><th>last error</th></tr></thead><tbody>")
+    numbers = {text: n for n, text in enumerate(notes, 1)}
     rows = [_supervisor_row(s, lag.get(str(s["id"]), {}), observed.get(str(s["id"])), history.get(str(s["id"]), ()),
-                            now, markers(audit, str(s["id"])))
+                            now, markers(audit, str(s["id"])), numbers)
             for s in items if s.get("state") != "TERMINATED"]
     gone = sum(1 for s in items if s.get("state") == "TERMINATED")
     tail = "</tbody></table>"
@@ -175,22 +205,26 @@ def _supervisors(items: Sequence[Mapping[str, Any]], lag: Mapping[str, Mapping[s
 
 
 def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Mapping[str, Any] | None,
-                    samples: Samples, now: datetime, marks: Sequence[Marker] = ()) -> str:
+                    samples: Samples, now: datetime, marks: Sequence[Marker] = (),
+                    numbers: Mapping[str, int] = {}) -> str:  # noqa: B006
     sid = escape(str(s["id"]))
     link = f'<a href="/supervisors/{quote(str(s["id"]))}"><b>{sid}</b></a>'
     kind = escape(str(s["kind"])) + (f" of {escape(str(s['parent']))}" if s.get("parent") else "")
     state = state_badge(str(s["state"]))
     if s.get("detailedState") and s["detailedState"] != s["state"]:
-        state += f'<br><span class=muted>{escape(str(s["detailedState"]))}</span>'
+        # breakable at its underscores, as the badge: LOST_CONTACT_WITH_STREAM widened the table past 900 px
+        state += f'<br><span class=muted>{escape(str(s["detailedState"])).replace("_", "_<wbr>")}</span>'
     lag_cell = _lag(s, lag, observed)
-    error = s.get("lastError") or s.get("streamError") or ""
+    error = str(s.get("lastError") or s.get("streamError") or "")
+    n = numbers.get(error)
+    error_cell = f'<a href="#err-{n}">see [{n}]</a>' if n else escape(error)  # said once, above the table
     return (f'<tr class=sup id="sup-{sid}"><td>{link}<br><span class="muted kind">{kind} &rarr; '
             f'{escape(str(s.get("datasource") or ""))}</span></td><td class=state>{state}</td>'
             f'<td class=num>{lag_cell}</td><td class="num lag-seconds">{lag_time(s, observed)}</td>'
             f'<td class="num last-commit">{last_commit(s)}</td>'
             f'<td class=num>{int(s.get("records") or 0):,}</td><td>{backfill_cell(s.get("backfill"))}</td>'
             f'<td class=policy>{policy_cell(s.get("lagPolicy"))}</td>'
-            f'<td class=err>{escape(str(error))}</td></tr>'
+            f'<td class=err>{error_cell}</td></tr>'
             f'<tr id="charts-{sid}"><td class=charts colspan=9>{charts(samples, now, markers=marks)}</td></tr>')
 
 
@@ -230,6 +264,8 @@ def _lag(s: Mapping[str, Any], runtime: Mapping[str, float], observed: Mapping[s
         return f"{int(s['lag']):,}"
     if observed is not None and observed.get("records") is not None:
         return f"{int(observed['records']):,}"
+    if observed is not None and observed.get("error"):  # the runtime's figure is from before: a false 0
+        return '<span class=muted title="the broker did not answer">?</span>'
     if not runtime:
         return '<span class=muted>?</span>'
     total = int(sum(runtime.values()))

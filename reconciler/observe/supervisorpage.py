@@ -5,13 +5,12 @@ no scripts, nothing fetched, every value escaped, sources never shown.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from reconciler.observe.charts import duration
+from reconciler.observe.charts import batch_rates, duration
 from reconciler.observe.statuspage import (
     Samples,
     backfill_cell,
@@ -25,24 +24,34 @@ from reconciler.observe.statuspage import (
 )
 
 
+BATCHES_SHOWN = 20
+
+
 def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, samples: Samples,
-           batches: Sequence[Mapping[str, Any]], audit: Sequence[Mapping[str, Any]], now: datetime | None = None) -> str:
+           batches: Sequence[Mapping[str, Any]], audit: Sequence[Mapping[str, Any]], now: datetime | None = None,
+           all_batches: bool = True) -> str:
     """``item``: a ``status.supervisor_status`` dict; ``observed``: the lag observer's last
-    observation (with ``partitions``); ``batches``: the newest committed batches; ``audit``: the
-    newest audit entries, newest first."""
+    observation (with ``partitions``); ``batches``: the newest committed batches, newest first
+    (the table shows ``BATCHES_SHOWN``; the ingested/s chart all of them, ``all_batches``: every
+    batch of the last hour is among them); ``audit``: the newest audit entries, newest first."""
     now = now or datetime.now(UTC)
     sid = str(item["id"])
+    # the store's batches, not the observer's samples: what was ingested before this daemon
+    # started, and a backfill that ran between two observations, are on the chart too
+    rates = batch_rates([(b["committed_at"], b.get("records") or 0) for b in batches
+                         if isinstance(b.get("committed_at"), datetime)], now, complete=all_batches)
     parts = [
         page_head(f"{sid} · stream-reconciler"),
         f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
         f"<p class=state>{state_badge(str(item['state']))}</p>",
         _summary(item, observed),
         "<h2>Lag and ingestion</h2>",
-        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150)}</div>",
+        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150, ingested=rates)}"
+        "</div>",
         "<h2>Partitions</h2>",
         _partitions(item, observed),
         "<h2>Recent batches</h2>",
-        _batches(batches),
+        _batches(batches[:BATCHES_SHOWN]),
         "<h2>Audit log</h2>",
         _audit(audit),
         "</body></html>",
@@ -120,12 +129,38 @@ def _audit(entries: Sequence[Mapping[str, Any]]) -> str:
         return "<p class=muted>No audit entries.</p>"
     rows = []
     for e in entries:
-        details = json.dumps(e.get("details"), sort_keys=True, default=str) if e.get("details") else ""
+        details = details_text(e.get("details"))
         rows.append(f"<tr><td>{escape(_at(e.get('at')))}</td><td>{escape(str(e['action']))}</td>"
                     f"<td>{escape(str(e.get('actor') or ''))}</td><td>{escape(str(e.get('trigger') or ''))}</td>"
-                    f"<td>{escape(str(e.get('reason') or ''))}</td><td><code>{escape(details[:400])}</code></td></tr>")
-    return ("<table id=audit><thead><tr><th>at</th><th>action</th><th>by</th><th>trigger</th><th>reason</th>"
+                    f"<td>{escape(str(e.get('reason') or ''))}</td><td class=details>{escape(details)}</td></tr>")
+    # fixed layout: a long value wraps inside its column instead of widening the table past the window
+    return ("<table id=audit><colgroup><col style=width:7.5em><col style=width:8em><col style=width:9em>"
+            "<col style=width:6em><col><col style=width:32%></colgroup><thead><tr><th>at</th><th>action</th><th>by</th><th>trigger</th><th>reason</th>"
             "<th>details</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def details_text(details: Any, limit: int = 400) -> str:
+    """An audit entry's details as short ``key: value`` text that wraps (raw JSON was one
+    unbreakable line off-screen at 900 px): ``a: 1; b (c: 2, d: 3); e: [4, 5]``."""
+    if not details:
+        return ""
+    if not isinstance(details, Mapping):
+        text = _value(details)
+    else:
+        text = "; ".join(_pair(k, v) for k, v in sorted(details.items()) if v not in (None, {}, []))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _pair(key: Any, value: Any) -> str:
+    return f"{key} ({_value(value)})" if isinstance(value, Mapping) else f"{key}: {_value(value)}"
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, Mapping):
+        return ", ".join(_pair(k, x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(f"({_value(x)})" if isinstance(x, Mapping) else _value(x) for x in v) + "]"
+    return str(v)
 
 
 def _n(v: Any) -> str:

@@ -107,7 +107,9 @@ def test_the_main_page():
     assert all(f'class="chart {c}"' in chart_row for c in ("lag-records", "lag-seconds", "ingest-rate"))
     assert "75s ago" in row  # the table's last commit
     assert "alert" in row and "nothing is changed" in row
-    assert "&lt;b&gt;boom&lt;/b&gt;" in row and "<b>boom" not in row
+    assert '<a href="#err-1">see [1]</a>' in row  # the error is said once, above the table, escaped
+    notes = html.split("<ol id=errors")[1].split("</ol>")[0]
+    assert "<b>clicks</b>: &lt;b&gt;boom&lt;/b&gt;" in notes and "<b>boom" not in html
     assert "<script" not in html
     assert 'id=webhooks' in html and "failing" in html and "4 event(s) waiting" in html
 
