@@ -8,11 +8,15 @@ body other than the bytes of its strings.
 
 Only what the per-record path (fastavro) would read the same is kept (``ok``): a body
 read to exactly its end; every integer within 64 bits and within its type; a union branch
-0 or 1; a string of valid UTF-8; a date or instant within years 1..9999 (what Python's
-datetime, fastavro's value, holds). Anything else (a truncated or overlong body, a corrupt
-byte) is left to the per-record path, which is the reference and names the problem: so a
-record's fate never depends on its group. Read alike, so kept: a longer encoding of a
-number than its shortest, and any non-zero boolean byte (true).
+index the union has; a string of valid UTF-8 and of a length within its body; a date or
+instant within years 1..9999 (what Python's datetime, fastavro's value, holds). Anything
+else (a truncated or overlong body, a corrupt byte) is left to the per-record path, which
+is the reference and names the problem: so a record's fate never depends on its group.
+Read alike, so kept: a longer encoding of a number than its shortest, and any non-zero
+boolean byte (true).
+
+Every varint is untrusted: a length is compared with the bytes left (``L <= end - pos``),
+never added to a position before that, so no value near 2^63 can wrap a check or a total.
 """
 
 from __future__ import annotations
@@ -35,27 +39,28 @@ _PAD = 32  # zero bytes after the last body: reads past a body's end (a branch, 
 
 @dataclass(frozen=True)
 class Step:
-    """How one field is read: ``kind`` (a primitive, or a logical type), and the union
-    branch that holds a value (None: not a union)."""
+    """How one field is read: ``kind`` (a primitive, or a logical type), the union
+    branch that holds a value (None: not a union) and how many branches the union has."""
 
     kind: str
     branch: int | None = None
+    branches: int = 0
 
 
 def steps_of(schema: dict) -> list[Step] | None:
     """The steps of a record schema, or None when it is not flat (the per-record path)."""
     out = []
     for f in schema["fields"]:
-        t, branch = f["type"], None
+        t, branch, branches = f["type"], None, 0
         if isinstance(t, list):
             values = [i for i, b in enumerate(t) if b != "null"]
             if len(values) != 1 or len(t) > 2:
                 return None
-            branch, t = values[0], t[values[0]]
+            branch, branches, t = values[0], len(t), t[values[0]]
         kind = _kind(t)
         if kind is None:
             return None
-        out.append(Step(kind, branch))
+        out.append(Step(kind, branch, branches))
     return out
 
 
@@ -102,7 +107,9 @@ class _Reader:
         valid = None
         if step.branch is not None:
             index = self._long(None)
-            self.ok &= (index == 0) | (index == 1)
+            # an index naming no branch (1 in a union of one type) fails in fastavro: not ok;
+            # any other branch than the value's is the union's null
+            self.ok &= (index >= 0) & (index < step.branches)
             valid = index == step.branch
         values = self._value(step.kind, t, valid)
         past = self.pos > self.end
@@ -123,7 +130,9 @@ class _Reader:
             self.pos = self.pos + (width if valid is None else np.where(valid, width, 0))
             if kind == "boolean":
                 return _array(t, raw[:, 0].astype(bool), valid)
-            return _array(t, raw.view("<f4" if kind == "float" else "<f8").reshape(len(raw)), valid)
+            if kind == "float":
+                return _array(t, _quiet(raw.view("<u4").reshape(len(raw))).view("<f4"), valid)
+            return _array(t, raw.view("<f8").reshape(len(raw)), valid)
         value = self._long(valid)
         if kind == "int" or kind == "date":
             low, high = _DAYS if kind == "date" else _INT32
@@ -161,7 +170,10 @@ class _Reader:
 
     def _binary(self, t: pa.DataType, valid: np.ndarray | None) -> pa.Array:
         length = self._long(valid)
-        self._require((length >= 0) & (self.pos + length <= self.end), valid)
+        # end - pos is small (negative when the length's varint ran past the end), so the
+        # comparison cannot wrap as pos + length does for a length near 2^63
+        self._require((length >= 0) & (length <= self.end - self.pos), valid)
+        # each kept length lies inside its own body: their total is at most the buffer's size
         length = np.where(self.ok if valid is None else self.ok & valid, length, 0)
         starts = self.pos
         self.pos = self.pos + length
@@ -180,6 +192,13 @@ class _Reader:
             bad = np.array([v is not None and not _utf8(v) for v in out.to_pylist()], bool)
             self.ok &= ~bad
             return pa.array([None if b else v for v, b in zip(out.to_pylist(), bad, strict=True)], pa.binary()).cast(t)
+
+
+def _quiet(bits: np.ndarray) -> np.ndarray:
+    """A float's bits as the reference gives them: fastavro makes a float a Python float
+    (C float to double), which quiets a signalling NaN (sets the mantissa's top bit)."""
+    nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x007FFFFF) != 0)
+    return np.where(nan, bits | np.uint32(0x00400000), bits).astype(np.uint32)
 
 
 def _utf8(b: bytes) -> bool:
