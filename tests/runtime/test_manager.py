@@ -214,3 +214,57 @@ def test_the_last_step_to_end_rings_while_another_supervisor_settles(tmp_path, m
         manager.stop(wait=True)
         s.close()
     assert seen and seen[0] is False and seen[-1] is True, f"what each ring found (idle?): {seen}"
+
+
+def test_the_loop_sleeps_until_the_next_cut_not_a_fixed_poll(store, tmp_path):
+    """At taskDuration 0.25s a fixed 50 ms poll cut a batch up to 50 ms late (issue 45's
+    freshness); a due already waiting for a worker must not make the loop spin."""
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = RuntimeManager(ctx, workers=1)
+    manager.runtimes = {sid: SupervisorRuntime(sid, ctx) for sid in (*STUCK, "good")}
+    now = 100.0
+    manager.due = {"stuck-a": now + 0.012, "stuck-b": now + 0.030, "good": now + 5.0}
+    assert manager._until_due(now) == pytest.approx(0.012)
+    manager.running["stuck-a"] = object()  # in flight: its due is not the loop's
+    assert manager._until_due(now) == pytest.approx(0.030)
+    manager.due["stuck-b"] = now - 1.0  # due, no free worker: the step's end wakes the loop
+    assert manager._until_due(now) == pytest.approx(manager_mod.LOOP_WAIT)
+    manager.due = {"stuck-b": now + 5.0, "good": now + 9.0}
+    assert manager._until_due(now) == pytest.approx(manager_mod.LOOP_WAIT)
+
+
+def test_a_batch_that_ran_late_is_cut_again_without_waiting_for_the_refresh(store, tmp_path, monkeypatch):
+    """A batch longer than its cadence is due again at once; its end pokes the loop, which
+    re-reads every supervisor. The next cut starts before that read, not after it (every
+    late batch's successor waited for a read of the supervisor table)."""
+    active: list[int] = []
+    seen_running: list[bool] = []  # at each read after a batch: was the next one already cut
+
+    def step(self: SupervisorRuntime) -> StepOutcome:
+        if self.supervisor_id != "good":
+            return StepOutcome(60.0)
+        active.append(1)
+        time.sleep(0.3)
+        active.pop()
+        return StepOutcome(0.0, records=1, cadence=True)  # ran late: due again now
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = RuntimeManager(ctx, workers=2, refresh=3600)  # only a batch's poke reads again
+    read_actual = store.read_actual
+
+    def read():
+        if manager.runtimes:  # the first read creates the runtimes
+            deadline = time.monotonic() + 1.0
+            while not active and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen_running.append(bool(active))
+        return read_actual()
+
+    monkeypatch.setattr(store, "read_actual", read)
+    manager.start()
+    try:
+        _wait(lambda: len(seen_running) >= 3, 20, "three reads after batches")
+    finally:
+        manager.stop(wait=True)
+    assert all(seen_running[:3]), seen_running
