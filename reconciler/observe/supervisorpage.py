@@ -130,13 +130,15 @@ def _audit(entries: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for e in entries:
         details = details_text(e.get("details"))
+        trigger = f"<br><span class=muted>{escape(str(e['trigger']))}</span>" if e.get("trigger") else ""
         rows.append(f"<tr><td>{escape(_at(e.get('at')))}</td><td>{escape(str(e['action']))}</td>"
-                    f"<td>{escape(str(e.get('actor') or ''))}</td><td>{escape(str(e.get('trigger') or ''))}</td>"
+                    f"<td>{escape(str(e.get('actor') or ''))}{trigger}</td>"
                     f"<td>{escape(str(e.get('reason') or ''))}</td><td class=details>{escape(details)}</td></tr>")
-    # fixed layout: a long value wraps inside its column instead of widening the table past the window
-    return ("<table id=audit><colgroup><col style=width:7.5em><col style=width:8em><col style=width:9em>"
-            "<col style=width:6em><col><col style=width:32%></colgroup><thead><tr><th>at</th><th>action</th><th>by</th><th>trigger</th><th>reason</th>"
-            "<th>details</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    # a fixed layout: a long value (a spec's path, a token) wraps inside its column, where the
+    # automatic one either widened the table past the window or squeezed the dates to a letter a line
+    return ("<table id=audit><colgroup><col style=width:7.5em><col style=width:7.5em><col style=width:9.5em><col>"
+            "<col style=width:36%></colgroup><thead><tr><th>at</th><th>action</th><th>by / trigger</th>"
+            "<th>reason</th><th>details</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
 def details_text(details: Any, limit: int = 400) -> str:

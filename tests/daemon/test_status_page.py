@@ -142,6 +142,9 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/supervisors/nobody", timeout=10)
         assert missing.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as unknown:  # it answered /metrics with 200
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/foo/bar", timeout=10)
+        assert unknown.value.code == 404 and "/supervisors/ID" in unknown.value.read().decode()
     finally:
         daemon.request_stop()
         thread.join(120)
@@ -152,6 +155,11 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
     assert 'id="sup-page"' in html and 'id="sup-page-backfill-1"' in html
     row = html.split('id="sup-page-backfill-1"')[1].split("</tr>")[0]
     assert "<progress" in row and "3,000 / 3,000 (100%) completed" in row and "COMPLETED" in row
+    # issue 46: a completed backfill has no lag, in its row and its charts, and its ingestion is charted
+    assert row.split('class="num lag-seconds">')[1].startswith("0s")
+    done = html.split('id="charts-page-backfill-1"')[1].split("</tr>")[0]
+    assert "now 0 ·" in done.split('class="chart lag-records"')[1] and "now 0s ·" in done.split('lag-seconds"')[1]
+    assert "no samples" not in done.split('class="chart ingest-rate"')[1].split("</svg>")[0]
     resets = html.split('<table id="resets">')[1].split("</table>")[0]
     assert "reset-and-backfill" in resets and "lag alarm INC-42" in resets and "page-backfill-1" in resets
     assert 'http-equiv="refresh"' in html

@@ -131,7 +131,10 @@ def test_a_suspended_supervisor_is_observed_and_keeps_its_history_but_not_its_po
     assert [s.records for s in history] == [60, 560, 560]
     assert {s.ingested for s in history} == {40}  # records ingested so far, for the records/s chart
     store.set_state("paused", State.COMPLETED)  # as a backfill ends: not observed, its run still charted
-    assert observer.observe_once() == [] and len(observer.history("paused")) == 3
+    assert observer.observe_once() == [] and len(observer.history("paused")) == 4
+    # ... ending at lag 0 with all it ingested (issue 46: "now 560" beside a table saying 0), once
+    assert observer.observe_once() == [] and observer.history("paused")[3][1:] == (0, 0.0, 40)
+    assert len(observer.history("paused")) == 4
     store.set_state("paused", State.TERMINATED)
     assert observer.observe_once() == [] and observer.history("paused") == []  # gone: its history too
 
