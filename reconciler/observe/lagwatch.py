@@ -30,7 +30,10 @@ a policy's ``for`` must be measured while they run. Each round:
 3. audits each backfill's progress milestones (25, 50, 75 %) once;
 4. keeps the last hour per supervisor in memory (``Sample``: the lag and the records ingested
    so far, from ``batch_totals``, whose differences are the records-per-second chart; a
-   completed backfill's are kept, unobserved, until an hour old; a new leader starts them afresh) and sets ``reconciler_lag_seconds`` and the record lag gauges.
+   completed backfill's are kept, unobserved, until an hour old, ended by one sample at lag 0 with
+   all it ingested; one never seen running, by the run the database holds: its range behind at its
+   creation, none at its end; a new leader starts them afresh) and sets ``reconciler_lag_seconds``
+   and the record lag gauges (removed for a stream that did not answer: unknown, not its last value).
 """
 
 from __future__ import annotations
