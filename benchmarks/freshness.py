@@ -36,7 +36,9 @@ publish, which is what such a run measures. The linger adds up to its length to 
 records' visibility (Tansu serves a batch's last records only once the next batch is in).
 
 Usage: ``.venv/bin/python benchmarks/freshness.py [--rate 20000] [--seconds 30]
-[--task-duration 1s] [--partitions 2] [--publish-window 100] [--linger-ms 2] [--no-baseline]``
+[--task-duration 1s] [--partitions 2] [--publish-window 100] [--linger-ms 2] [--no-baseline]
+[--trace]``. ``--trace`` adds where each batch's time went (``batch_trace.py``): the median
+and p95 of each phase, from the cut to the checkpoint visible, with the tasks' own times.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from batch_trace import BatchTrace  # noqa: E402
 from ingest import _verify  # noqa: E402  (through the catalog: the committed snapshot only)
 from marker_latency import _wait  # noqa: E402
 
@@ -252,9 +255,11 @@ def _store(s) -> Store | None:
 
 
 def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: int, work: Path,
-        publish_window: int = 100, linger_ms: float = 2, baseline: bool = True) -> dict[str, Any]:
+        publish_window: int = 100, linger_ms: float = 2, baseline: bool = True,
+        trace: bool = False) -> dict[str, Any]:
     broker = devservices.TansuBroker().start()
     publishes = _Publishes().attach()
+    tracer = BatchTrace(ID, work).attach() if trace else None
     try:
         broker.create_topic(ID, partitions)
         ends = devservices.produce_kafka(broker.bootstrap, ID, devservices.make_records(warmup))
@@ -314,9 +319,12 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
                         "median_interval_s": round(statistics.median(intervals), 4) if intervals else None},
             "publish": publishes.summary(publish_window),
             "verify": _verify(s.segments_dir, ID, warmup + sent),
+            **({"trace": tracer.summary(poller.visible_at, time.time() - time.monotonic())} if tracer else {}),
         }
     finally:
         publishes.detach()
+        if tracer is not None:
+            tracer.detach()
         broker.stop()
 
 
@@ -333,6 +341,8 @@ def main() -> None:
                     help="the producer's linger.ms (default 2); 200 for runs of an hour, see above")
     ap.add_argument("--no-baseline", action="store_true",
                     help="no raw consumer beside the daemon (its 10 ms fetches load Tansu on long runs)")
+    ap.add_argument("--trace", action="store_true",
+                    help="time each batch's phases end to end (benchmarks/batch_trace.py) and report them")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     logs.setup("WARNING")
@@ -341,7 +351,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="freshness-"))
     try:
         doc = run(args.rate, args.seconds, args.task_duration, args.partitions, args.warmup_records, work,
-                  args.publish_window, args.linger_ms, not args.no_baseline)
+                  args.publish_window, args.linger_ms, not args.no_baseline, args.trace)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

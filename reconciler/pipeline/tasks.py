@@ -18,6 +18,7 @@ named by task and attempt, so attempts never overwrite each other.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -106,9 +107,14 @@ def run_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     """Executor side: the task ids of this partition (one, by construction), each run."""
     import pyarrow as pa
 
+    from reconciler.pipeline import tasktrace
+
     for batch in batches:
         for index in batch.column(0).to_pylist():
+            started = time.time()
             out = _one(plan, plan.groups[int(index)])
+            if tasktrace.enabled():
+                tasktrace.note(plan.data_dir, started, time.time())
             yield pa.RecordBatch.from_pylist(out, schema=_result_schema())
 
 
