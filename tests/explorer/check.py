@@ -100,6 +100,61 @@ def truth(world: World, tables: Tables, store, *, final: bool) -> Truth:
     return t
 
 
+def ranges_once(world: World, tables: Tables, store, *, final: bool) -> list[str]:
+    """External catalogs' own invariant, read from the table alone (its snapshots' summaries
+    and the ranges of expired ones folded into its properties): per partition and source
+    generation, the ranges the lineage's supervisors committed are disjoint, and their union
+    is exactly the produced offsets (``final``; before healing: every offset below the main
+    checkpoint), but those retention deleted unread, a cancel left unread or a running
+    backfill has still to read."""
+    from reconciler.table.summary import (
+        expired_ranges,
+        parse_range_key,
+        summary_key,
+        summary_ranges,
+    )
+
+    table = tables.load(DATASOURCE)
+    if table is None:
+        return []
+    spans: dict[tuple[str, int], list[tuple[int, int, str]]] = collections.defaultdict(list)
+    for key, ranges in expired_ranges(table.metadata.properties).items():
+        sid, gen = parse_range_key(key)
+        if lineage_of(sid) == MAIN:
+            for p, s, e in ranges:
+                spans[(p, gen)].append((s, e, f"{key} (expired)"))
+    for snap in table.metadata.snapshots:
+        props = dict(snap.summary.additional_properties) if snap.summary else {}
+        key = summary_key(props)
+        if key is None or lineage_of(parse_range_key(key)[0]) != MAIN:
+            continue
+        for p, s, e in summary_ranges(props):
+            spans[(p, parse_range_key(key)[1])].append((s, e, f"{key} snapshot {snap.snapshot_id}"))
+    out = []
+    covered: dict[str, set[int]] = collections.defaultdict(set)
+    for (p, gen), ranges in sorted(spans.items()):
+        ranges.sort()
+        for (s1, e1, w1), (s2, e2, w2) in zip(ranges, ranges[1:], strict=False):
+            if s2 < e1:
+                out.append(f"offsets [{s2}, {min(e1, e2)}) of partition {p} are in the table twice: {w1} "
+                           f"[{s1}, {e1}) and {w2} [{s2}, {e2})")
+        if gen == 0:
+            covered[p] |= {o for s, e, _ in ranges for o in range(s, e)}
+    latest = world.stream.latest()
+    checkpoints = store.read_actual().checkpoints.get(MAIN, {})
+    allowed = set(world.stream.deleted) | _cancelled(store) | _pending(store)
+    for p, end in sorted(latest.items()):
+        beyond = sorted(o for o in covered.get(p, ()) if o >= end)
+        if beyond:
+            out.append(f"partition {p}: the table's ranges cover offsets {beyond[:5]} the stream never had (end {end})")
+        upto = end if final else min(end, checkpoints.get(p, 0))
+        skipped = [o for o in range(upto) if o not in covered.get(p, ()) and (p, o) not in allowed]
+        if skipped:
+            out.append(f"partition {p}: offsets {skipped[:8]}{' ...' if len(skipped) > 8 else ''} are in no range "
+                       f"the table holds ({len(skipped)} skipped; checked up to {upto})")
+    return out
+
+
 def _cancelled(store) -> set[tuple[str, int]]:
     """Offsets an operator's cancel left unread, as the cancel recorded them (the records
     not required in the table; none of them may be in it)."""
@@ -202,6 +257,13 @@ def check_now(world: World, tables: Tables, store) -> list[str]:
     problems += refs_kept(world, tables)
     t = truth(world, tables, store, final=False)
     problems += t.problems
+    if report is not None and world.catalog is not None and _ahead_only(report) and t.ok and not missing:
+        # The table runs ahead of the database between an external catalog's two commits
+        # until the next step rolls it forward; ``verify`` calls that a failure. Known
+        # (reported with issue 44's explorer: glue-crash-between-commits fails on it); the
+        # range invariant below judges the table instead.
+        world.reached.add("verify-fails-before-roll-forward")
+        report = None
     if report is not None:
         failing = [f for f in report.findings if f.fails and f.kind != "gap"]
         problems += [f"verify now: {f.kind} {f.lineage} p{f.partition} [{f.start}, {f.end})" for f in failing]
@@ -210,7 +272,14 @@ def check_now(world: World, tables: Tables, store) -> list[str]:
             problems.append(f"verify fails while the table is right: {[f.to_dict() for f in gaps][:3]}")
     if world.rollup and rows_without_count(tables):
         problems.append(f"{rows_without_count(tables)} rolled-up row(s) without a count")
+    if world.catalog is not None:
+        problems += ranges_once(world, tables, store, final=False)
     return problems
+
+
+def _ahead_only(report) -> bool:
+    failing = [f for f in report.findings if f.fails]
+    return bool(failing) and all(f.kind == "ahead" for f in failing) and not report.missing_files
 
 
 def check_final(world: World, tables: Tables, store) -> list[str]:
@@ -225,6 +294,8 @@ def check_final(world: World, tables: Tables, store) -> list[str]:
         garbage = [g for g in garbage if g not in held]
     if garbage:
         problems.append(f"final: {len(garbage)} unreferenced file(s) left after recovery and clean-up: {garbage[:3]}")
+    if world.catalog is not None:
+        problems += [f"final: {p}" for p in ranges_once(world, tables, store, final=True)]
     report = run_verify(world, tables, store, deep=True)
     if report is not None and report.ok != t.ok:
         problems.append(f"final: verify says {'ok' if report.ok else 'FAILED'} but the truth is "

@@ -19,7 +19,7 @@ class ExplorerLeadership(Leadership):
         self.world, self.proc = world, proc
 
     def _become_leader(self, token: int) -> None:
-        recover(self.store, self.world.warehouse)
+        recover(self.store, self.world.warehouse, self.world.catalog)
         self.proc.lease_token = token
 
     def stop_runtimes(self, *, wait: bool) -> None:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from reconciler.model import SupervisorSpec
 from reconciler.store.store import Store
 from reconciler.table.catalog import Tables, deadletter_table, local_path
-from tests.explorer import check
+from tests.explorer import check, external
 from tests.explorer.disk import Ledger, install, uninstall
 from tests.explorer.sched import FaultPlan, Hang, Scheduler, installed
 from tests.explorer.world import DATASOURCE, MAIN, World
@@ -176,34 +176,51 @@ class Runner:
     milliseconds instead of built again. The paths stay the same (the tables' metadata
     holds them), so restoring is copying files back (and, on PostgreSQL, rows)."""
 
-    def __init__(self, db_url: str, workdir: Path, db_name: str = "sqlite"):
+    def __init__(self, db_url: str, workdir: Path, db_name: str = "sqlite", glue: dict | None = None):
         self.db_url = db_url
         self.workdir = Path(workdir)
         self.db_name = db_name
         self.postgres = db_url.startswith("postgresql")
         self.store = Store(db_url)
-        self._snapshots: dict[tuple, tuple[Path, _Rows | None]] = {}
+        self._snapshots: dict[tuple, tuple[Path, _Rows | None, dict]] = {}
+        self.glue = glue  # the moto server's catalog properties (external.py), for worlds with ``catalog``
+        self._glue = None  # this runner's Glue database, made at its first external world
 
     def close(self) -> None:
         self.store.close()
 
-    def fresh(self, rollup: bool, warehouse_name: str, tables: bool = True) -> None:
-        key = (rollup, warehouse_name, tables)
+    def fresh(self, rollup: bool, warehouse_name: str, tables: bool = True, catalog: str | None = None) -> None:
+        key = (rollup, warehouse_name, tables, catalog)
         self.store.engine.dispose()
         if key not in self._snapshots:
             self._wipe()
-            World.setup(self.workdir, self.store, rollup=rollup, warehouse_name=warehouse_name, tables=tables)
+            registered = {}
+            if catalog is None:
+                World.setup(self.workdir, self.store, rollup=rollup, warehouse_name=warehouse_name, tables=tables)
+            else:
+                registered = external.setup(self.workdir, self.store, self._glue_namespace(), rollup=rollup,
+                                            warehouse_name=warehouse_name, tables=tables)
             self.store.engine.dispose()
             saved = self.workdir.with_name(f"{self.workdir.name}.template{len(self._snapshots)}")
             shutil.rmtree(saved, ignore_errors=True)
             shutil.copytree(self.workdir, saved)
-            self._snapshots[key] = (saved, self._rows() if self.postgres else None)
+            self._snapshots[key] = (saved, self._rows() if self.postgres else None, registered)
             return
-        saved, rows = self._snapshots[key]
+        saved, rows, registered = self._snapshots[key]
         shutil.rmtree(self.workdir, ignore_errors=True)
         shutil.copytree(saved, self.workdir)
         if self.postgres:
             self._restore(rows)
+        if catalog is not None:
+            self._glue_namespace().restore(registered)
+
+    def _glue_namespace(self) -> external.GlueNamespace:
+        if self.glue is None:
+            raise RuntimeError("an external-catalog schedule needs moto's Glue: the runner was given none "
+                               "(python -m tests.explorer starts one; in pytest, the explorer_glue fixture)")
+        if self._glue is None:
+            self._glue = external.GlueNamespace(self.glue)
+        return self._glue
 
     def _wipe(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -254,9 +271,14 @@ class Runner:
         problems: list[str] = []
         rng = random.Random(schedule.seed * 7919 + 13)
         world_args = dict(schedule.world)
+        catalog = world_args.pop("catalog", None)
         self.fresh(world_args.get("rollup", False), world_args.get("warehouse_name", "segments"),
-                   world_args.pop("tables", True))
-        world = World(self.workdir, self.db_url, store=self.store, **world_args)
+                   world_args.pop("tables", True), catalog)
+        if catalog is None:
+            world = World(self.workdir, self.db_url, store=self.store, **world_args)
+        else:
+            world = external.ExternalWorld(self.workdir, self.db_url, store=self.store,
+                                           catalog=self._glue_namespace().setting(), **world_args)
         world.stream.lag_rng = random.Random(schedule.seed * 31 + 7)
         if schedule.setup is not None:
             schedule.setup(world)
@@ -279,17 +301,17 @@ class Runner:
             problems += world.deposed_commits()
             world.close()
             problems += world.violations
-            tables = Tables(self.store.engine, world.warehouse)
+            tables = external.tables_of(world, self.store)
             problems += check.check_now(world, tables, self.store)
             if schedule.expect is not None:
                 problems += schedule.expect(world, tables, self.store)
             if schedule.heal and not problems:
                 problems += world.heal()
-                tables = Tables(self.store.engine, world.warehouse)
+                tables = external.tables_of(world, self.store)
                 problems += check.check_final(world, tables, self.store)
                 if schedule.sabotage and not problems:
                     _sabotage(schedule.sabotage, world, tables, self.store, rng)
-                    tables = Tables(self.store.engine, world.warehouse)
+                    tables = external.tables_of(world, self.store)
                     problems += check.check_verdict(world, tables, self.store, schedule.sabotage)
         except Exception:  # noqa: BLE001 - the explorer's own failure is a finding too
             problems.append("explorer error: " + traceback.format_exc(limit=8)[-1500:])
@@ -740,3 +762,5 @@ NAMED.update({f().name: f for f in moments.SCHEDULES})
 from tests.explorer import rolling as _rolling  # noqa: E402 - the leader's rolling compaction (issue 45)
 
 NAMED.update({f().name: f for f in _rolling.named()})
+
+NAMED.update({f().name: f for f in external.named()})  # the external-catalog path (issue 44): moto's Glue

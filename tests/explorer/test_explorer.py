@@ -5,7 +5,9 @@
 * random schedules: ``RECONCILER_EXPLORER_SCHEDULES`` in all (default 200: a count, not a
   time, that ends in about a minute on a loaded 2-core machine, far under the 600 s
   timeout), 70 % on SQLite and 30 % on PostgreSQL (140 + 60: a PostgreSQL schedule costs
-  about twice a SQLite one, its server sharing the cores), from a first seed that changes
+  about twice a SQLite one, its server sharing the cores), each database's share split
+  between the SQL catalog and the external one (``external.py``: moto's Glue, one server for
+  the session; ``CATALOG_SHARE``), from a first seed that changes
   every run (``RECONCILER_EXPLORER_SEED`` to fix it), on two worker processes; the big
   counts are behind flags: ``RECONCILER_EXPLORER_SCHEDULES=20000``, or ``--soak`` (100,000
   in all, 70,000 + 30,000).
@@ -38,6 +40,10 @@ from tests.explorer.schedules import NAMED, Runner, many_batch_directories
 SCHEDULES = int(os.environ.get("RECONCILER_EXPLORER_SCHEDULES", "200"))
 SOAK_SCHEDULES = 100_000
 SHARE = {"sqlite": 0.7, "postgres": 0.3}  # of the random schedules, per database
+# Of each database's share, the external catalog's (Glue on moto): the total, and so the time,
+# stay as before; SQLite's SQL part keeps the 100 schedules its floors need to be judged
+# (``__main__.below_floor``). The external parts (40 and 17) are judged on bigger counts.
+CATALOG_SHARE = {"sql": 5 / 7, "glue": 2 / 7}  # SQLite: 100 + 40; PostgreSQL: 43 + 17
 
 
 def split(total: int) -> dict[str, int]:
@@ -46,11 +52,33 @@ def split(total: int) -> dict[str, int]:
     return {"sqlite": total - postgres, "postgres": postgres}
 
 
+def split_catalogs(count: int) -> dict[str, int]:
+    """A database's ``count`` split between the catalogs: the SQL one the rest."""
+    glue = round(count * CATALOG_SHARE["glue"])
+    return {"sql": count - glue, "glue": glue}
+
+
+@pytest.fixture(scope="session")
+def explorer_glue(s3_server) -> dict:
+    """moto's Glue on the session's moto server (its ``UpdateTable`` refusing a stale
+    ``VersionId``, devservices/glue.py): the catalog properties the workers reach it with."""
+    from devservices import glue
+
+    glue.patch_update_table()
+    return glue.GlueServer(port=s3_server.port).catalog_properties()
+
+
+def _glue_for(name: str, request) -> dict | None:
+    return request.getfixturevalue("explorer_glue") if NAMED[name]().world.get("catalog") else None
+
+
 def _replays(results: list[dict]) -> str:
     lines = []
     for r in results:
         if not r["ok"]:
             what = f"--named {r['name']}" if r["name"] != "random" else f"--seed {r['seed']}"
+            if r["name"] == "random" and r.get("catalog", "sql") != "sql":
+                what = f"--catalog {r['catalog']} {what}"
             lines.append(f"{r['name']} seed {r['seed']}: {'; '.join(r['problems'])[:400]}\n"
                          f"  replay: .venv/bin/python -m tests.explorer --db {r['db']} {what} -v")
     return "\n".join(lines)
@@ -84,9 +112,9 @@ def _named(name: str, db: str):
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))
-def test_named_schedule_on_sqlite(name):
+def test_named_schedule_on_sqlite(name, request):
     with tempfile.TemporaryDirectory(dir=scratch()) as tmp:
-        runner = Runner(f"sqlite:///{tmp}/w/reconciler.db", Path(tmp) / "w", "sqlite")
+        runner = Runner(f"sqlite:///{tmp}/w/reconciler.db", Path(tmp) / "w", "sqlite", glue=_glue_for(name, request))
         try:
             result = runner.run(_named(name, "sqlite"))
         finally:
@@ -96,10 +124,10 @@ def test_named_schedule_on_sqlite(name):
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))
-def test_named_schedule_on_postgresql(name, pg_cluster):
+def test_named_schedule_on_postgresql(name, pg_cluster, request):
     with tempfile.TemporaryDirectory(dir=scratch()) as tmp:
         url = pg_cluster.create_database(f"named_{name.replace('-', '_')}_{random.randrange(1 << 30)}")
-        runner = Runner(url, Path(tmp) / "w", "postgres")
+        runner = Runner(url, Path(tmp) / "w", "postgres", glue=_glue_for(name, request))
         try:
             result = runner.run(_named(name, "postgres"))
         finally:
@@ -108,30 +136,36 @@ def test_named_schedule_on_postgresql(name, pg_cluster):
                                  "problems": result.problems}])
 
 
+@pytest.mark.parametrize("catalog", ["sql", "glue"])
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
                                                                           pytest.mark.integration])])
-def test_random_schedules(db, request, capsys, record_property):
+def test_random_schedules(db, catalog, request, capsys, record_property):
     total = SOAK_SCHEDULES if request.config.getoption("--soak") else SCHEDULES
-    count = split(total)[db]
+    count = split_catalogs(split(total)[db])[catalog]
     first = int(os.environ.get("RECONCILER_EXPLORER_SEED", random.randrange(1 << 31)))
     if db == "postgres":  # the SQLite part runs the seeds before
         first += split(total)["sqlite"]
+    if catalog == "glue":  # and the SQL catalog's part before the external one's
+        first += split_catalogs(split(total)[db])["sql"]
+    flag = "" if catalog == "sql" else f" --catalog {catalog}"
     with capsys.disabled():
-        print(f"\nexplorer: {db}, {count} random schedules, seeds {first}..{first + count - 1}; replay one: "
-              f".venv/bin/python -m tests.explorer --db {db} --seed <seed> -v; all: "
+        print(f"\nexplorer: {db}, catalog {catalog}, {count} random schedules, seeds {first}..{first + count - 1}; "
+              f"replay one: .venv/bin/python -m tests.explorer --db {db}{flag} --seed <seed> -v; all: "
               f"--seeds {first}:{first + count}", flush=True)
     cluster = request.getfixturevalue("pg_cluster") if db == "postgres" else None
+    glue = request.getfixturevalue("explorer_glue") if catalog == "glue" else None
     started, cpu, server = time.monotonic(), _children_cpu(), _server_cpu(cluster)
     with tempfile.TemporaryDirectory(prefix="explorer-", dir=scratch()) as tmp:
-        results = explore(db, [("seed", first + i) for i in range(count)], 2, Path(tmp),
-                          pg_url_for=cluster.create_database if cluster else None)
+        kind = "seed" if catalog == "sql" else "glue-seed"
+        results = explore(db, [(kind, first + i) for i in range(count)], 2, Path(tmp),
+                          pg_url_for=cluster.create_database if cluster else None, glue=glue)
     seconds, cpu, server = time.monotonic() - started, _children_cpu() - cpu, _server_cpu(cluster) - server
     failed = [r for r in results if not r["ok"]]
     faults: dict[str, int] = {}
     for r in results:
         for f in r["faults"]:
             faults[f.split()[0]] = faults.get(f.split()[0], 0) + 1
-    summary = {"db": db, "firstSeed": first, "schedules": len(results), "failed": len(failed),
+    summary = {"db": db, "catalog": catalog, "firstSeed": first, "schedules": len(results), "failed": len(failed),
                "seconds": round(seconds, 1), "workersCpuSeconds": round(cpu, 1),
                **({"serverCpuSeconds": round(server, 1)} if cluster else {}),
                "loadAverage": round(os.getloadavg()[0], 1), "faultSchedules": sum(1 for r in results if r["faults"]),

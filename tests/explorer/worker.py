@@ -7,21 +7,26 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tests.explorer import external
 from tests.explorer.schedules import NAMED, Runner, random_schedule
 
 
 def work(args: tuple) -> list[dict]:
     """One worker: its own directory and database, schedules one after another."""
-    db_url, workdir, db_name, jobs = args
+    db_url, workdir, db_name, jobs, *rest = args
+    glue = rest[0] if rest else None  # moto's Glue catalog properties: external-catalog schedules
     logging.disable(logging.CRITICAL)
-    runner = Runner(db_url, Path(workdir), db_name)
+    runner = Runner(db_url, Path(workdir), db_name, glue=glue)
     out = []
     try:
         for kind, value in jobs:
-            schedule = NAMED[value]() if kind == "named" else random_schedule(value)
+            if kind == "named":
+                schedule = NAMED[value]()
+            else:
+                schedule = external.random_schedule(value) if kind == "glue-seed" else random_schedule(value)
             r = runner.run(schedule)
-            out.append({"name": r.name, "seed": r.seed, "db": db_name, "ok": r.ok, "problems": r.problems,
-                        "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes, "reached": r.reached,
+            out.append({"name": r.name, "seed": r.seed, "db": db_name, "catalog": schedule.world.get("catalog", "sql"),
+                        "ok": r.ok, "problems": r.problems, "faults": r.faults, "seconds": r.seconds, "outcomes": r.outcomes, "reached": r.reached,
                         "trace": r.trace if not r.ok else []})
     finally:
         runner.close()

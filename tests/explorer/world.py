@@ -13,7 +13,6 @@ the product's code: ``SupervisorRuntime.step`` (cut, write, publish, fence and d
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,7 +41,8 @@ MAIN = "clicks"
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 BACKFILL_TASKS = 2  # "now" for compaction: every partition is closed
 # Where a batch is between its write's start and its publish (a cancel there meets it in flight).
-IN_FLIGHT = {"write-begun", "job-file", "job-sync", "write-metadata", "before-commit", "after-write", "abandon"}
+IN_FLIGHT = {"write-begun", "job-file", "job-sync", "write-metadata", "before-commit", "after-write", "abandon",
+             "external-commit"}
 
 
 def spec_document(*, rollup: bool = False, max_batch_records: int = 12, datasource: str = DATASOURCE,
@@ -89,7 +89,7 @@ class Process:
                 store=self.store, segments_dir=w.warehouse, spark=lambda: None,
                 lease=lambda: (holder, self.lease_token) if self.lease_token is not None else None,
                 job=ModelJob(w.stream, self.name, w.batch_owner), adapters=lambda source: ModelAdapter(w.stream),
-                snapshots_kept=w.snapshots_kept, reader_grace=w.reader_grace)
+                snapshots_kept=w.snapshots_kept, reader_grace=w.reader_grace, catalog=w.catalog or {})
         return self._ctx
 
     @property
@@ -104,6 +104,8 @@ class Process:
 
 
 class World:
+    catalog: dict | None = None  # the ``catalog`` setting of an external one (external.py); None: sql
+
     def __init__(self, root: Path, db_url: str, *, partitions: int = 2, records: int = 30,
                  rollup: bool = False, warehouse_name: str = "segments", marker_every: int = 0,
                  bad_every: int = 0, store: Store | None = None, snapshots_kept: int = 25,
@@ -174,7 +176,7 @@ class World:
         proc.lease_token = store.acquire_lease(proc.name, 3600.0)
         if self.deposed is not None and proc.name in self.deposed[0].split(","):
             self.deposed = None  # it took the lease back: leading again, its publishes are its term's
-        recover(store, self.warehouse)
+        recover(store, self.warehouse, self.catalog)
 
     def take_over(self, proc: Process, turns: int, lapse_at: int | None, steps: int) -> None:
         """A standby running the product's leadership loop (``daemon.leadership.Leadership``:
@@ -259,7 +261,8 @@ class World:
             return captured
 
         before = proc.store.read_actual().checkpoints.get(MAIN, {})
-        applier = Applier(proc.store, actor="explorer", capture=capture, missing_retry_delays=())
+        applier = Applier(proc.store, actor="explorer", capture=capture, missing_retry_delays=(),
+                          warehouse=str(self.warehouse) if self.catalog else None, catalog=self.catalog)
         kind = ActionKind.RESET_AND_BACKFILL if backfill else ActionKind.RESET
         [result] = applier.apply([Action(kind, MAIN, "explorer reset", request=req)])
         if not result.ok:
@@ -493,8 +496,4 @@ def rows_without_count(tables: Tables) -> int:
         return 0
     rows = table.scan(selected_fields=("count",)).to_arrow()
     return rows.column("count").null_count
-
-
-def copy_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, dirs_exist_ok=True)
 
