@@ -74,6 +74,7 @@ batches = sa.Table(
     sa.Column("unparseable", sa.BigInteger, nullable=False),
     sa.Column("committed_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("promoted_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_batches_supervisor_committed", "supervisor_id", "committed_at"),  # the page's newest batches
 )
 
 # A write of files into a table (a batch, a compaction, an import), recorded before its

@@ -22,7 +22,7 @@ from reconciler.store.tables import metadata
 @pytest.fixture
 def migrated(db_url: str) -> Iterator[Store]:
     store = Store(db_url)
-    assert store.migrate() == "0004"
+    assert store.migrate() == "0005"
     try:
         yield store
     finally:
