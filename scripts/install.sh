@@ -20,6 +20,9 @@
 #                                      its own or a group other than its own could write
 #   /var/lib/stream-reconciler         the state directory (database, tables), 0750
 #   /etc/systemd/system/stream-reconciler.service   enabled; started (an upgrade restarts it)
+#   /etc/systemd/system/stream-reconciler-pull.{service,timer}   with --pull-every: the config
+#                                      repo's checkout pulled (fast-forward only) as the service
+#                                      user, which then owns the checkout
 #   /usr/local/bin/reconciler          the command line, run as the service user (the database
 #                                      is that user's; a command run as root would leave
 #                                      root-owned files in the state directory)
@@ -38,8 +41,8 @@ umask 022  # what it installs is read by the service user; a root umask of 077 w
 usage() {
     cat >&2 <<'EOF'
 usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--root DIR]
-                          [--operator USER]... [--no-user] [--no-systemctl] [--no-start]
-                          [--no-spark-archive]
+                          [--operator USER]... [--pull-every INTERVAL] [--no-user]
+                          [--no-systemctl] [--no-start] [--no-spark-archive]
        scripts/install.sh --uninstall [--purge] [--root DIR] [--no-systemctl]
   --from WHEEL|DIR    what to install: a wheel, or a source checkout (default: this script's checkout)
   --specs DIR         the watched directory (default /srv/stream-reconciler/specs)
@@ -48,6 +51,10 @@ usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--r
                       (to write specs and markers; effective at USER's next login) and a sudoers
                       drop-in (checked by visudo -c) to run `reconciler` as the service user
                       without a password; repeat for several users. Root needs neither.
+  --pull-every INTERVAL  pull the git checkout that holds --specs every INTERVAL (a systemd
+                      time span: 30s, 1min, 1h), `git pull --ff-only` as the service user, by
+                      the timer stream-reconciler-pull.timer; the checkout becomes the service
+                      user's. Changes then arrive by a push to the config repo.
   --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR,
                       systemctl --root DIR, nothing started; the virtualenv runs in place there;
                       the paths it prints are the staged ones (DIR/etc/...), the files name /etc/...
@@ -71,6 +78,7 @@ UNIT_DIR=/etc/systemd/system
 WRAPPER=/usr/local/bin/reconciler
 INSTALL_LOG=/var/log/stream-reconciler-install.log
 SUDOERS=/etc/sudoers.d/stream-reconciler
+PULL_UNIT=stream-reconciler-pull
 SERVICE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # systemd's, so the archive finds the daemon's java
 # The system's Python, not the first on PATH: the virtualenv links to it, and one in root's
 # home (pyenv) is out of the service user's reach.
@@ -83,6 +91,7 @@ SPECS=$DEFAULT_SPECS
 SEGMENTS=
 ROOT=
 OPERATORS=()
+PULL_EVERY=
 SPECS_GIVEN=0
 NO_USER=0 NO_SYSTEMCTL=0 NO_START=0 NO_ARCHIVE=0 UNINSTALL=0 PURGE=0
 while [ $# -gt 0 ]; do
@@ -92,6 +101,7 @@ while [ $# -gt 0 ]; do
         --segments) SEGMENTS=${2:?--segments needs a directory}; shift ;;
         --root) ROOT=${2:?--root needs a directory}; shift ;;
         --operator) OPERATORS+=("${2:?--operator needs a user name}"); shift ;;
+        --pull-every) PULL_EVERY=${2:?--pull-every needs an interval, e.g. 1min}; shift ;;
         --no-user) NO_USER=1 ;;
         --no-systemctl) NO_SYSTEMCTL=1 ;;
         --no-start) NO_START=1 ;;
@@ -143,6 +153,9 @@ for path in "$SPECS" ${SEGMENTS:+"$SEGMENTS"}; do
     esac
 done
 [ "$PURGE" -eq 0 ] || [ "$UNINSTALL" -eq 1 ] || die "--purge goes with --uninstall"
+if [ -n "$PULL_EVERY" ] && ! [[ "$PULL_EVERY" =~ ^[1-9][0-9]*(s|sec|min|m|h)$ ]]; then
+    die "--pull-every $PULL_EVERY: give a number and a unit: 30s, 1min, 1h"
+fi
 for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do
     case "$op" in
         root) die "--operator root: root runs \`reconciler\` as the service user already (through runuser); name the operators' own users" ;;
@@ -200,7 +213,7 @@ host_knows_service_user() {
 }
 
 for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do  # before anything is installed
-    lookup passwd "$op" >/dev/null || die "--operator $op: no such user${ROOT:+ in $ROOT/etc/passwd} (create it first)"
+    lookup passwd "$op" >/dev/null || die "--operator $op: no such user${ROOT:+ in $ROOT/etc/passwd}; create it first (useradd ${ROOT:+--prefix $ROOT }--create-home $op), then run this again"
 done
 # An upgrade keeps the config file: its specs is the watched directory. A different --specs
 # would reach the unit's drop-in but not the config (the daemon would watch one directory
@@ -212,15 +225,47 @@ if [ "$UNINSTALL" -eq 0 ] && [ -n "$kept_specs" ]; then
     fi
     SPECS=$kept_specs
 fi
+# --pull-every: the git checkout that holds the watched directory (it or a folder above it)
+REPO=
+if [ "$UNINSTALL" -eq 0 ] && [ -n "$PULL_EVERY" ]; then
+    REPO=$SPECS
+    while [ "$REPO" != / ] && [ ! -e "$ROOT$REPO/.git" ]; do
+        REPO=$(dirname "$REPO")
+    done
+    [ -e "$ROOT$REPO/.git" ] || die "--pull-every: $ROOT$SPECS is in no git checkout; clone the config repo first (git clone URL $(dirname "$ROOT$SPECS")), then run this again"
+fi
+
+# disown_kept DIR: a spec directory kept by --purge outlives the user and the group: what
+# they owned (the directory, a pulled checkout, renamed markers) becomes root's, and the
+# directory loses its group write and setgid bits, which would now serve a number no group has.
+disown_kept() {
+    [ "$IS_ROOT" -eq 1 ] && service_ids || return 0
+    local top=$1
+    while [ "$top" != "$ROOT" ] && [ "$top" != / ] && [ ! -e "$top/.git" ]; do top=$(dirname "$top"); done
+    [ -e "$top/.git" ] || top=$1
+    find "$top" \( -uid "$SVC_UID" -o -gid "$SVC_GID" \) -exec chown -h 0:0 {} +
+    chmod g-ws "$1"
+    say "$1 (and what $SERVICE_USER owned in ${top}) is now root:root, mode $(stat -c %a "$1"): the user and group $SERVICE_USER go now"
+}
 
 # =============================================================== uninstall
 if [ "$UNINSTALL" -eq 1 ]; then
     if systemd_running; then
         systemctl disable --now "$SERVICE.service" 2>/dev/null || true
+        systemctl disable --now "$PULL_UNIT.timer" 2>/dev/null || true
     elif [ "$NO_SYSTEMCTL" -eq 0 ] && [ -f "$UNIT" ]; then
         systemctl --root="${ROOT:-/}" disable "$SERVICE.service" >/dev/null 2>&1 || true
+        systemctl --root="${ROOT:-/}" disable "$PULL_UNIT.timer" >/dev/null 2>&1 || true
     fi
-    rm -f "$UNIT" "$ROOT$WRAPPER" "$ROOT$SUDOERS"  # the operators' rule names the command removed here
+    if [ -f "$ROOT$UNIT_DIR/$PULL_UNIT.timer" ]; then
+        rm -f "$ROOT$UNIT_DIR/$PULL_UNIT.timer" "$ROOT$UNIT_DIR/$PULL_UNIT.service"
+        say "removed the config repo's pull timer $ROOT$UNIT_DIR/$PULL_UNIT.timer (the checkout stays)"
+    fi
+    if [ -f "$ROOT$SUDOERS" ]; then  # the operators' rule names the command removed here
+        rm -f "$ROOT$SUDOERS"
+        say "removed the operators' sudoers rule $ROOT$SUDOERS (their membership of the group $SERVICE_USER stays until --purge)"
+    fi
+    rm -f "$UNIT" "$ROOT$WRAPPER"
     rm -rf "$ROOT$UNIT_DIR/$SERVICE.service.d" "$VENV"
     if systemd_running; then
         systemctl daemon-reload
@@ -235,8 +280,12 @@ if [ "$UNINSTALL" -eq 1 ]; then
     rm -f "$ROOT$INSTALL_LOG"
     for dir in "${specs:-$DEFAULT_SPECS}" "$(dirname "$DEFAULT_SPECS")"; do
         if [ -d "$ROOT$dir" ]; then
-            rmdir "$ROOT$dir" 2>/dev/null && say "removed the empty $ROOT$dir" \
-                || say "kept $ROOT$dir: it is not empty (your config repo's checkout?)"
+            if rmdir "$ROOT$dir" 2>/dev/null; then
+                say "removed the empty $ROOT$dir"
+            else
+                say "kept $ROOT$dir: it is not empty (your config repo's checkout?)"
+                disown_kept "$ROOT$dir"
+            fi
         fi
     done
     if [ "$NO_USER" -eq 0 ] && service_ids; then
@@ -485,11 +534,58 @@ else
     rm -rf "$(dirname "$DROPIN")"
 fi
 
+# --------------------------------------------------------------- the config repo's pull timer
+# The daemon only reads the checkout; changes arrive by `git pull`, run as the service user so
+# that what it writes stays the daemon's (the checkout is made the user's: root's .git would
+# refuse it). Operators push to the config repo; a local edit would stop the fast-forward.
+PULL_TIMER=
+if [ -n "$REPO" ]; then
+    if [ -z "$ROOT" ] && ! command -v git >/dev/null 2>&1; then
+        apt_install git
+    fi
+    if [ "$IS_ROOT" -eq 1 ] && [ "$HAVE_USER" -eq 1 ]; then
+        chown -R "$SVC_UID:$SVC_GID" "$ROOT$REPO"
+        chmod g+rwxs "$ROOT$SPECS"  # chown clears the setgid bit
+        say "made the checkout $ROOT$REPO $SERVICE_USER's: the pull timer runs git as that user"
+    fi
+    cat > "$ROOT$UNIT_DIR/$PULL_UNIT.service" <<EOF
+# Written by scripts/install.sh --pull-every: the config repo's checkout, fast-forwarded.
+[Unit]
+Description=stream-reconciler: pull the config repo's checkout $REPO (fast-forward only)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+User=$SERVICE_USER
+Group=$SERVICE_USER
+UMask=0002
+Environment=HOME=$STATE
+ExecStart=/usr/bin/git -C $REPO pull --ff-only --quiet
+EOF
+    cat > "$ROOT$UNIT_DIR/$PULL_UNIT.timer" <<EOF
+# Written by scripts/install.sh --pull-every $PULL_EVERY
+[Unit]
+Description=stream-reconciler: pull the config repo's checkout every $PULL_EVERY
+
+[Timer]
+OnBootSec=$PULL_EVERY
+OnUnitActiveSec=$PULL_EVERY
+
+[Install]
+WantedBy=timers.target
+EOF
+    chmod 0644 "$ROOT$UNIT_DIR/$PULL_UNIT.service" "$ROOT$UNIT_DIR/$PULL_UNIT.timer"
+    PULL_TIMER=$PULL_UNIT.timer
+    say "the pull timer $ROOT$UNIT_DIR/$PULL_TIMER: git pull --ff-only in $ROOT$REPO as $SERVICE_USER every $PULL_EVERY (systemctl list-timers $PULL_TIMER; journalctl -u $PULL_UNIT)"
+fi
+
 if [ "$NO_SYSTEMCTL" -eq 1 ]; then
-    say "unit installed, not enabled (--no-systemctl): systemctl enable --now $SERVICE"
+    say "unit installed, not enabled (--no-systemctl): systemctl enable --now $SERVICE${PULL_TIMER:+ $PULL_TIMER}"
 elif systemd_running; then
     systemctl daemon-reload
     systemctl enable "$SERVICE.service" >/dev/null 2>&1
+    [ -z "$PULL_TIMER" ] || systemctl enable --now "$PULL_TIMER" >/dev/null 2>&1
     if [ "$NO_START" -eq 1 ]; then
         say "unit installed and enabled, not started (--no-start)"
     elif [ "$UPGRADE" -eq 1 ]; then
@@ -500,7 +596,7 @@ elif systemd_running; then
         say "unit enabled and started: systemctl status $SERVICE; journalctl -u $SERVICE -f"
     fi
 else
-    systemctl --root="${ROOT:-/}" enable "$SERVICE.service" >/dev/null 2>&1
+    systemctl --root="${ROOT:-/}" enable "$SERVICE.service" ${PULL_TIMER:+"$PULL_TIMER"} >/dev/null 2>&1
     say "unit installed and enabled; systemd does not run here, so nothing was started"
 fi
 
@@ -509,4 +605,10 @@ if [ "$UPGRADE" -eq 1 ]; then
 else
     say "installed stream-reconciler $new_version"
 fi
-say "next: put specs in $ROOT$SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"
+# spec files are <id>.yaml (an id has no dot); markers are <id>.<what>.yaml
+found=$(find "$ROOT$SPECS" -maxdepth 1 -type f \( -name '*.yaml' -o -name '*.yml' \) ! -name '*.*.*' 2>/dev/null | wc -l)
+if [ "$found" -eq 0 ]; then
+    say "next: put specs in $ROOT$SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"
+else
+    say "$found spec(s) found in $ROOT$SPECS: \`reconciler validate\` checks them, \`reconciler status\` shows them (runs as $SERVICE_USER)"
+fi

@@ -261,6 +261,75 @@ def test_operators_get_the_group_and_a_checked_sudoers_rule(request, staged, whe
     assert not sudoers.exists()  # its command is gone
 
 
+def test_a_pull_timer_keeps_the_config_repos_checkout_current_and_purge_gives_it_back(request, staged, wheel):
+    """Issue 46, a newcomer: nothing said who runs `git pull` in /srv/config-repo, and after the
+    install an operator could write into the checkout but not pull (.git was root's). With
+    --pull-every a timer pulls as the service user, who owns the checkout; the last line says
+    how many specs it found; --purge says it removes the sudoers rule and gives the kept
+    checkout back to root, not to a deleted group's number; a missing operator is told how."""
+    root = Path(tempfile.mkdtemp(prefix="reconciler-pull-", dir="/var/tmp"))  # the service user enters it
+    root.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    (root / "opt").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(staged[0] / "opt" / "stream-reconciler"), str(root / "opt")], check=True)
+    (root / "etc").mkdir()
+    for name in ("passwd", "group", "shadow", "gshadow"):  # with the service user the staged install made
+        shutil.copy2(staged[0] / "etc" / name, root / "etc" / name)
+    subprocess.run(["useradd", "--prefix", str(root), "--no-create-home", "alice"], check=True)
+    git = lambda *a, cwd=root: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],  # noqa: E731
+                                              cwd=cwd, check=True, capture_output=True, text=True)
+    remote, work = root / "remote.git", root / "work"
+    git("init", "-q", "--bare", "-b", "main", str(remote))
+    git("clone", "-q", str(remote), str(work))
+    (work / "specs").mkdir()
+    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", work / "specs" / "clicks.yaml")
+    git("add", ".", cwd=work)
+    git("commit", "-q", "-m", "clicks", cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    (root / "srv").mkdir()
+    git("clone", "-q", str(remote), str(root / "srv" / "config-repo"))  # by root, as the docs say
+    shutil.copy(ROOT / "examples" / "kafka-clicks-rollup.yaml", work / "specs" / "clicks-rollup.yaml")
+    git("add", ".", cwd=work)
+    git("commit", "-q", "-m", "rollup", cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)  # a change the checkout has yet to pull
+    base = ("--root", str(root), "--from", str(wheel), "--no-systemctl", "--no-spark-archive")
+    r = subprocess.run(["bash", str(INSTALL), *base, "--operator", "nobody-here"], capture_output=True, text=True)
+    assert r.returncode == 1 and f"create it first (useradd --prefix {root} --create-home nobody-here)" in r.stderr
+    out = install(*base, "--specs", "/srv/config-repo/specs", "--operator", "alice", "--pull-every", "1min")
+    checkout = root / "srv" / "config-repo"
+    assert f"1 spec(s) found in {checkout}/specs" in out and "next: put specs" not in out, out
+    uid, gid = (int(x) for x in passwd_entry(root)[2:4])
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(remote)], check=True)  # git reads a local remote its owner's
+    for path in (checkout, checkout / ".git", checkout / ".git" / "HEAD", checkout / "specs" / "clicks.yaml"):
+        assert mode_owner(path)[1:] == (uid, gid), path
+    assert mode_owner(checkout / "specs")[0] == "2775"
+    units = root / "etc" / "systemd" / "system"
+    service = (units / "stream-reconciler-pull.service").read_text()
+    assert "User=stream-reconciler" in service
+    assert "ExecStart=/usr/bin/git -C /srv/config-repo pull --ff-only --quiet" in service  # the host's path
+    assert "OnUnitActiveSec=1min" in (units / "stream-reconciler-pull.timer").read_text()
+    assert unstaged_paths(out, root) == []
+    # what the timer runs, as the service user, on the staged checkout: the spec pushed since arrives
+    pulled = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "env", "-i",
+                             f"HOME={root}/var/lib/stream-reconciler", "PATH=/usr/bin:/bin",
+                             "git", "-C", str(checkout), "pull", "--ff-only", "--quiet"], capture_output=True, text=True)
+    assert pulled.returncode == 0, pulled.stderr
+    assert mode_owner(checkout / "specs" / "clicks-rollup.yaml")[1:] == (uid, gid)
+    r = subprocess.run(["bash", str(INSTALL), *base, "--pull-every", "soon"], capture_output=True, text=True)
+    assert r.returncode == 1 and "give a number and a unit: 30s, 1min, 1h" in r.stderr
+
+    out = install("--root", str(root), "--uninstall", "--purge", "--no-systemctl")
+    sudoers = root / "etc" / "sudoers.d" / "stream-reconciler"
+    assert not sudoers.exists() and f"removed the operators' sudoers rule {sudoers}" in out, out
+    assert not (units / "stream-reconciler-pull.timer").exists() and "removed the config repo's pull timer" in out
+    assert f"kept {checkout}/specs: it is not empty" in out
+    assert f"{checkout}/specs (and what stream-reconciler owned in {checkout}) is now root:root, mode 755" in out
+    assert mode_owner(checkout / "specs") == ("0755", 0, 0)
+    for path in (checkout, checkout / ".git" / "HEAD", checkout / "specs" / "clicks-rollup.yaml"):
+        assert mode_owner(path)[1:] == (0, 0), path
+    git("-C", str(checkout), "status", "--short")  # root may use its checkout again
+
+
 # --------------------------------------------------------------------------- on the host
 
 def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], timeout: float = 900) -> dict:
