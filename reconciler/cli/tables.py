@@ -15,7 +15,8 @@ def open_tables(c):
     if c.settings.catalog:  # the lake's catalog (what it cannot do yet it refuses, naming the setting)
         from reconciler.table.catalogs import open_tables as open_catalog
 
-        return open_catalog(c.read_store.engine, c.settings.warehouse, c.settings.catalog)
+        return open_catalog(c.read_store.engine, c.settings.warehouse, c.settings.catalog,
+                            reader_grace=c.settings.reader_grace)
 
     return Tables(c.read_store.engine, c.settings.warehouse, reader_grace=c.settings.reader_grace)
 

@@ -140,9 +140,12 @@ class BatchesMixin:
         WriteFenced when a clean-up discarded the write first (nothing committed).
 
         A commit to the lake's catalog (``external``: it cannot join this transaction) goes
-        the other way round: the write is finished first (so no clean-up can fence it and
-        delete its files once the table references them), then the catalog commits; a
-        conflict records the write as in flight again and raises TableConflict."""
+        the other way round: the write is marked ``committing`` first (no fence can discard
+        it then, so no clean-up deletes its files once the table references them, and orphan
+        clean-up keeps its files while the catalog's commit is under way: a row deleted first
+        read as "committed, unreferenced files superseded"), then the catalog commits and the
+        row goes; a conflict records the write as in flight again and raises TableConflict.
+        A crash in between leaves the row ``committing``: its files are kept, never deleted."""
         external = [tc for tc in table_commits if getattr(tc, "external", False)]
         if external:
             return self._commit_external(write_id, kind, external)
@@ -151,16 +154,23 @@ class BatchesMixin:
             self._finish_write(c, write_id, kind)
 
     def _commit_external(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
+        from reconciler.store.tables import writes
         from reconciler.table.catalog import TableConflict as Restage
 
         with self._write() as c:
-            self._finish_write(c, write_id, kind)
+            self._finish_write(c, write_id, kind)  # fenced first: WriteFenced, nothing committed
+            c.execute(sa.insert(writes).values(write_id=write_id, kind=kind, status="committing",
+                                               tables=json.dumps([tc.table for tc in table_commits]),
+                                               started_at=utcnow()))
         try:
             for tc in table_commits:
                 tc.commit()
         except Restage as exc:  # nothing committed: the write is in flight again, its files protected
-            self.begin_write(write_id, kind, tables=[tc.table for tc in table_commits])
+            with self._write() as c:
+                c.execute(sa.update(writes).where(writes.c.write_id == write_id).values(status="writing"))
             raise TableConflict(str(exc)) from None
+        with self._write() as c:
+            c.execute(sa.delete(writes).where(writes.c.write_id == write_id))
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)

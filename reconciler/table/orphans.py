@@ -21,7 +21,10 @@ newer version replaced it (``grace.held_by_readers``).
 
 Only files that carry no write id (an older version's compaction output, the metadata
 pyiceberg's own commits write when a table is created) fall back to their age
-(``older_than``). Files are listed BEFORE the metadata is read, so a file committed in
+(``older_than``). A metadata file of a version beyond the current one is kept whatever its
+age: the lake's catalog (``catalog: {type: glue}``) writes each commit's metadata file itself,
+named by the version it is about to become and carrying no write id, before it moves the
+table's pointer to it. Files are listed BEFORE the metadata is read, so a file committed in
 between is seen as referenced, and the metadata is read again AFTER the writes were
 judged: a write that committed after the first read is "committed" in the database and
 referenced in the second.
@@ -98,7 +101,7 @@ def remove_orphans(
     listed = files.list(root) if files.remote else _list_files(Path(root))
     result.scanned_files = len(listed)
     faults.point("orphans-listed", name)
-    referenced = _referenced_now(tables, name)  # after the listing: whatever committed meanwhile is referenced
+    referenced, current = _referenced_now(tables, name)  # after the listing: whatever committed meanwhile is referenced
     # ... and whatever a version a reader may still be on references (grace.py)
     referenced |= grace.held_by_readers(table.io, listed, now.timestamp(), tables.retired.grace,
                                         table.metadata_location)
@@ -112,14 +115,18 @@ def remove_orphans(
     doomed = _finished_writes(store, by_write, root) if store is not None else set()
     if doomed:
         # A write judged committed may have committed after the read above: read again.
-        referenced = _referenced_now(tables, name)
+        referenced, current = _referenced_now(tables, name)
         candidates = {p: st for p, st in candidates.items() if _norm(p) not in referenced}
+    newest = grace.version_of(current)
     for path, (mtime, size) in sorted(candidates.items()):
         wid = _write_of(root, path)
         if wid is not None:
             if wid not in doomed:
                 result.kept_in_flight += 1
                 continue
+        elif _beyond(path, newest):
+            result.kept_in_flight += 1
+            continue
         elif mtime >= cutoff:
             result.kept_young += 1
             continue
@@ -139,8 +146,15 @@ def remove_orphans(
     return result
 
 
-def _referenced_now(tables: Tables, name: str, attempts: int = READ_ATTEMPTS) -> set[str]:
-    """What table ``name`` references, read from one version. A publish that expires
+def _beyond(path: str, newest: int | None) -> bool:
+    """A metadata file of a version after ``newest`` (the current one): a commit in flight."""
+    version = grace.version_of(path) if path.endswith(".metadata.json") else None
+    return version is not None and newest is not None and version > newest
+
+
+def _referenced_now(tables: Tables, name: str, attempts: int = READ_ATTEMPTS) -> tuple[set[str], str]:
+    """What table ``name`` references, read from one version, and that version's metadata
+    file. A publish that expires
     snapshots as it commits (``retention``) deletes their manifest lists right after:
     when one is gone while it is read, the table has moved on, and it is read again. A file
     missing from a version that is still the current one is an error (nothing deleted)."""
@@ -149,7 +163,7 @@ def _referenced_now(tables: Tables, name: str, attempts: int = READ_ATTEMPTS) ->
         if table is None:
             raise MaintenanceError(f"table {name} vanished during the orphan scan; nothing deleted")
         try:
-            return _referenced(table)
+            return _referenced(table), table.metadata_location
         except FileNotFoundError as exc:
             now = tables.load(name)
             if now is not None and now.metadata_location == table.metadata_location:

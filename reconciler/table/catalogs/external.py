@@ -15,8 +15,9 @@ same fence.
 
 A compaction stages its change (``stage``) and ``Store.commit_tables`` finishes its write in
 the database first, then commits it to the catalog (a crash in between leaks its files to
-orphan clean-up, never deletes a referenced one). Expiry, orphan clean-up, replay and the
-layout import are refused with a message that names the setting.
+orphan clean-up, never deletes a referenced one). Expiry stages the same way, with an empty
+snapshot of its own (``stage``). Orphan clean-up reads the catalog's current metadata and lists
+the warehouse. Replay and the layout import are refused with a message that names the setting.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ log = logging.getLogger(__name__)
 _NO_RETRIES = {TableProperties.COMMIT_NUM_RETRIES: "0"}
 
 
-# The maintenance writes that commit to an external catalog (``stage``); the others (expiry,
-# orphan clean-up, replay, the layout import) are refused naming the setting, untested there.
-STAGED_KINDS = ("compact",)
+# The maintenance writes that commit to an external catalog (``stage``); the others (replay,
+# the layout import) are refused naming the setting, untested there.
+STAGED_KINDS = ("compact", "expire")
 _GLUE_RETRIES = "glue.max-retries"  # pyiceberg's default, 10 attempts, holds a step for minutes
 
 
@@ -133,19 +134,14 @@ class ExternalTables:
         self._lock = threading.Lock()
         self._namespace_ready = False
         self.snapshots_kept = snapshots_kept
-        # What a publish's expiry unreferences goes after the readers' grace, as with sql (not
-        # ``retired``: that name is how expiry and orphan clean-up start, refused here).
-        self._retired = grace.Retired(reader_grace, lambda files: _delete_quietly(self.storage, files))
-
-    @property
-    def retired(self):
-        """Expiry and orphan clean-up start here (their readers' grace): refused, like ``stage``."""
-        raise self._unsupported()
+        # What a publish's, a compaction's or an expiry's commit unreferences goes after the
+        # readers' grace, as with sql.
+        self.retired = grace.Retired(reader_grace, lambda files: _delete_quietly(self.storage, files))
 
     def _unsupported(self) -> PermanentError:
-        return PermanentError(f"setting catalog: type {self.kind} does not support this yet (compaction, expiry, "
-                              "orphan clean-up, replay and the layout import stage a pointer move in the metadata "
-                              "database, which only type sql has); nothing was changed")
+        return PermanentError(f"setting catalog: type {self.kind} does not support this yet (replay and the layout "
+                              "import stage a pointer move in the metadata database, which only type sql has); "
+                              "nothing was changed")
 
     def ident(self, name: str) -> tuple[str, str]:
         return (self.namespace, name)
@@ -221,9 +217,18 @@ class ExternalTables:
 
     def stage(self, name: str, build: Callable[[_Transaction], None], *, write_id: str, attempt: int = 0,
               expected: str | None = None) -> ExternalCommit:
-        """A maintenance write's change of ``name`` (compaction only, so far), built on the
+        """A maintenance write's change of ``name`` (a compaction, an expiry), built on the
         table as it is now; ``Store.commit_tables`` commits it to the catalog
-        (``ExternalCommit.commit``) after finishing the write in the database."""
+        (``ExternalCommit.commit``) after recording the write as committing in the database.
+
+        A change that adds no snapshot (an expiry) gets an empty one of its own. Glue applies
+        a commit's updates to the table as it is when the commit arrives, checking only the
+        requirements, and nothing in Iceberg asserts a table's properties: a publish staged
+        before an expiry and committed after it would set ``reconciler.expired-ranges`` from
+        its older base and lose the ranges the expiry folded (or remove a snapshot the expiry
+        removed already). Moving ``main`` makes the requirement every publish, fence and
+        compaction carries on it (``AssertRefSnapshotId(main)``) refuse such a commit, and
+        this one's refuse a commit that came first: a compare-and-swap on ``main``."""
         kind = self._write_kind(write_id)
         if kind not in STAGED_KINDS:
             raise self._unsupported()
@@ -233,6 +238,8 @@ class ExternalTables:
         tx = _Transaction(table)
         tx.tag = tag(write_id, attempt)
         build(tx)
+        if not any(isinstance(u, AddSnapshotUpdate) for u in tx._updates):
+            _empty_snapshot(tx, kind)
         requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
         staged = Table(identifier=table.name(), metadata=update_table_metadata(table.metadata, tx._updates),
                        metadata_location=table.metadata_location, io=table.io, catalog=self.catalog)
@@ -309,7 +316,7 @@ class ExternalTables:
         tx.tag = tag(write_id, attempt)
         build(tx)
         # The history kept short as with sql (retention.py): the tags' snapshots stay.
-        retention.expire_beyond(tx, self.snapshots_kept, readers=self._retired.grace > 0)
+        retention.expire_beyond(tx, self.snapshots_kept, readers=self.retired.grace > 0)
         added = [u.snapshot.snapshot_id for u in tx._updates if isinstance(u, AddSnapshotUpdate)]
         if len(added) != 1:
             raise RuntimeError(f"commit to {name}: expected one new snapshot, got {len(added)}")
@@ -335,7 +342,7 @@ class ExternalTables:
         grace. Never raises: the commit happened, and an error here must not make it look
         failed (its files would be discarded); what is left is orphan clean-up's."""
         try:
-            self._retired.retire(retention.superseded(base.metadata, new, _ManifestReader(base.io)))
+            self.retired.retire(retention.superseded(base.metadata, new, _ManifestReader(base.io)))
         except Exception as exc:  # noqa: BLE001
             log.warning("table %s: files the commit unreferenced not retired (%s); left for orphan clean-up",
                         name, exc)
@@ -355,6 +362,16 @@ class ExternalCommit:
     new: str | None = None
     files: tuple[str, ...] = ()
     superseded: tuple[str, ...] = ()
+
+
+def _empty_snapshot(tx: _Transaction, kind: str) -> None:
+    """An empty append to ``main`` named for the write (``reconciler.operation``): no batch's
+    ranges, so ``verify`` passes over it as over a compaction's."""
+    from reconciler.table.catalog import tagged
+    from reconciler.table.summary import OPERATION
+
+    with tagged(tx.update_snapshot(snapshot_properties={OPERATION: kind}).fast_append(), tx):
+        pass
 
 
 def _ref(table: Table, ref: str) -> int | None:

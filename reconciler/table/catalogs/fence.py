@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.model import PartitionRange
+from reconciler.store.batches import TableConflict as StoreConflict
 from reconciler.table.catalog import TableConflict, append_files, deadletter_table
-from reconciler.table.catalogs.external import ExternalTables, FenceMoved, _ref
+from reconciler.table.catalogs.external import ExternalCommit, ExternalTables, FenceMoved, _ref
 from reconciler.table.summary import BATCH, EPOCH, OPERATION, RECORDS, UNPARSEABLE, summary_ranges
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,26 @@ def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epo
     epoch may build on it (a batch in flight from before can no longer commit), then roll the
     database forward to the table. The reset then captures offsets and bumps the epoch; a
     crash anywhere is resumed by doing the same again."""
-    from reconciler.table.catalog import tagged
-
     if tables.load(name) is None:
         return Head(None)
     ref = tag_name(supervisor_id)
+    # Recorded as committing while its catalog commits are under way (``Store.commit_tables``):
+    # orphan clean-up takes a write nobody recorded for one that committed and deletes its
+    # unreferenced files, the manifest list of the commit in flight too, and a new leader's
+    # recovery deletes the files of a write still ``writing``, though its commit landed.
+    commit = ExternalCommit(name, "", None, write_id,
+                            lambda: _commit_fence(tables, name, supervisor_id, next_epoch, write_id, ref))
+    try:
+        store.commit_tables(write_id, FENCE, [commit])
+    except StoreConflict as exc:
+        raise TableConflict(str(exc)) from None
+    return roll_forward(tables, store, name, supervisor_id)
+
+
+def _commit_fence(tables: ExternalTables, name: str, supervisor_id: str, next_epoch: int, write_id: str,
+                  ref: str) -> None:
+    from reconciler.table.catalog import tagged
+
     for attempt in range(ATTEMPTS):
         at = _ref(tables.current(name), ref)
         summary = {OPERATION: FENCE, FENCE_OF: supervisor_id, FENCE_EPOCH: str(next_epoch), FENCE_PREV: str(at or "")}
@@ -149,4 +165,3 @@ def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epo
     else:
         raise TableConflict(f"table {name}: the reset's fence for {supervisor_id} not committed after {ATTEMPTS} "
                             "attempts (the table kept moving); the reset is tried again")
-    return roll_forward(tables, store, name, supervisor_id)
