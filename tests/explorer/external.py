@@ -100,6 +100,7 @@ class ExternalWorld(World):
         super().__init__(root, db_url, **kw)
         self.catalog = catalog
         self.reset_unfinished = False  # a reset killed after it may have fenced: the operator runs it again
+        self.orphans_refused = False
 
     def process(self, name: str):
         fresh = name not in self.processes
@@ -115,7 +116,14 @@ class ExternalWorld(World):
         self.reset_unfinished = len(self.notes) > notes  # "reset failed: ..."
 
     def orphans(self, proc, now=None) -> None:
-        """Refused on an external catalog (the product says so): nothing to run."""
+        """Orphan clean-up where the product runs it on an external catalog; where it refuses
+        (naming the setting), what a clean-up would take is left, and not judged as garbage."""
+        from reconciler.errors import PermanentError
+
+        try:
+            super().orphans(proc, now)
+        except PermanentError:
+            self.orphans_refused = True
 
     def deposed_commits(self) -> list[str]:
         """A deposed leader's batch may land in the table (on top of the supervisor's last
@@ -330,6 +338,29 @@ def named() -> tuple:
                     ("backfills", END), ("more", END)]
         return s
 
+    def cancel_backfill_in_flight() -> Schedule:
+        """``backfill cancel`` while the backfill's batch is about to commit to the table: the
+        range the cancel records as unread must not reach the table afterwards."""
+        from tests.explorer.schedules import _behind_with_backfill
+
+        s = glue("glue-cancel-backfill-in-flight", 49)
+        s.setup = _behind_with_backfill
+        s.actors = [("backfill", "daemon", _seq(_op("step_backfills", 1))), ("cancel", "cli-cancel", _seq(_op("cancel")))]
+        s.script = [("backfill", "external-commit"), ("cancel", END), ("backfill", END)]
+        return s
+
+    def reset_before_first_batch() -> Schedule:
+        """A reset of a datasource whose table the first batch has yet to create: its fence
+        finds no table; the first batch creates it and commits to it; then the reset's
+        transaction. The batch's range and the backfill's must not overlap."""
+        s = glue("glue-reset-before-first-batch", 50)
+        s.world = dict(catalog="glue", tables=False)
+        s.actors = [("main", "daemon", _ingest(3)), ("reset", "cli-reset", _seq(_op("reset"))),
+                    ("backfills", "daemon", _seq(*[_op("step_backfills", 1) for _ in range(3)]))]
+        s.script = [("reset", "reset-captured"), ("main", "between-commits"), ("reset", END), ("main", END),
+                    ("backfills", END)]
+        return s
+
     return (crash_between_commits, reset_fences_batch_in_flight, reset_killed_after_fence,
             reset_killed_before_roll_forward, zombie_after_takeover, zombie_before_new_leader_commits,
-            reply_lost_then_reset, backfill_and_main_conflict)
+            reply_lost_then_reset, backfill_and_main_conflict, cancel_backfill_in_flight, reset_before_first_batch)
