@@ -72,13 +72,6 @@ STATIC_CONF: dict[str, str] = {
     # messages: five py4j round trips each (most of the 250 ms a warm batch once spent
     # building its plan). The job's call sites are ours, not the operator's.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
-    # The executor talks to its Python workers over loopback TCP by default, and a task's
-    # input (a batch's one row: the task's index) then reached the worker ~40 ms late,
-    # every task (Nagle against a delayed ACK: measured 37-41 ms, never less, for a task
-    # that only reads its input). A Unix socket has no such wait: 0.2-2 ms. At taskDuration
-    # 0.25s that was a sixth of the cadence per batch (issue 45). The workers run beside
-    # their executor on every master, so the socket is always local.
-    "spark.python.unix.domain.socket.enabled": "true",
 }
 
 # Local masters only (there the workers are this interpreter, with this package, for
