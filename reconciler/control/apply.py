@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 Capture = Callable[[SupervisorSpec, Position, datetime], tuple[Positions, dict[str, int]]]
 
 
+class _DryRun(Exception):
+    """A reset's checks passed: its transaction is rolled back (``Applier._dry_run``)."""
+
+
 class _AlreadyRecorded(Exception):
     """The table's refusal of this spec is the supervisor's spec error already."""
 
@@ -132,6 +136,7 @@ class Applier:
 
     def _create(self, a: Action):
         self._table_refuses(a)
+        self._fence_epoch_bump(a.supervisor_id, a.fresh_start)
         self.store.create_supervisor(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
         message = "created (suspended)" if a.spec.suspended else "created; PENDING until a runtime starts it"
         if a.fresh_start:
@@ -140,6 +145,7 @@ class Applier:
 
     def _update(self, a: Action):
         self._table_refuses(a)
+        self._fence_epoch_bump(a.supervisor_id, a.fresh_start)
         self.store.update_spec(a.spec, a.path, actor=self.actor, fresh_start=a.fresh_start)
         message = f"spec updated to {a.spec.spec_hash}"
         if a.fresh_start:
@@ -159,6 +165,7 @@ class Applier:
         if rec is None or rec.state == State.TERMINATED:
             return "terminated already", {}
         # The epoch bump fences a batch in flight: its publish fails and its output is discarded.
+        self._fence_epoch_bump(a.supervisor_id, True)
         self.store.set_state(a.supervisor_id, State.TERMINATED, DetailedState.TERMINATED, actor=self.actor,
                              reason=a.reason, bump_epoch=True)
         return "terminated; checkpoint and history kept", {}
@@ -180,14 +187,20 @@ class Applier:
             why = self.started_over(rec, req.position)
             if why:  # the records below the checkpoint are new ones: the transaction begins a new generation
                 req = replace(req, started_over=why)
+        # a lag policy's reset is the policy's act, whichever daemon applied it (the audit says `policy`)
+        actor = "policy" if req.trigger == "policy" else self.actor
         try:
-            self._fence_table(rec)
-            pos, initial = self._capture(spec, req.position, now)
-            compute = lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill,  # noqa: E731
-                                               allow_rewind=req.allow_rewind)
-            # a lag policy's reset is the policy's act, whichever daemon applied it (the audit says `policy`)
-            actor = "policy" if req.trigger == "policy" else self.actor
-            result = self.store.apply_reset(req, compute, initial=initial, earliest=pos.earliest, actor=actor)
+            # Checked before the fence: a request refused after it would leave the fence, and
+            # the supervisor waiting for an epoch no transaction bumps.
+            fenced = self._external() and self._dry_run(req, spec, now, actor) and self._fence_table(rec, rec.epoch + 1)
+            try:
+                pos, initial = self._capture(spec, req.position, now)
+                result = self.store.apply_reset(req, self._compute(req, pos), initial=initial, earliest=pos.earliest,
+                                                actor=actor)
+            except (PermanentError, StaleRequest):  # refused before its transaction: nothing bumped the epoch
+                if fenced:  # (a roll-forward moved the checkpoint under the check): the fence is lifted
+                    self._fence_table(rec, rec.epoch)
+                raise
         except PermanentError as exc:
             if req.trigger == "cli":
                 raise
@@ -210,20 +223,56 @@ class Applier:
             retire(a.path, "applied", summary)
         return message, summary
 
-    def _fence_table(self, rec) -> None:
+    def _fence_epoch_bump(self, supervisor_id: str, bumps: Any) -> None:
+        """An external catalog's table commits before the database's epoch check, and a batch
+        refused there is rolled forward whatever the epoch: an epoch bump (terminate, a fresh
+        start) fences the table first, as a reset does."""
+        rec = self.store.get(supervisor_id) if bumps and self._external() else None
+        if rec is not None and rec.state != State.TERMINATED:
+            self._fence_table(rec, rec.epoch + 1)
+
+    @staticmethod
+    def _compute(req, pos: Positions):
+        return lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)
+
+    def _external(self) -> bool:
+        return bool(self.catalog) and self.warehouse is not None
+
+    def _dry_run(self, req, spec: SupervisorSpec, now: datetime, actor: str) -> bool:
+        """The reset's own transaction on offsets captured now, rolled back: raises what it
+        would refuse (PermanentError, StaleRequest). False when the token was applied already
+        (nothing to fence)."""
+        pos, initial = self._capture(spec, req.position, now)
+        compute = self._compute(req, pos)
+
+        def check(cp):
+            outcome = compute(cp)
+            if outcome.ok:
+                raise _DryRun  # rolls the transaction back
+            return outcome
+
+        try:
+            done = self.store.apply_reset(req, check, initial=initial, earliest=pos.earliest, actor=actor)
+        except _DryRun:
+            return True
+        return not done.applied_before
+
+    def _fence_table(self, rec, epoch: int) -> bool:
         """With an external catalog the table is the truth: first the supervisor's fence moves (a
         batch in flight from the old checkpoint can no longer commit) and the database is rolled
         forward to the table; only then are offsets captured and the epoch bumped. A crash
-        anywhere is resumed by the same steps (table/catalogs/fence.py)."""
-        if not self.catalog or self.warehouse is None:
-            return
+        anywhere is resumed by the same steps (table/catalogs/fence.py). ``epoch``: from which
+        epoch batches may build on the fence (the current one: a fence that blocks nobody)."""
+        if not self._external():
+            return False
         from reconciler.table.catalogs import open_tables
         from reconciler.table.catalogs.fence import fence
         from reconciler.table.writeids import new_write_id
 
         tables = open_tables(self.store.engine, self.warehouse, self.catalog)
-        fence(tables, self.store, rec.spec.data_schema.datasource, rec.id, rec.epoch + 1, new_write_id())
+        fence(tables, self.store, rec.spec.data_schema.datasource, rec.id, epoch, new_write_id())
         faults.crash_point("after-fence", rec.id)
+        return True
 
     def _capture(self, spec: SupervisorSpec, position: Position, now: datetime):
         """``capture``, asking again while the broker says the topic or stream is missing."""

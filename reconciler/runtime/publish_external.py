@@ -37,18 +37,31 @@ from reconciler.store.store import TableConflict
 log = logging.getLogger(__name__)
 
 
+# A reset bumps the epoch within seconds of its fence; a supervisor held longer says why in status.
+STALLED_AFTER = 30.0
+
+
 class ExternalPublish:
     def __init__(self, ctx):
         self.ctx = ctx
+        self._held: dict[tuple[str, int], float] = {}  # (supervisor, fence snapshot): since when
 
     def prepare(self, rec, datasource: str):
         from reconciler.table.catalogs import fence
 
         head = fence.roll_forward(self.ctx.tables(), self.ctx.store, datasource, rec.id)
-        if head.blocks(rec.epoch):
-            raise ResetUnderway(f"a reset fenced table {datasource} for epoch {head.fence_epoch} (this step read "
-                                f"epoch {rec.epoch}): the batch waits for the reset to finish")
-        return head
+        if not head.blocks(rec.epoch):
+            self._held = {k: v for k, v in self._held.items() if k[0] != rec.id}
+            return head
+        since = self._held.setdefault((rec.id, head.snapshot_id), time.monotonic())
+        limit = max(STALLED_AFTER, rec.spec.task_duration)
+        stalled = time.monotonic() - since > limit
+        # no running count in it: status is written when its message changes
+        why = (f"; held for over {limit:g}s: the reset failed or crashed after fencing the table, and finishes "
+               "when applied again (its marker or stanza on the next pass, or `reconciler reset` again)"
+               if stalled else "")
+        raise ResetUnderway(f"a reset fenced table {datasource} for epoch {head.fence_epoch} (this step read "
+                            f"epoch {rec.epoch}): the batch waits for the reset to finish{why}", stalled=stalled)
 
     def publish(self, rec, ds, written, summary, files, schema, dead_schema, ranges, records: int, head=None) -> None:
         from reconciler.table.catalog import TableConflict as Restage

@@ -15,4 +15,10 @@ class BatchInTable(RetryableError):
 
 
 class ResetUnderway(Exception):
-    """A reset fenced the table and has not bumped the supervisor's epoch yet: no batch now."""
+    """A reset fenced the table and has not bumped the supervisor's epoch yet: no batch now.
+    ``stalled``: for longer than a step (the reset failed or crashed after its fence): the
+    supervisor's status says so."""
+
+    def __init__(self, message: str, *, stalled: bool = False):
+        super().__init__(message)
+        self.stalled = stalled

@@ -14,8 +14,9 @@ the same way. Files of committed batches are never touched, and a clean-up that 
 logged and never stops a leader.
 
 With an external catalog (``catalog: {type: glue | rest}``) the table commits before the
-database: each supervisor with a batch in flight is first rolled forward to its table
-(``table/catalogs/fence.py``), and only the writes still in flight after that are fenced.
+database: each supervisor with a batch in flight is first fenced in its table (a zombie
+leader's commit then fails on the tag) and rolled forward to it (``table/catalogs/fence.py``),
+and only the writes still in flight after that are fenced.
 
 On an object store (``s3://``) the same fences decide; a write's files are found by its
 prefixes (``data/batch=<id>/``, ``data/compacted/<id>/``) and its tag in ``metadata/``.
@@ -42,9 +43,12 @@ def recover(store: Store, segments_dir: str | os.PathLike[str], catalog: dict | 
     deleted = 0
     try:
         faults.point("recover", None)
+        # Listed before the tables are fenced: a write begun later read the fence after it
+        # moved, may still commit, and is left alone (the next recovery fences it first).
+        in_flight = store.writes_in_flight()
         if catalog:
-            _roll_forward(store, segments_dir, catalog)
-        for intent in store.writes_in_flight():
+            _fence_tables(store, segments_dir, catalog, in_flight)
+        for intent in in_flight:
             if store.fence_write(intent.write_id):
                 deleted += _delete_write(files, root, intent)
         deleted += _legacy(store, files, root)
@@ -56,21 +60,24 @@ def recover(store: Store, segments_dir: str | os.PathLike[str], catalog: dict | 
     return {"orphansDeleted": deleted}
 
 
-def _roll_forward(store: Store, segments_dir, catalog: dict) -> None:
-    """An external catalog's table commits first: a batch in flight may be in its table
-    already (a crash between the two commits). Each such supervisor's database is rolled
-    forward to its table before any write is fenced, so no committed batch loses its files.
-    A catalog out of reach stops the whole clean-up (nothing fenced, nothing deleted)."""
+def _fence_tables(store: Store, segments_dir, catalog: dict, in_flight) -> None:
+    """An external catalog's table commits first, and the database's lease is checked only
+    after it: the previous leader may still be about to commit a batch in flight (a zombie
+    past its lease). So each supervisor with a batch in flight is fenced in its table first
+    (its tag moved to a fence snapshot: such a batch's commit now fails on the tag), then
+    rolled forward to its table (a batch that did land, a crash between the two commits, is
+    recorded, and keeps its files); only then are the writes still in flight fenced and
+    deleted. A catalog out of reach stops the whole clean-up (nothing fenced, nothing deleted)."""
     from reconciler.table.catalogs import open_tables
-    from reconciler.table.catalogs.fence import roll_forward
+    from reconciler.table.catalogs.fence import fence_leader_change
 
-    batches = {(i.tables[0], i.supervisor_id) for i in store.writes_in_flight()
+    batches = {(i.tables[0], i.supervisor_id) for i in in_flight
                if i.kind == "batch" and i.supervisor_id and i.tables}
     if not batches:
         return
     tables = open_tables(store.engine, segments_dir, catalog)
     for name, supervisor_id in sorted(batches):
-        roll_forward(tables, store, name, supervisor_id)
+        fence_leader_change(tables, store, name, supervisor_id)
 
 
 def _delete_write(files, root: str, intent: WriteIntent) -> int:

@@ -137,7 +137,9 @@ class SupervisorRuntime:
             log.info("%s", exc, extra={"supervisor": rec.id})
             return StepOutcome(0.0)
         except ResetUnderway as exc:  # nothing read: the reset finishes, then its epoch reads on
-            log.info("%s", exc, extra={"supervisor": rec.id})
+            log.log(logging.WARNING if exc.stalled else logging.INFO, "%s", exc, extra={"supervisor": rec.id})
+            if exc.stalled:  # held longer than a step: a reset that failed or crashed after its fence
+                self._report(rec, rec.state, DetailedState.UNHEALTHY_SUPERVISOR, str(exc))
             return StepOutcome(1.0)
         except PublishConflict as exc:
             log.info("publish conflict: %s", exc, extra={"supervisor": rec.id})

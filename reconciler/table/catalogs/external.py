@@ -253,6 +253,15 @@ class ExternalTables:
         try:
             _call(self.kind, lambda: self.catalog.commit_table(table, requirements, updates))
         except CommitFailedException as exc:
+            # A refusal may be a retry of our own update whose answer was lost: the table
+            # decides (a conflict here puts the write back in flight, and its files are
+            # deleted once it gives up, the table's current snapshot's files if it committed).
+            added = [u.snapshot.snapshot_id for u in updates if isinstance(u, AddSnapshotUpdate)]
+            now = self.load(table.name()[-1])
+            if added and now is not None and _holds(now, added[0]):
+                log.info("table %s: staged commit refused on retry, but the table holds its snapshot: committed",
+                         table.name()[-1])
+                return
             raise TableConflict(f"table {table.name()[-1]} changed since it was staged ({_short(exc)})") from None
 
     def _write_kind(self, write_id: str) -> str | None:
@@ -331,6 +340,13 @@ class ExternalTables:
             response = _call(self.kind, lambda: self.catalog.commit_table(table, requirements, updates))
         except CommitFailedException as exc:
             now = self.load(name)
+            if now is not None and _holds(now, added[0]):
+                # Our own update applied and its answer was lost: botocore retried the call with
+                # the VersionId our update had just made stale. Committed: its files must stay.
+                log.info("table %s: commit of %s refused on retry, but the table holds its snapshot: committed",
+                         name, write_id[:12])
+                self._retire_superseded(name, table, now.metadata)
+                return added[0]
             if now is not None and _ref(now, ref) != head:
                 raise FenceMoved(f"table {name}: fence {ref} moved while the commit was made ({_short(exc)})") from None
             raise TableConflict(f"table {name} changed since the commit was staged ({_short(exc)})") from None
@@ -372,6 +388,12 @@ def _empty_snapshot(tx: _Transaction, kind: str) -> None:
 
     with tagged(tx.update_snapshot(snapshot_properties={OPERATION: kind}).fast_append(), tx):
         pass
+
+
+def _holds(table: Table, snapshot_id: int) -> bool:
+    """Whether ``snapshot_id`` is in the table's history: ids are random, never reused, so
+    only our own commit can have put it there."""
+    return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
 def _ref(table: Table, ref: str) -> int | None:

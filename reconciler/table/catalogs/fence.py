@@ -23,9 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from reconciler.model import PartitionRange
 from reconciler.store.batches import TableConflict as StoreConflict
-from reconciler.table.catalog import TableConflict, append_files, deadletter_table
+from reconciler.table.catalog import TIME, TableConflict, append_files, deadletter_table
 from reconciler.table.catalogs.external import ExternalCommit, ExternalTables, FenceMoved, _ref
 from reconciler.table.summary import BATCH, EPOCH, OPERATION, RECORDS, UNPARSEABLE, summary_ranges
 
@@ -37,6 +39,22 @@ FENCE_EPOCH = "reconciler.fence-epoch"  # ... and the epoch from which batches m
 DEAD_FILES = "reconciler.dead-files"  # a batch's dead-letter files (JSON list), committed after it
 FENCE = "fence"  # reconciler.operation of a fence snapshot
 ATTEMPTS = 20
+# A table a fence creates (a reset before the first batch): the first batch evolves it.
+FIRST_SCHEMA = pa.schema([pa.field(TIME, pa.timestamp("us", tz="UTC"))])
+
+
+def fence_leader_change(tables: ExternalTables, store, name: str, supervisor_id: str) -> Head:
+    """A new leader's recovery, before it deletes any write in flight: the supervisor's tag
+    moves (a zombie leader's batch built on the old tag fails its commit), then the database
+    is rolled forward. The fence blocks no batch of the current epoch (a reset's fence not
+    bumped yet still blocks: its epoch is kept)."""
+    from reconciler.table.writeids import new_write_id
+
+    rec = store.get(supervisor_id)
+    if rec is None:
+        return roll_forward(tables, store, name, supervisor_id)
+    pending = read_head(tables, name, supervisor_id, lambda _: True).fence_epoch
+    return fence(tables, store, name, supervisor_id, max(rec.epoch, pending or 0), new_write_id())
 
 
 def tag_name(supervisor_id: str) -> str:
@@ -109,8 +127,9 @@ def commit_dead_letters(tables: ExternalTables, name: str, supervisor_id: str, p
     for attempt in range(ATTEMPTS):
         table = tables.current(dead)
         at = _ref(table, ref)
-        snap = table.metadata.snapshot_by_id(at) if at is not None else None
-        if snap is not None and snap.summary and snap.summary.additional_properties.get(BATCH) == batch:
+        # The whole chain, not its head: a later batch's dead letters may have moved the tag
+        # since (a zombie's publish woke after the next leader rolled it forward and went on).
+        if _in_chain(table.metadata, at, batch):
             return
         # ours only: pyiceberg writes its own totals into a summary, and refuses them given
         summary = {k: v for k, v in props.items() if k.startswith("reconciler.") and k not in (DEAD_FILES, FENCE_PREV)}
@@ -124,13 +143,32 @@ def commit_dead_letters(tables: ExternalTables, name: str, supervisor_id: str, p
     raise TableConflict(f"table {dead}: dead letters of batch {batch[:12]} not committed after {ATTEMPTS} attempts")
 
 
+def _in_chain(metadata, at: int | None, batch: str) -> bool:
+    """Whether ``batch`` is on the tag's chain from ``at`` back (fence-prev), as far as the
+    table's history goes (a commit keeps ``snapshotsKept`` snapshots)."""
+    sid = at
+    while sid is not None:
+        snap = metadata.snapshot_by_id(sid)
+        if snap is None:
+            return False
+        props = snap.summary.additional_properties if snap.summary else {}
+        if props.get(BATCH) == batch:
+            return True
+        prev = props.get(FENCE_PREV)
+        sid = int(prev) if prev else None
+    return False
+
+
 def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epoch: int, write_id: str) -> Head:
     """A reset's first step: move the supervisor's tag to a new, empty snapshot saying which
     epoch may build on it (a batch in flight from before can no longer commit), then roll the
     database forward to the table. The reset then captures offsets and bumps the epoch; a
-    crash anywhere is resumed by doing the same again."""
+    crash anywhere is resumed by doing the same again.
+
+    A table that does not exist yet is created first (``__time`` only, the first batch
+    evolves it): a first batch that read no table must find a tag where it read none."""
     if tables.load(name) is None:
-        return Head(None)
+        tables.ensure(name, FIRST_SCHEMA, None)
     ref = tag_name(supervisor_id)
     # Recorded as committing while its catalog commits are under way (``Store.commit_tables``):
     # orphan clean-up takes a write nobody recorded for one that committed and deletes its
