@@ -62,12 +62,17 @@ FLOORS = {"compacted": 0.03, "tagged": 0.01, "cancelled-in-flight": 0.005,
           # rolling.py: the leader's rolling compaction merged open partitions (measured 6-8 %)
           "rolled": 0.02}
 
-# The external-catalog path's random schedules (external.py), each floor about a third of the
-# rate measured on seeds 0..299 (see EXTERNAL_RATES); what the SQL path's floors count and
-# this path cannot do (expiry, tags, replay, rolling compaction) has none here.
-EXTERNAL_RATES = {"reset": 0.0, "took-over": 0.0, "compacted": 0.0, "committed-under-faults": 0.0,
-                  "fence-refused-batch": 0.0, "crashed-between-commits": 0.0, "catalog-reply-lost": 0.0,
-                  "reset-run-again": 0.0, "zombie-batch-landed": 0.0}
+# The external-catalog path's random schedules (external.py): the rates measured on seeds
+# 1000..1099 (SQLite), each floor a third of its rate; what the SQL path's floors count and
+# this path does not draw (expiry, tags, replay, rolling compaction) has none here.
+# fence-refused-batch: a batch's commit refused by its fence tag (a reset or another leader
+# came first); crashed-between-commits: a kill or power cut between the table's commit and the
+# database's; catalog-reply-lost: a commit applied whose reply never came; reset-run-again: a
+# reset interrupted after it may have fenced, run again; zombie-batch-landed: a deposed
+# leader's batch in the table (on top of the last commit, rolled forward).
+EXTERNAL_RATES = {"reset": 0.71, "took-over": 0.31, "compacted": 0.02, "committed-under-faults": 0.15,
+                  "fence-refused-batch": 0.41, "crashed-between-commits": 0.07, "catalog-reply-lost": 0.05,
+                  "reset-run-again": 0.35, "zombie-batch-landed": 0.04}
 EXTERNAL_FLOORS = {k: round(v / 3, 3) for k, v in EXTERNAL_RATES.items() if v / 3 >= 0.005}
 
 
