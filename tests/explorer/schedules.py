@@ -259,6 +259,9 @@ class Runner:
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
             for extra in present - rows.names:  # a table made after the snapshot goes too
                 c.exec_driver_sql(f'DROP TABLE "{extra}" CASCADE')
+            for table in reversed(rows.delete_order):  # and one another world's set-up dropped comes back
+                if table.name not in present:  # (the SQL catalog's tables, after an external world's)
+                    table.create(c)
             for table in rows.delete_order:
                 c.execute(table.delete())
             for table, data in rows.inserts:
