@@ -423,7 +423,7 @@ class World:
         """The key of every record the table and its dead letters hold, with repeats."""
         out: list[str] = []
         table = tables.load(DATASOURCE)
-        if table is not None and table.current_snapshot() is not None:
+        if table is not None and table.current_snapshot() is not None and "id" in table.schema().column_names:
             out += table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
         dead = tables.load(deadletter_table(DATASOURCE))
         if dead is not None and dead.current_snapshot() is not None:
