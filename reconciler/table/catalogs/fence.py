@@ -47,14 +47,14 @@ def fence_leader_change(tables: ExternalTables, store, name: str, supervisor_id:
     """A new leader's recovery, before it deletes any write in flight: the supervisor's tag
     moves (a zombie leader's batch built on the old tag fails its commit), then the database
     is rolled forward. The fence blocks no batch of the current epoch (a reset's fence not
-    bumped yet still blocks: its epoch is kept)."""
+    bumped yet still blocks: its epoch is kept, read from the tag each commit attempt builds
+    on, since a reset may fence between this read of the row and the commit)."""
     from reconciler.table.writeids import new_write_id
 
     rec = store.get(supervisor_id)
     if rec is None:
         return roll_forward(tables, store, name, supervisor_id)
-    pending = read_head(tables, name, supervisor_id, lambda _: True).fence_epoch
-    return fence(tables, store, name, supervisor_id, max(rec.epoch, pending or 0), new_write_id())
+    return fence(tables, store, name, supervisor_id, rec.epoch, new_write_id(), keep_pending=True)
 
 
 def tag_name(supervisor_id: str) -> str:
@@ -143,6 +143,13 @@ def commit_dead_letters(tables: ExternalTables, name: str, supervisor_id: str, p
     raise TableConflict(f"table {dead}: dead letters of batch {batch[:12]} not committed after {ATTEMPTS} attempts")
 
 
+def _fence_epoch(metadata, sid: int | None) -> int | None:
+    """The epoch a fence snapshot ``sid`` records, None if it is no fence."""
+    snap = metadata.snapshot_by_id(sid) if sid is not None else None
+    props = snap.summary.additional_properties if snap is not None and snap.summary else {}
+    return int(props.get(FENCE_EPOCH) or 0) if props.get(OPERATION) == FENCE else None
+
+
 def _in_chain(metadata, at: int | None, batch: str) -> bool:
     """Whether ``batch`` is on the tag's chain from ``at`` back (fence-prev), as far as the
     table's history goes (a commit keeps ``snapshotsKept`` snapshots)."""
@@ -159,14 +166,19 @@ def _in_chain(metadata, at: int | None, batch: str) -> bool:
     return False
 
 
-def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epoch: int, write_id: str) -> Head:
+def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epoch: int, write_id: str, *,
+          keep_pending: bool = False) -> Head:
     """A reset's first step: move the supervisor's tag to a new, empty snapshot saying which
     epoch may build on it (a batch in flight from before can no longer commit), then roll the
     database forward to the table. The reset then captures offsets and bumps the epoch; a
     crash anywhere is resumed by doing the same again.
 
     A table that does not exist yet is created first (``__time`` only, the first batch
-    evolves it): a first batch that read no table must find a tag where it read none."""
+    evolves it): a first batch that read no table must find a tag where it read none.
+
+    ``keep_pending`` (a leader change's fence): a reset's fence the new one replaces keeps
+    its epoch if higher; a reset's own fence (and the one lifting a refused reset) records
+    ``next_epoch`` as given."""
     if tables.load(name) is None:
         tables.ensure(name, FIRST_SCHEMA, None)
     ref = tag_name(supervisor_id)
@@ -175,7 +187,7 @@ def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epo
     # unreferenced files, the manifest list of the commit in flight too, and a new leader's
     # recovery deletes the files of a write still ``writing``, though its commit landed.
     commit = ExternalCommit(name, "", None, write_id,
-                            lambda: _commit_fence(tables, name, supervisor_id, next_epoch, write_id, ref))
+                            lambda: _commit_fence(tables, name, supervisor_id, next_epoch, write_id, ref, keep_pending))
     try:
         store.commit_tables(write_id, FENCE, [commit])
     except StoreConflict as exc:
@@ -184,12 +196,19 @@ def fence(tables: ExternalTables, store, name: str, supervisor_id: str, next_epo
 
 
 def _commit_fence(tables: ExternalTables, name: str, supervisor_id: str, next_epoch: int, write_id: str,
-                  ref: str) -> None:
+                  ref: str, keep_pending: bool = False) -> None:
     from reconciler.table.catalog import tagged
 
     for attempt in range(ATTEMPTS):
-        at = _ref(tables.current(name), ref)
-        summary = {OPERATION: FENCE, FENCE_OF: supervisor_id, FENCE_EPOCH: str(next_epoch), FENCE_PREV: str(at or "")}
+        table = tables.current(name)
+        at = _ref(table, ref)
+        epoch = next_epoch
+        if keep_pending:
+            # Read from the very snapshot this attempt asserts: a reset that fenced since the
+            # caller read the row would otherwise be lifted, and a batch of the old epoch read
+            # checkpoints the reset's capture then duplicates (explorer seed 1006).
+            epoch = max(epoch, _fence_epoch(table.metadata, at) or 0)
+        summary = {OPERATION: FENCE, FENCE_OF: supervisor_id, FENCE_EPOCH: str(epoch), FENCE_PREV: str(at or "")}
 
         def build(tx: Any, summary: dict[str, str] = summary) -> None:
             with tagged(tx.update_snapshot(snapshot_properties=summary).fast_append(), tx):
