@@ -361,6 +361,22 @@ def named() -> tuple:
                     ("backfills", END)]
         return s
 
+    def reset_fences_during_takeover() -> Schedule:
+        """A new leader's recovery stages its fence (no reset pending yet); a reset fences the
+        table and parks before its capture; recovery's fence then lands on top of the reset's
+        (explorer seed 1006). It must keep the reset's epoch: recorded with the supervisor's
+        old one it let the new leader's batch read checkpoints before the reset's capture and
+        land after it, the backfill reading the same range again (12 records twice)."""
+        s = glue("glue-reset-fences-during-takeover", 51)
+        s.actors = [("main", "daemon", _ingest(3)), ("takeover", "daemon2", _seq(_op("take_over", 3, 0, 2))),
+                    ("reset", "cli-reset", _seq(_op("reset"))),
+                    ("backfills", "daemon", _seq(*[_op("step_backfills", 1) for _ in range(3)]))]
+        s.script = [("main", "external-commit"), ("takeover", "external-commit"), ("reset", "after-fence"),
+                    ("takeover", "before-commit"), ("reset", END), ("takeover", END), ("main", END),
+                    ("backfills", END)]
+        return s
+
     return (crash_between_commits, reset_fences_batch_in_flight, reset_killed_after_fence,
             reset_killed_before_roll_forward, zombie_after_takeover, zombie_before_new_leader_commits,
-            reply_lost_then_reset, backfill_and_main_conflict, cancel_backfill_in_flight, reset_before_first_batch)
+            reply_lost_then_reset, backfill_and_main_conflict, cancel_backfill_in_flight, reset_before_first_batch,
+            reset_fences_during_takeover)
