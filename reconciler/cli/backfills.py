@@ -42,8 +42,12 @@ def _backfill_verb(verb: str, help_text: str, example: str):
     @click.option("--reason", required=verb != "resume", help="Why; recorded in the audit log.")
     @pass_ctx
     def command(c: Context, backfill_id, reason):
-        try:
-            details = c.store.control_backfill(backfill_id, verb, reason, actor=f"cli:{_user()}")
+        from reconciler.control.apply import Applier
+
+        applier = Applier(c.store, actor=f"cli:{_user()}", state_dir=c.settings.state_path,
+                          warehouse=c.settings.warehouse, catalog=c.settings.catalog)
+        try:  # a cancel fences an external catalog's table first (Applier.control_backfill)
+            details = applier.control_backfill(backfill_id, verb, reason)
         except ReconcilerError as exc:
             raise click.ClickException(str(exc)) from None
         text = {"suspend": "suspended", "resume": "resumed", "cancel": "cancelled"}[verb]

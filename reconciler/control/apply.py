@@ -231,6 +231,18 @@ class Applier:
         if rec is not None and rec.state != State.TERMINATED:
             self._fence_table(rec, rec.epoch + 1)
 
+    def control_backfill(self, backfill_id: str, verb: str, reason: str | None) -> dict[str, Any]:
+        """``backfill suspend|resume|cancel`` (the CLI's, and anyone's who cancels one). A cancel
+        bumps the backfill's epoch, which an external catalog's table never checks: its batch
+        in flight would land and be rolled forward, into the range the cancel reports unread.
+        So the table is fenced first, as for terminate; the fence's roll-forward also records
+        a batch that landed before it, so the unread range is read from a database that
+        holds every batch the table does."""
+        rec = self.store.get(backfill_id) if verb == "cancel" else None
+        if rec is not None and rec.kind == Kind.BACKFILL and rec.state != State.COMPLETED:
+            self._fence_epoch_bump(backfill_id, True)  # a refusal (no such backfill, ended) fences nothing
+        return self.store.control_backfill(backfill_id, verb, reason, actor=self.actor)
+
     @staticmethod
     def _compute(req, pos: Positions):
         return lambda cp: compute_reset(req.position, cp, pos, backfill=req.backfill, allow_rewind=req.allow_rewind)

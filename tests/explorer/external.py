@@ -101,6 +101,7 @@ class ExternalWorld(World):
         self.catalog = catalog
         self.reset_unfinished = False  # a reset killed after it may have fenced: the operator runs it again
         self.orphans_refused = False
+        self.cancel_unfinished = False  # a cancel killed after its fence: the operator runs it again
 
     def process(self, name: str):
         fresh = name not in self.processes
@@ -114,6 +115,11 @@ class ExternalWorld(World):
         self.reset_unfinished, notes = True, len(self.notes)
         super().reset(proc, backfill)
         self.reset_unfinished = len(self.notes) > notes  # "reset failed: ..."
+
+    def cancel(self, proc) -> None:
+        self.cancel_unfinished = True
+        super().cancel(proc)
+        self.cancel_unfinished = False
 
     def orphans(self, proc, now=None) -> None:
         """Orphan clean-up where the product runs it on an external catalog; where it refuses
@@ -141,6 +147,10 @@ class ExternalWorld(World):
             self.reset(proc)
             self.reached.add("reset-run-again")
             proc.runtimes.clear()
+        if self.cancel_unfinished:  # its fence holds the backfill until the cancel's transaction ends it
+            proc = self.process(f"operator-{uuid.uuid4().hex[:6]}")
+            self.cancel(proc)
+            self.reached.add("cancel-run-again")
         return super().heal(rounds)
 
 

@@ -371,7 +371,10 @@ class World:
             if rec.kind == Kind.BACKFILL and rec.state not in (State.COMPLETED, State.TERMINATED):
                 if in_flight:
                     self.reached.add("cancelled-in-flight")
-                details = proc.store.control_backfill(rec.id, "cancel", "explorer", actor="explorer")
+                # The CLI's path (`backfill cancel`): an external catalog's table is fenced first.
+                applier = Applier(proc.store, actor="explorer", missing_retry_delays=(),
+                                  warehouse=str(self.warehouse) if self.catalog else None, catalog=self.catalog)
+                details = applier.control_backfill(rec.id, "cancel", "explorer")
                 for p, (s, e) in (details.get("unreadRanges") or {}).items():
                     self.cancelled[f"{rec.id}:{p}"] = (int(s), int(e))
                 return
