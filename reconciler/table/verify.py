@@ -272,8 +272,9 @@ def check_ranges(datasource: str, snaps: Sequence[BatchSnapshot], known: Sequenc
             if end < checkpoint:
                 gap(main.id, main.generation, p, end, checkpoint)
             elif end > checkpoint:
-                text, _ = _explain("ahead", main.id, main.generation, p, checkpoint, end, known)
-                findings.append(Finding("ahead", _label(main.id, main.generation), p, checkpoint, end, text))
+                text, is_pending = _explain("ahead", main.id, main.generation, p, checkpoint, end, known)
+                findings.append(Finding("ahead", _label(main.id, main.generation), p, checkpoint, end, text,
+                                        pending=is_pending))
     findings.sort(key=lambda f: (f.lineage, f.partition, f.start, f.kind))
     return VerifyReport(datasource, len(snaps), coverage, findings, anchored=bool(facts))
 
@@ -283,7 +284,8 @@ def verify(table, datasource: str, history: Mapping[str, Sequence[Mapping[str, A
     """Check a table's batch snapshots; ``history``: audit entries of the supervisors concerned;
     ``facts``: their checkpoints and states (the anchors), when the database is at hand."""
     snaps = _snapshots(table)
-    report = check_ranges(datasource, snaps, explanations(history), facts)
+    known = explanations(history) + (_unrecorded(table, snaps, facts) if facts else [])
+    report = check_ranges(datasource, snaps, known, facts)
     report.missing_files = missing_files(table) + (missing_files(dead_table) if dead_table is not None else [])
     if deep:
         if report.missing_files:
@@ -291,6 +293,19 @@ def verify(table, datasource: str, history: Mapping[str, Sequence[Mapping[str, A
         else:
             report.deep = deep_check(table, dead_table, snaps, _expired_read(table))
     return report
+
+
+def _unrecorded(table, snaps: list[BatchSnapshot], facts: Mapping[str, SupervisorFacts]) -> list[Explanation]:
+    """An external catalog's batches in the table that the database records next: pending."""
+    from reconciler.table.unrecorded import head_ranges
+
+    out = []
+    for f in facts.values():
+        if f.kind == "main":
+            for p, (s, e, ids) in head_ranges(table.metadata, f.id, f.generation, f.checkpoints, snaps).items():
+                text = f"committed in the table, recorded by the next step (batch {', '.join(b[:12] for b in ids)})"
+                out.append(Explanation(f.id, p, s, e, "ahead", text, f.generation, True))
+    return out
 
 
 def _snapshots(table) -> list[BatchSnapshot]:
