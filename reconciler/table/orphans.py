@@ -44,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.avro.file import AvroFile
+
 from reconciler import faults
 from reconciler.table import grace, storage
 from reconciler.table.catalog import Tables, local_path
@@ -112,7 +114,9 @@ def remove_orphans(
         wid = _write_of(root, path)
         if wid is not None:
             by_write[wid].append(path)
-    doomed = _finished_writes(store, by_write, root) if store is not None else set()
+    statuses = store.write_statuses(by_write) if store is not None and by_write else {}
+    doomed = _finished_writes(store, by_write, root, statuses) if store is not None else set()
+    doomed_lists = _stale_manifest_lists(tables, name, root, by_write, statuses)
     if doomed:
         # A write judged committed may have committed after the read above: read again.
         referenced, current = _referenced_now(tables, name)
@@ -121,7 +125,7 @@ def remove_orphans(
     for path, (mtime, size) in sorted(candidates.items()):
         wid = _write_of(root, path)
         if wid is not None:
-            if wid not in doomed:
+            if wid not in doomed and path not in doomed_lists:
                 result.kept_in_flight += 1
                 continue
         elif _beyond(path, newest):
@@ -185,17 +189,52 @@ def _relative(root: str, path: str) -> list[str] | None:
     return path[len(prefix):].split("/") if path.startswith(prefix) else None
 
 
-def _finished_writes(store: Any, by_write: dict[str, list[str]], root: str) -> set[str]:
+def _finished_writes(store: Any, by_write: dict[str, list[str]], root: str, statuses: dict[str, str]) -> set[str]:
     """Of the writes whose unreferenced files were found, those whose files may go: done
     (committed) or discarded, unknown batch directories once fenced, and other unknown
     writes (committed: the module's docstring)."""
     if not by_write:
         return set()
-    statuses = store.write_statuses(by_write)
     done = {w for w, s in statuses.items() if s in ("committed", "discarded")}
     unknown = [w for w in by_write if w not in statuses]
     legacy = [w for w in unknown if any(_is_batch_dir(root, p) for p in by_write[w])]
     return done | (set(unknown) - set(legacy)) | store.fence_unknown_writes(legacy)
+
+
+def _stale_manifest_lists(tables: Tables, name: str, root: str, by_write: dict[str, list[str]],
+                          statuses: dict[str, str]) -> set[str]:
+    """Manifest lists of writes still ``committing`` in an external catalog whose commit can
+    never land. Such a row outlives a process killed between recording it and the catalog's
+    answer (a reset's fence, a compaction, an expiry: ``Store.commit_tables``), and keeps its
+    files from the rule above forever. A staging asserts that ``main`` is still the snapshot
+    it was built on, the parent its manifest list records; ``main`` only moves on to new
+    random ids, so once it is elsewhere that staging cannot commit. Listed before ``main`` is
+    read, so a staging built on a newer ``main`` is not among them. Only the manifest list is
+    judged: a retry of a live write builds a new one and may reuse the write's other files."""
+    if getattr(tables, "PROTOCOL", "sql") != "external":
+        return set()  # the SQL catalog's commit is the database's: no row stays committing
+    lists = [p for w, paths in by_write.items() if statuses.get(w) == "committing"
+             for p in paths if _is_manifest_list(root, p)]
+    table = tables.load(name) if lists else None
+    main = table.metadata.refs.get("main") if table is not None else None
+    if main is None:  # nothing committed since: any of them may still land
+        return set()
+    stale = set()
+    for path in lists:
+        try:
+            with AvroFile(table.io.new_input(path)) as avro:
+                parent = avro.header.meta.get("parent-snapshot-id")
+        except Exception as exc:  # noqa: BLE001 - unreadable: kept, never guessed
+            log.warning("orphan clean-up of %s: manifest list %s kept, its parent unreadable (%s)", name, path, exc)
+            continue
+        if parent is not None and parent != str(main.snapshot_id):
+            stale.add(path)
+    return stale
+
+
+def _is_manifest_list(root: str, path: str) -> bool:
+    rel = _relative(root, path) or []
+    return len(rel) == 2 and rel[0] == "metadata" and rel[1].startswith("snap-") and rel[1].endswith(".avro")
 
 
 def _is_batch_dir(root: str, path: str) -> bool:

@@ -386,7 +386,18 @@ def named() -> tuple:
                     ("backfills", END)]
         return s
 
+    def reset_killed_at_fence_commit() -> Schedule:
+        """A reset killed with its fence recorded as committing and its manifest list written,
+        before the catalog's commit (explorer seed 1013); the operator runs it again, its new
+        fence moves ``main``. Orphan clean-up then deletes the first fence's manifest list (its
+        commit asserted a ``main`` that is gone), which the committing row kept for ever."""
+        s = glue("glue-reset-killed-at-fence-commit", 52)
+        s.actors = [("main", "daemon", _ingest(2)), ("reset", "cli-reset", _seq(_op("reset")))]
+        s.script = [("main", END), ("reset", END)]
+        s.plan = FaultPlan(forced={("reset", "external-commit", 0): "kill"})
+        return s
+
     return (crash_between_commits, reset_fences_batch_in_flight, reset_killed_after_fence,
             reset_killed_before_roll_forward, zombie_after_takeover, zombie_before_new_leader_commits,
             reply_lost_then_reset, backfill_and_main_conflict, cancel_backfill_in_flight, reset_before_first_batch,
-            reset_fences_during_takeover)
+            reset_fences_during_takeover, reset_killed_at_fence_commit)
