@@ -465,7 +465,7 @@ def test_sighup_rereads_the_config_and_swaps_settings(tmp_path, daemons):
     assert all(" DEBUG " not in line for line in before)
     assert after[0]["msg"] == ("SIGHUP: settings reloaded: tickInterval 60.0 -> 0.3; "
                                "logFormat 'text' -> 'json'; logLevel 'INFO' -> 'DEBUG' "
-                               "(db, segments, objectStore, stateDir, sparkMaster, spark, snapshotsKept, readerGrace need a restart)")
+                               "(db, segments, objectStore, catalog, stateDir, sparkMaster, spark, snapshotsKept, readerGrace need a restart)")
     debug = [e for e in after if e["level"] == "debug"]  # the new level is in effect too
     assert any(e["msg"].startswith("reconcile pass (tick): no changes") for e in debug)
     assert all(e["priority"] == 7 for e in debug)

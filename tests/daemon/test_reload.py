@@ -88,7 +88,7 @@ def test_reload_applies_the_maintenance_settings_to_the_running_leader(tmp_path,
     assert "compactInterval 0.0 -> 1.0; compactLateness 3600.0 -> 7200.0" in reloaded
     assert "maintainInterval 0.0 -> 1.0; snapshotRetention 3600.0 -> 10800.0" in reloaded
     assert reloaded.endswith(f"({RESTART_KEYS} need a restart)")
-    assert RESTART_KEYS == "db, segments, objectStore, stateDir, sparkMaster, spark, snapshotsKept, readerGrace"
+    assert RESTART_KEYS == "db, segments, objectStore, catalog, stateDir, sparkMaster, spark, snapshotsKept, readerGrace"
 
 
 class _Clock:
