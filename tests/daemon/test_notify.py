@@ -387,8 +387,9 @@ def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker,
 
 
 def test_watchdog_keeps_pinging_while_a_spark_batch_runs(kafka_broker, topic, spark, tmp_path, daemons):
-    # One batch of everything in a fresh process: JVM start + Python workers + 20k records, many seconds.
-    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, max_batch_records=N)
+    # One batch of everything in a fresh process: JVM start + Python workers + 100k records, several
+    # seconds (8k records once took over 3 s; a faster batch no longer does).
+    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, n=100_000, max_batch_records=100_000)
     with NotifySocket() as sd:
         env = daemon_env(s, NOTIFY_SOCKET=sd.path, WATCHDOG_USEC="2000000")  # WatchdogSec=2s: ping every 1s
         proc, log = daemons.start("daemon", env)
