@@ -361,7 +361,9 @@ def test_ready_watchdog_then_sigterm_finishes_the_batch_and_exits_0(kafka_broker
 
 
 def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker, topic, spark, tmp_path, daemons):
-    s, records, ends, _doc = kafka_setup(kafka_broker, topic, tmp_path, max_batch_records=2000)
+    # Batches long enough that the second signal meets one in flight (2,000 records once were;
+    # a faster batch finished before it, and the graceful stop won).
+    s, records, ends, _doc = kafka_setup(kafka_broker, topic, tmp_path, n=100_000, max_batch_records=25_000)
     with NotifySocket() as sd:
         proc, log = daemons.start("daemon", daemon_env(s, NOTIFY_SOCKET=sd.path))
         sd.wait_for("READY", "1", proc=proc, log=log)
@@ -379,7 +381,7 @@ def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker,
     wait_group_gone(proc.pid)  # the JVM and Python workers are gone too
     # Whatever the cut-short batch left behind publishes nothing; the next start recovers.
     before = checkpoints(s, "clicks")
-    assert sum(before.values()) < N, "everything was published before the signals: nothing was cut short"
+    assert sum(before.values()) < 100_000, "everything was published before the signals: nothing was cut short"
     code, _daemon = helpers.run_daemon(s, until_caught_up=True, timeout=240)
     assert code == 0
     cps = assert_consistent(spark, s, "clicks", "clicks", records, 2)
@@ -387,9 +389,9 @@ def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker,
 
 
 def test_watchdog_keeps_pinging_while_a_spark_batch_runs(kafka_broker, topic, spark, tmp_path, daemons):
-    # One batch of everything in a fresh process: JVM start + Python workers + 100k records, several
-    # seconds (8k records once took over 3 s; a faster batch no longer does).
-    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, n=100_000, max_batch_records=100_000)
+    # One batch of everything in a fresh process: JVM start + Python workers + 400k records, several
+    # seconds (8k and then 100k records once took over 3 s; a faster batch no longer does).
+    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, n=400_000, max_batch_records=400_000)
     with NotifySocket() as sd:
         env = daemon_env(s, NOTIFY_SOCKET=sd.path, WATCHDOG_USEC="2000000")  # WatchdogSec=2s: ping every 1s
         proc, log = daemons.start("daemon", env)

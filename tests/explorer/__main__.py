@@ -16,6 +16,7 @@ glue`` (or a named schedule of the external path) one moto server (S3 and Glue) 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -106,17 +107,21 @@ def below_floor(results: list[dict]) -> list[str]:
             for k, share in floors_of(results).items() if got[k] < share * n]
 
 
+_RUNS = itertools.count()
+
+
 def explore(db: str, jobs: list[tuple[str, object]], workers: int, root: Path, *,
             pg_url_for=None, glue: dict | None = None) -> list[dict]:
     """Run ``jobs`` (("seed", n), ("glue-seed", n): an external-catalog one, or ("named",
     name)) on ``workers`` processes; ``glue``: moto's Glue catalog properties, for those."""
     workers = max(1, min(workers, len(jobs)))
     chunks = [jobs[i::workers] for i in range(workers)]
+    run = next(_RUNS)
     args = []
     for i, chunk in enumerate(chunks):
         workdir = root / f"w{i}"
         if db == "postgres":
-            url = pg_url_for(f"explorer_w{i}_{os.getpid()}")
+            url = pg_url_for(f"explorer_w{i}_{os.getpid()}_{run}")  # one database per call: a session runs several
         else:
             url = f"sqlite:///{workdir / 'reconciler.db'}"
         args.append((url, str(workdir), db, chunk, glue))
