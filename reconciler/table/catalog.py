@@ -356,22 +356,7 @@ class Tables:
         batch of the other kind is refused (``RollupMismatch``) and nothing is staged."""
 
         def build(tx: _Transaction) -> None:
-            if rollup is not None:
-                recorded = tx.table_metadata.properties.get(ROLLUP_PROPERTY)
-                if recorded is None:
-                    tx.set_properties(**{ROLLUP_PROPERTY: str(rollup).lower()})
-                elif recorded != str(rollup).lower():
-                    raise RollupMismatch(
-                        f"datasource {name} holds rows written with rollup: {recorded}; a spec with rollup: "
-                        f"{str(rollup).lower()} cannot write to it (compaction would merge raw rows into rolled-up "
-                        "ones and lose their counts). Write to a new datasource, or set rollup back")
-            if schema is not None and _new_columns(tx.table_metadata, schema):
-                with tx.update_schema() as update:
-                    update.union_by_name(schema)
-                tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
-                                     tx.table_metadata.schema().name_mapping.model_dump_json()})
-            if granularity is not None:
-                _evolve_partitioning(tx, granularity)
+            evolve_for_append(tx, name, schema=schema, granularity=granularity, rollup=rollup)
             retention.converge_properties(tx)
             append_files(tx, files, properties)
             retention.expire_beyond(tx, self.snapshots_kept, readers=self.retired.grace > 0)
@@ -391,6 +376,28 @@ class Tables:
             return []
         folder = self.storage.join(table.location(), "metadata")
         return sorted(x for x in self.storage.list(folder) if write_id_of_name(x.rsplit("/", 1)[-1]) == write_id)
+
+
+def evolve_for_append(tx: Transaction, name: str, *, schema: pa.Schema | None, granularity: str | None,
+                      rollup: bool | None) -> None:
+    """What an append needs of its table first, whatever the catalog: the rollup kind checked
+    (recorded for a table from before the property), new columns, the segment granularity."""
+    if rollup is not None:
+        recorded = tx.table_metadata.properties.get(ROLLUP_PROPERTY)
+        if recorded is None:
+            tx.set_properties(**{ROLLUP_PROPERTY: str(rollup).lower()})
+        elif recorded != str(rollup).lower():
+            raise RollupMismatch(
+                f"datasource {name} holds rows written with rollup: {recorded}; a spec with rollup: "
+                f"{str(rollup).lower()} cannot write to it (compaction would merge raw rows into rolled-up "
+                "ones and lose their counts). Write to a new datasource, or set rollup back")
+    if schema is not None and _new_columns(tx.table_metadata, schema):
+        with tx.update_schema() as update:
+            update.union_by_name(schema)
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                             tx.table_metadata.schema().name_mapping.model_dump_json()})
+    if granularity is not None:
+        _evolve_partitioning(tx, granularity)
 
 
 def append_files(tx: Transaction, files: Sequence[str], properties: Mapping[str, str]) -> None:

@@ -55,13 +55,11 @@ from reconciler.table.catalog import (
     _TABLE_PROPERTIES,
     ROLLUP_PROPERTY,
     TIME,
-    RollupMismatch,
     TableConflict,
     _delete_quietly,
-    _evolve_partitioning,
-    _new_columns,
     _Transaction,
     append_files,
+    evolve_for_append,
     granularity_name,
 )
 from reconciler.table.locations import local_path
@@ -296,20 +294,7 @@ class ExternalTables:
         answer (the outcome may be unknown: the fence tag tells the next step)."""
 
         def build(tx: _Transaction) -> None:
-            if rollup is not None:
-                recorded = tx.table_metadata.properties.get(ROLLUP_PROPERTY)
-                if recorded is not None and recorded != str(rollup).lower():
-                    raise RollupMismatch(f"datasource {name} holds rows written with rollup: {recorded}; a spec "
-                                         f"with rollup: {str(rollup).lower()} cannot write to it")
-                if recorded is None:
-                    tx.set_properties(**{ROLLUP_PROPERTY: str(rollup).lower()})
-            if schema is not None and _new_columns(tx.table_metadata, schema):
-                with tx.update_schema() as update:
-                    update.union_by_name(schema)
-                tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
-                                     tx.table_metadata.schema().name_mapping.model_dump_json()})
-            if granularity is not None:
-                _evolve_partitioning(tx, granularity)
+            evolve_for_append(tx, name, schema=schema, granularity=granularity, rollup=rollup)
             append_files(tx, files, properties)
 
         return self.commit_fenced(name, build, fence=fence, write_id=write_id, attempt=attempt)
