@@ -55,8 +55,9 @@ usage: scripts/install.sh [--from WHEEL|DIR] [--specs DIR] [--segments DIR] [--r
                       time span: 30s, 1min, 1h), `git pull --ff-only` as the service user, by
                       the timer stream-reconciler-pull.timer; the checkout becomes the service
                       user's. Changes then arrive by a push to the config repo.
-  --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR,
-                      systemctl --root DIR, nothing started; the virtualenv runs in place there;
+  --root DIR          install below DIR as if it were / (tests): useradd/userdel --prefix DIR
+                      (a DIR without etc/passwd gets this host's passwd and group, and empty
+                      shadow files), systemctl --root DIR, nothing started; the virtualenv runs in place there;
                       the paths it prints are the staged ones (DIR/etc/...), the files name /etc/...
   --no-user           do not create the user (it must exist)
   --no-systemctl      neither enable, start, restart nor reload anything
@@ -126,6 +127,8 @@ cd "$CHECKOUT"
 source scripts/lib/steps.sh
 # shellcheck source=scripts/lib/apt.sh
 source scripts/lib/apt.sh
+# shellcheck source=scripts/lib/configrepo.sh
+source scripts/lib/configrepo.sh
 
 if [ -n "$ROOT" ]; then
     [ -d "$ROOT" ] || die "--root $ROOT: no such directory"
@@ -212,6 +215,21 @@ host_knows_service_user() {
     [ -z "$ROOT" ] || [ "$(getent passwd "$SERVICE_USER" | cut -d: -f3)" = "$SVC_UID" ]
 }
 
+# useradd and usermod --prefix DIR work on DIR/etc's user database and fail without one, as
+# on a fresh staging root: seed it with this host's users (passwd and group hold no secret)
+# and empty shadow files (the host's password hashes stay on the host).
+seed_user_database() {
+    [ -f "$ROOT/etc/passwd" ] && [ -f "$ROOT/etc/group" ] && return 0
+    install -d -m 0755 "$ROOT/etc"
+    local f
+    for f in passwd group; do [ -f "$ROOT/etc/$f" ] || install -m 0644 "/etc/$f" "$ROOT/etc/$f"; done
+    for f in shadow gshadow; do [ -f "$ROOT/etc/$f" ] || install -m 0600 /dev/null "$ROOT/etc/$f"; done
+    say "seeded $ROOT/etc/passwd and group with this host's users, and empty shadow files: useradd and usermod --prefix $ROOT need them"
+}
+if [ "$UNINSTALL" -eq 0 ] && [ -n "$ROOT" ] && [ "$IS_ROOT" -eq 1 ] && { [ "$NO_USER" -eq 0 ] || [ ${#OPERATORS[@]} -gt 0 ]; }; then
+    seed_user_database
+fi
+[ ${#OPERATORS[@]} -eq 0 ] || [ "$IS_ROOT" -eq 1 ] || die "--operator needs root: it changes the group's members and writes a sudoers rule"
 for op in ${OPERATORS[@]+"${OPERATORS[@]}"}; do  # before anything is installed
     lookup passwd "$op" >/dev/null || die "--operator $op: no such user${ROOT:+ in $ROOT/etc/passwd}; create it first (useradd ${ROOT:+--prefix $ROOT }--create-home $op), then run this again"
 done
@@ -228,11 +246,7 @@ fi
 # --pull-every: the git checkout that holds the watched directory (it or a folder above it)
 REPO=
 if [ "$UNINSTALL" -eq 0 ] && [ -n "$PULL_EVERY" ]; then
-    REPO=$SPECS
-    while [ "$REPO" != / ] && [ ! -e "$ROOT$REPO/.git" ]; do
-        REPO=$(dirname "$REPO")
-    done
-    [ -e "$ROOT$REPO/.git" ] || die "--pull-every: $ROOT$SPECS is in no git checkout; clone the config repo first (git clone URL $(dirname "$ROOT$SPECS")), then run this again"
+    REPO=$(checkout_of "$SPECS") || die "--pull-every: $ROOT$SPECS is in no git checkout; clone the config repo first (git clone URL $(dirname "$ROOT$SPECS")), then run this again"
 fi
 
 # disown_kept DIR: a spec directory kept by --purge outlives the user and the group: what
@@ -335,9 +349,6 @@ if ! service_ids; then
     elif [ "$IS_ROOT" -eq 0 ]; then
         say "not root: the user $SERVICE_USER is not created and files stay yours"
     else
-        if [ -n "$ROOT" ] && { [ ! -f "$ROOT/etc/passwd" ] || [ ! -f "$ROOT/etc/group" ]; }; then
-            die "--root $ROOT: useradd --prefix needs $ROOT/etc/passwd and $ROOT/etc/group (copy the host's)"
-        fi
         useradd ${ROOT:+--prefix "$ROOT"} --system --user-group --home-dir "$STATE" --no-create-home \
             --shell /usr/sbin/nologin --comment "stream-reconciler daemon" "$SERVICE_USER"
         say "created the system user $SERVICE_USER"
@@ -548,34 +559,7 @@ if [ -n "$REPO" ]; then
         chmod g+rwxs "$ROOT$SPECS"  # chown clears the setgid bit
         say "made the checkout $ROOT$REPO $SERVICE_USER's: the pull timer runs git as that user"
     fi
-    cat > "$ROOT$UNIT_DIR/$PULL_UNIT.service" <<EOF
-# Written by scripts/install.sh --pull-every: the config repo's checkout, fast-forwarded.
-[Unit]
-Description=stream-reconciler: pull the config repo's checkout $REPO (fast-forward only)
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-Type=oneshot
-User=$SERVICE_USER
-Group=$SERVICE_USER
-UMask=0002
-Environment=HOME=$STATE
-ExecStart=/usr/bin/git -C $REPO pull --ff-only --quiet
-EOF
-    cat > "$ROOT$UNIT_DIR/$PULL_UNIT.timer" <<EOF
-# Written by scripts/install.sh --pull-every $PULL_EVERY
-[Unit]
-Description=stream-reconciler: pull the config repo's checkout every $PULL_EVERY
-
-[Timer]
-OnBootSec=$PULL_EVERY
-OnUnitActiveSec=$PULL_EVERY
-
-[Install]
-WantedBy=timers.target
-EOF
-    chmod 0644 "$ROOT$UNIT_DIR/$PULL_UNIT.service" "$ROOT$UNIT_DIR/$PULL_UNIT.timer"
+    write_pull_units "$REPO"
     PULL_TIMER=$PULL_UNIT.timer
     say "the pull timer $ROOT$UNIT_DIR/$PULL_TIMER: git pull --ff-only in $ROOT$REPO as $SERVICE_USER every $PULL_EVERY (systemctl list-timers $PULL_TIMER; journalctl -u $PULL_UNIT)"
 fi
@@ -605,10 +589,4 @@ if [ "$UPGRADE" -eq 1 ]; then
 else
     say "installed stream-reconciler $new_version"
 fi
-# spec files are <id>.yaml (an id has no dot); markers are <id>.<what>.yaml
-found=$(find "$ROOT$SPECS" -maxdepth 1 -type f \( -name '*.yaml' -o -name '*.yml' \) ! -name '*.*.*' 2>/dev/null | wc -l)
-if [ "$found" -eq 0 ]; then
-    say "next: put specs in $ROOT$SPECS, then \`reconciler status\` (runs as $SERVICE_USER)"
-else
-    say "$found spec(s) found in $ROOT$SPECS: \`reconciler validate\` checks them, \`reconciler status\` shows them (runs as $SERVICE_USER)"
-fi
+say_how_specs_arrive

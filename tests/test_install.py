@@ -330,6 +330,54 @@ def test_a_pull_timer_keeps_the_config_repos_checkout_current_and_purge_gives_it
     git("-C", str(checkout), "status", "--short")  # root may use its checkout again
 
 
+def test_a_fresh_root_takes_an_operator_and_the_install_says_how_specs_arrive(request, staged, wheel):
+    """Issue 46, a second newcomer: below a fresh staging root (no etc/ at all) --operator
+    suggested `useradd --prefix ROOT`, which fails there (it needs ROOT/etc/passwd and group);
+    and without --pull-every the install said nothing on how specs reach the watched directory.
+    The user database is seeded from the host's (without its password hashes), the hint printed
+    works as printed, and the last lines say how specs arrive, true to the checkout found."""
+    root = Path(tempfile.mkdtemp(prefix="reconciler-fresh-", dir="/var/tmp"))  # the service user enters it
+    root.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    (root / "opt").mkdir()
+    subprocess.run(["cp", "-al", str(staged[0] / "opt" / "stream-reconciler"), str(root / "opt")], check=True)
+    base = ("--root", str(root), "--from", str(wheel), "--no-systemctl", "--no-spark-archive")
+    r = subprocess.run(["bash", str(INSTALL), *base, "--operator", "opsnewcomer"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1 and f"seeded {root}/etc/passwd and group with this host's users" in r.stdout, r
+    hint = re.search(r"create it first \((useradd [^)]*)\), then run this again", r.stderr)
+    assert hint, r.stderr
+    subprocess.run(hint[1].split(), check=True, capture_output=True)  # what it says works on this root
+    shadow = (root / "etc" / "shadow").read_text().splitlines()
+    assert [x.split(":")[0] for x in shadow] == ["opsnewcomer"]  # the host's password hashes stay on the host
+
+    out = install(*base, "--operator", "opsnewcomer")
+    assert passwd_entry(root) is not None and passwd_entry(root, "opsnewcomer") is not None
+    assert "operator opsnewcomer: in the group stream-reconciler" in out
+    specs = root / "srv" / "stream-reconciler" / "specs"
+    assert (f"specs: {specs} is watched (its top level only) and is in no git checkout: put your config repo "
+            f"there with git clone URL {specs}") in out, out
+    assert f"sudo git -C {specs} pull --ff-only, or run this again with --pull-every 1min" in out
+    assert f"next: put specs in {specs}" in out and unstaged_paths(out, root) == []
+
+    # the config repo cloned into the (empty) watched directory, as the line says
+    remote = root / "remote.git"
+    git = lambda *a, cwd=root: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],  # noqa: E731
+                                              cwd=cwd, check=True, capture_output=True, text=True)
+    git("init", "-q", "-b", "main", str(remote))
+    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", remote / "clicks.yaml")
+    git("add", ".", cwd=remote)
+    git("commit", "-q", "-m", "clicks", cwd=remote)
+    git("clone", "-q", str(remote), str(specs))
+    out = install(*base)
+    assert (f"specs: {specs} is watched, in the git checkout {specs}: a change arrives when it is pulled "
+            f"(sudo git -C {specs} pull --ff-only, as its owner), or run this again with --pull-every 1min") in out, out
+    assert f"1 spec(s) found in {specs}" in out and unstaged_paths(out, root) == []
+    out = install(*base, "--pull-every", "1min")
+    assert (f"specs: {specs} is watched; stream-reconciler-pull.timer pulls the checkout {specs} as "
+            "stream-reconciler: a change arrives by a push to the config repo") in out, out
+
+
 # --------------------------------------------------------------------------- on the host
 
 def in_namespace(staged_root: Path, work: Path, steps: list[tuple[str, str]], timeout: float = 900) -> dict:
