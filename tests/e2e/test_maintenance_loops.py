@@ -145,7 +145,11 @@ def test_compact_and_maintain_loops_beside_ingest_reset_and_backfill(spark, kafk
             mark("reset")
             time.sleep(LOOPS_SECONDS)
             produced = producer.stop()
-            wait_for(lambda: caught_up(store), 180, "the main supervisor and its backfill to catch up", every=0.5)
+            try:
+                wait_for(lambda: caught_up(store), 180, "the main supervisor and its backfill to catch up", every=0.5)
+            except AssertionError as exc:  # say where it stood: a stall here has been seen once, under CI load
+                raise AssertionError(f"{exc}\n{where_they_stand(store)}\nloops: "
+                                     f"{[(lp.args[0], [c for c, _ in lp.runs][-5:]) for lp in loops]}") from None
             mark("caught up")
             runs = {loop.args[0]: loop.stop() for loop in loops}
             mark("loops stopped")
@@ -205,6 +209,26 @@ def checkpoints(store: Store) -> dict[str, int]:
         return store.checkpoints(SID)
     except RetryableError:
         return {}
+
+
+def where_they_stand(store: Store) -> str:
+    """Each supervisor's state, error, checkpoints and (for a backfill) range, and the topic's end."""
+    from datetime import UTC, datetime
+
+    from reconciler.control import positions as positions_mod
+    from reconciler.model import Position
+
+    actual = store.read_actual()
+    lines = []
+    for sid, r in sorted(actual.supervisors.items()):
+        lines.append(f"{sid}: {r.state}/{r.detailed_state} epoch {r.epoch} error {r.last_error!r} "
+                     f"checkpoints {dict(actual.checkpoints.get(sid, {}))} start {r.start_offsets} end {r.end_offsets}")
+    try:
+        latest = positions_mod.capture(store.get(SID).spec, Position("latest"), datetime.now(UTC))[0].latest
+        lines.append(f"topic end: {dict(latest)}")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic; the broker's answer may be the problem
+        lines.append(f"topic end unknown: {exc}")
+    return "\n".join(lines)
 
 
 def caught_up(store: Store) -> bool:
