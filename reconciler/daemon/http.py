@@ -17,7 +17,6 @@ from reconciler.observe.snapshot import SharedRender
 from reconciler.store.store import Store
 
 log = logging.getLogger("reconciler.daemon")  # the name in every line, as before the split
-CHART_BATCHES = 450  # the newest batches read for a supervisor page's ingested/s chart
 
 
 def http_off(address: str) -> bool:
@@ -89,11 +88,9 @@ class HttpEndpoint:
             if not items:
                 return None
             o = seen.get(sid)
-            # enough for the ingested/s chart's hour at one batch per 8 s; with more, its line begins at the oldest read
-            batches = self.store.recent_batches(sid, CHART_BATCHES)
             return supervisorpage.render(
                 items[0], observed=_observed(o, partitions=True), samples=observer.history(sid) if observer else [],
-                batches=batches, all_batches=len(batches) < CHART_BATCHES,
+                batches=self.store.recent_batches(sid, supervisorpage.BATCHES_SHOWN),
                 audit=list(reversed(self.store.history(sid)))[:50])
         items = all_status(self.store, with_latest=False)
         history = {i["id"]: observer.history(i["id"]) for i in items} if observer is not None else {}

@@ -8,10 +8,16 @@ did not answer) breaks the line instead of drawing a false 0.
 
 The x axis spans the data actually held, from the first sample to now (at least ``MIN_SPAN``,
 at most ``WINDOW``): a fixed hour made five minutes of data a 5 px sliver at the right edge.
-Ticks fall on round minutes (1, 5, 10 or 15 apart, at most ``MAX_TICKS``), the y scale ends
-on a round value, and every label sits outside the plot so none is drawn over the line. Points
-are thinned to one per two pixels (the largest of lags, the mean of rates), which bounds a
-page of many supervisors whatever ``lagInterval`` is.
+Ticks fall on round minutes (1, 5, 10 or 15 apart, at most ``MAX_TICKS`` and never closer than
+a label's width), the y scale ends on a round value (sub-second ones too), and every label sits
+outside the plot so none is drawn over the line. No label runs into another either (issue
+46.4): the title and the "now · max" values share the header line only when a generous estimate
+of their widths (``text_width``: DejaVu Sans, the widest of the usual fallbacks) fits, else the
+values take a second line; marker letters that would touch stack downwards. Points are thinned
+to one per two pixels (the largest of lags, the mean of rates), which bounds a page of many
+supervisors whatever ``lagInterval`` is.
+
+Records ingested per second have one definition, ``ingest_rates``, drawn by both pages.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ WINDOW = 3600.0  # seconds shown at most, ending now (the observer keeps an hour
 MIN_SPAN = 300.0  # seconds shown at least
 STEPS = (60, 300, 600, 900)  # tick spacings, seconds
 MAX_TICKS = 6
-LEFT, RIGHT, TOP, BOTTOM = 44, 16, 18, 16  # margins: the scale, the title and the time axis live there
+LEFT, RIGHT, TOP, BOTTOM = 44, 16, 22, 16  # margins: the scale, the title and the time axis live there
+LINE = 12  # a header line's height: values that do not fit beside the title go below it
+TICK_ROOM = 40  # px per tick label ("12:45" and a gap)
 MARKS = {"reset": ("R", "#b3261e"), "backfill": ("B", "#6a3fb5")}
 
 Points = Sequence[tuple[datetime, float | None]]
@@ -43,50 +51,54 @@ class Marker:
 
 def timechart(samples: Points, now: datetime, *, label: str, unit: str = "", markers: Sequence[Marker] = (),
               width: int = 300, height: int = 110, color: str = "#2c6fbb", css_class: str = "chart",
-              reduce: str = "max") -> str:
-    """A line over the data held (``span``), its scale, its time axis and the markers in range.
-    ``unit``: ``""`` (a count), ``"s"`` (a duration) or ``"/s"`` (a rate); ``reduce``: how the
-    samples of one pixel column are thinned (``max`` or ``mean``)."""
-    start = span_start([t for t, _ in samples], now)
+              reduce: str = "max", since: datetime | None = None) -> str:
+    """A line over the data held (``span``, or from ``since``), its scale, its time axis and the
+    markers in range. ``unit``: ``""`` (a count), ``"s"`` (a duration) or ``"/s"`` (a rate);
+    ``reduce``: how the samples of one pixel column are thinned (``max`` or ``mean``)."""
+    start = since or span_start([t for t, _ in samples], now)
     shown = [(t, v) for t, v in samples if start <= t <= now]
     known = [v for _, v in shown if v is not None]
     top = max(known, default=0.0)
     scale = nice_max(top, unit)
-    pw, ph = width - LEFT - RIGHT, height - TOP - BOTTOM
+    last = samples[-1][1] if samples else None
+    values = f"now {fmt(last, unit)} · max {fmt(top if known else None, unit)}"
+    # beside the title when both fit with a gap, else on a line of their own: never over each other
+    stacked = LEFT + text_width(label) + 10 + text_width(values) > width - RIGHT
+    head = TOP + (LINE if stacked else 0)
+    pw, ph = width - LEFT - RIGHT, height - head - BOTTOM
     seconds = (now - start).total_seconds()
 
     def x(t: datetime) -> float:
         return LEFT + (t - start).total_seconds() / seconds * pw
 
     def y(v: float) -> float:
-        return TOP + ph - min(v, scale) / scale * ph
+        return head + ph - min(v, scale) / scale * ph
 
     runs = _runs(_thin(shown, x, reduce))
-    last = samples[-1][1] if samples else None
-    text = f"{label}: now {fmt(last, unit)}, max {fmt(top if known else None, unit)}"
+    text = f"{label}: {values.replace(' ·', ',')}"
     out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(text)}" font-family="system-ui,sans-serif" '
            f'font-size="10" data-points="{sum(len(r) for r in runs)}" data-span="{int(seconds)}">',
            f"<title>{escape(text)}</title>",
-           f'<text x="{LEFT}" y="12" fill="#333">{escape(label)}</text>',
-           f'<text x="{width - RIGHT}" y="12" fill="#555" text-anchor="end">now {escape(fmt(last, unit))} · '
-           f'max {escape(fmt(top if known else None, unit))}</text>',
-           f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fbfbfb" stroke="#ddd"/>']
+           f'<text class="label" x="{LEFT}" y="12" fill="#333">{escape(label)}</text>',
+           f'<text class="values" x="{width - RIGHT}" y="{12 + (LINE if stacked else 0)}" fill="#555" '
+           f'text-anchor="end">{escape(values)}</text>',
+           f'<rect x="{LEFT}" y="{head}" width="{pw}" height="{ph}" fill="#fbfbfb" stroke="#ddd"/>']
     out += _scale(scale, unit, y, width)
-    out += _axis(start, now, x, height)
+    out += _axis(start, now, x, height, head, max(2, pw // TICK_ROOM))
     for r in runs:
         pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in r)
         if len(r) == 1:
             out.append(f'<circle cx="{x(r[0][0]):.1f}" cy="{y(r[0][1]):.1f}" r="2" fill="{color}"/>')
             continue
-        base = TOP + ph
+        base = head + ph
         out.append(f'<polygon fill="{color}" fill-opacity="0.12" stroke="none" '
                    f'points="{x(r[0][0]):.1f},{base} {pts} {x(r[-1][0]):.1f},{base}"/>')
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
     if not known:
-        out.append(f'<text x="{LEFT + pw / 2:.0f}" y="{TOP + ph / 2 + 3:.0f}" fill="#888" text-anchor="middle">'
+        out.append(f'<text x="{LEFT + pw / 2:.0f}" y="{head + ph / 2 + 3:.0f}" fill="#888" text-anchor="middle">'
                    "no samples</text>")
-    out += _markers([m for m in markers if start <= m.at <= now], x, height, width)
+    out += _markers([m for m in markers if start <= m.at <= now], x, height, width, head)
     out.append("</svg>")
     return "".join(out)
 
@@ -97,10 +109,12 @@ def span_start(times: Sequence[datetime], now: datetime) -> datetime:
     return now - timedelta(seconds=min(WINDOW, max(MIN_SPAN, (now - first).total_seconds())))
 
 
-def ticks(start: datetime, now: datetime) -> list[datetime]:
-    """Round minutes between ``start`` and ``now``: the smallest of ``STEPS`` giving at most ``MAX_TICKS``."""
+def ticks(start: datetime, now: datetime, most: int = MAX_TICKS) -> list[datetime]:
+    """Round minutes between ``start`` and ``now``: the smallest of ``STEPS`` giving at most
+    ``most`` (and ``MAX_TICKS``) intervals."""
     total = (now - start).total_seconds()
-    step = next((s for s in STEPS if total / s <= MAX_TICKS), STEPS[-1])
+    most = min(most, MAX_TICKS)
+    step = next((s for s in STEPS if total / s <= most), STEPS[-1])
     first = math.ceil(start.timestamp() / step) * step
     return [datetime.fromtimestamp(t, UTC) for t in range(first, int(now.timestamp()) + 1, step)]
 
@@ -111,7 +125,7 @@ def nice_max(top: float, unit: str = "") -> float:
     if top <= 0:
         return 1.0
     if unit == "s":
-        for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400):
+        for step in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400):
             if top <= step:
                 return float(step)
         return math.ceil(top / 86400) * 86400.0
@@ -119,34 +133,42 @@ def nice_max(top: float, unit: str = "") -> float:
     return next(m * power for m in (1, 2, 2.5, 5, 10) if top <= m * power * (1 + 1e-9))
 
 
-def per_second(points: Sequence[tuple[datetime, int | None]]) -> list[tuple[datetime, float | None]]:
-    """Rates from a running total (records ingested so far): the growth between two samples over
-    the time between them; unknown where either is unknown or the total went down."""
-    out: list[tuple[datetime, float | None]] = []
-    for (t0, a), (t1, b) in zip(points, points[1:], strict=False):
-        dt = (t1 - t0).total_seconds()
-        out.append((t1, (b - a) / dt if a is not None and b is not None and b >= a and dt > 0 else None))
-    return out
+def ingest_rates(totals: Sequence[tuple[datetime, int | None]], now: datetime, *,
+                 columns: int = 60) -> list[tuple[datetime, float | None]]:
+    """Records ingested per second: the one definition both pages chart (issue 46.3; they once
+    drew different figures for the same supervisor at the same moment).
 
-
-def batch_rates(commits: Sequence[tuple[datetime, int]], now: datetime, *, complete: bool = True,
-                columns: int = 60) -> list[tuple[datetime, float | None]]:
-    """Records ingested per second from the store's batches (publish time, records), so a chart
-    shows what was ingested before this daemon started, and a backfill's batches whenever the
-    lag observer looked: the records published in each of ``columns`` equal slices of the span,
-    over the slice's length, at the slice's start. ``complete``: ``commits`` holds every batch
-    of the span; otherwise the slices before the oldest are unknown (left out), not 0."""
-    if not commits:
+    ``totals`` are the lag observer's samples of the records ingested so far. The growth between
+    two samples is spread evenly over the time between them, summed in each of ``columns`` equal
+    slices of the charts' span (``span_start``: the lag charts' axis), and divided by the part of
+    the slice those pairs cover; each point sits at its slice's end. A slice no pair of known
+    totals covers is unknown (a gap, never a false 0), as is a pair whose total went down. The
+    figure does not depend on the chart's width, and a backfill first seen after it had read
+    everything rises from its creation's sample (nothing ingested) to its end."""
+    if not totals:
         return []
-    start = span_start([t for t, _ in commits], now)
+    start = span_start([t for t, _ in totals], now)
     width = (now - start).total_seconds() / columns
-    sums = [0] * columns
-    for t, n in commits:
-        if start <= t <= now:
-            sums[min(columns - 1, int((t - start).total_seconds() // width))] += int(n or 0)
-    oldest = min(t for t, _ in commits)
-    return [(start + timedelta(seconds=width * i), total / width) for i, total in enumerate(sums)
-            if complete or start + timedelta(seconds=width * (i + 1)) > oldest]
+    got, covered = [0.0] * columns, [0.0] * columns
+    for (t0, a), (t1, b) in zip(totals, totals[1:], strict=False):
+        if a is None or b is None or b < a or t1 <= t0:
+            continue
+        lo, hi = (t0 - start).total_seconds(), min((t1 - start).total_seconds(), columns * width)
+        rate = (b - a) / (t1 - t0).total_seconds()
+        for i in range(max(0, int(lo // width)), min(columns, math.ceil(hi / width))):
+            part = min(hi, (i + 1) * width) - max(lo, i * width)
+            if part > 0:
+                got[i] += rate * part
+                covered[i] += part
+    return [(start + timedelta(seconds=width * (i + 1)), got[i] / covered[i] if covered[i] > 1e-9 else None)
+            for i in range(columns)]
+
+
+def text_width(text: str) -> float:
+    """A generous estimate of ``text``'s width in px at the charts' 10 px font: DejaVu Sans, the
+    widest fallback of ``system-ui`` on the machines the pages are read on (Debian's chromium)."""
+    narrow, wide = " ,.:;·()[]/|!'ijlrtf", "mwMW%"
+    return sum(3.6 if c in narrow else 9.8 if c in wide else 6.6 for c in text)
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -163,6 +185,8 @@ def short(value: float, unit: str) -> str:
     """A scale label: ``88000`` -> ``88k``; durations as ``15m``, ``1h``."""
     if unit == "s":
         v = int(value)
+        if 0 < value < 0.1:
+            return f"{value * 1000:g}ms"
         if value < 1:
             return f"{value:g}s"
         if v < 60:
@@ -177,8 +201,13 @@ def short(value: float, unit: str) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``42`` -> ``42s``; ``150`` -> ``2m 30s``; ``5040`` -> ``1h 24m``."""
-    seconds = int(seconds)
+    """``0.04`` -> ``40ms``; ``0.7`` -> ``0.7s``; ``42`` -> ``42s``; ``150`` -> ``2m 30s``; ``5040``
+    -> ``84m 00s``; ``7440`` -> ``2h 04m``. A sub-second lag read "0s", as if nothing waited."""
+    if 0 < seconds < 0.0995:
+        return f"{seconds * 1000:.0f}ms" if seconds >= 0.0005 else "<1ms"
+    if 0 < seconds < 0.95:
+        return f"{seconds:.1f}s"
+    seconds = int(round(seconds) if seconds < 1 else seconds)
     if seconds < 90:
         return f"{seconds}s"
     if seconds < 5400:
@@ -226,29 +255,37 @@ def _scale(scale: float, unit: str, y: Callable[[float], float], width: int) -> 
     return out
 
 
-def _axis(start: datetime, now: datetime, x: Callable[[datetime], float], height: int) -> list[str]:
+def _axis(start: datetime, now: datetime, x: Callable[[datetime], float], height: int, head: int = TOP,
+          most: int = MAX_TICKS) -> list[str]:
     out = []
     base = height - BOTTOM
-    for t in ticks(start, now):
+    for t in ticks(start, now, most):
         xx = x(t)
-        out.append(f'<line x1="{xx:.1f}" y1="{TOP}" x2="{xx:.1f}" y2="{base + 3}" stroke="#e6e6e6"/>')
+        out.append(f'<line x1="{xx:.1f}" y1="{head}" x2="{xx:.1f}" y2="{base + 3}" stroke="#e6e6e6"/>')
         # centred under its line (the right margin holds half a label): ticks never crowd each other
         out.append(f'<text class="tick" x="{xx:.1f}" y="{height - 3}" fill="#666" text-anchor="middle">'
                    f"{t:%H:%M}</text>")
     return out
 
 
-def _markers(markers: Sequence[Marker], x: Callable[[datetime], float], height: int, width: int) -> list[str]:
+def _markers(markers: Sequence[Marker], x: Callable[[datetime], float], height: int, width: int,
+             head: int = TOP) -> list[str]:
     out = []
     base = height - BOTTOM
-    for m in markers:
+    placed: list[tuple[float, float, int]] = []  # the letters' extents and rows: one that would touch goes below
+    for m in sorted(markers, key=lambda m: m.at):
         letter, color = MARKS.get(m.kind, ("?", "#555"))
         xx = x(m.at)
         tip = m.text or f"{m.kind} at {m.at:%H:%M:%S}Z"
         tx, anchor = (xx - 3, "end") if xx + 12 > width - RIGHT else (xx + 3, "start")  # inside the plot
+        lo, hi = (tx - 9, tx) if anchor == "end" else (tx, tx + 9)
+        row = next(r for r in range(len(placed) + 1)
+                   if all(r != pr or hi + 2 < plo or lo - 2 > phi for plo, phi, pr in placed))
+        placed.append((lo, hi, row))
         out.append(f'<g class="marker {escape(m.kind)}"><title>{escape(tip)}</title>'
-                   f'<line x1="{xx:.1f}" y1="{TOP}" x2="{xx:.1f}" y2="{base}" stroke="{color}" '
+                   f'<line x1="{xx:.1f}" y1="{head}" x2="{xx:.1f}" y2="{base}" stroke="{color}" '
                    'stroke-dasharray="3,2" stroke-width="1.2"/>'
                    f'<path d="M{xx - 4:.1f},{base + 6} L{xx + 4:.1f},{base + 6} L{xx:.1f},{base} Z" fill="{color}"/>'
-                   f'<text x="{tx:.1f}" y="{TOP + 10}" fill="{color}" font-weight="600" text-anchor="{anchor}">{letter}</text></g>')
+                   f'<text x="{tx:.1f}" y="{head + 10 + 11 * row}" fill="{color}" font-weight="600" '
+                   f'text-anchor="{anchor}">{letter}</text></g>')
     return out

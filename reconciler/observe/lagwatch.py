@@ -28,12 +28,19 @@ a policy's ``for`` must be measured while they run. Each round:
    with the same rules, and applies it like a marker's reset). A policy whose evaluation
    raises is logged for its supervisor (once while it lasts) and the others go on (issue 41.1);
 3. audits each backfill's progress milestones (25, 50, 75 %) once;
-4. keeps the last hour per supervisor in memory (``Sample``: the lag and the records ingested
-   so far, from ``batch_totals``, whose differences are the records-per-second chart; a
-   completed backfill's are kept, unobserved, until an hour old, ended by one sample at lag 0 with
-   all it ingested; one never seen running, by the run the database holds: its range behind at its
-   creation, none at its end; a new leader starts them afresh) and sets ``reconciler_lag_seconds``
-   and the record lag gauges (removed for a stream that did not answer: unknown, not its last value).
+4. keeps the last hour per supervisor (``Sample``: the lag and the records ingested so far, from
+   ``batch_totals``, whose differences are the records-per-second chart) in memory and in the
+   database (``store.samples``: one batched insert per round that also prunes what is older than
+   an hour), so a restarted daemon or a new leader loads them in its first round and the charts
+   go on (issue 46.1); sets ``reconciler_lag_seconds`` and the record lag gauges (removed for a
+   stream that did not answer: unknown, not its last value).
+
+A backfill's chart begins at its creation, from the database: its whole range behind and nothing
+ingested (``_origin``), whenever the observer first meets it, running or completed. Its first
+observation is not its start: a fast backfill was first seen after it had read everything (at lag
+0, with all it ingested), or only once it had completed, and charted "lag max 0, ingested 0"
+beside a row saying 60,000 records (issue 46.2). A completed backfill's samples are kept,
+unobserved, until an hour old, ended by one sample at lag 0 with all it ingested.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from reconciler import faults
@@ -55,6 +62,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.observe.status import lag_unknown
 from reconciler.runtime.supervisor import RUNNABLE
 from reconciler.store.freshness import MILESTONES, AuditNote
+from reconciler.store.samples import LagSample
 from reconciler.store.store import Store
 from reconciler.streams import adapter_for
 from reconciler.streams.lagtime import behind, lag_seconds, max_seconds, record_times
@@ -138,6 +146,8 @@ class LagObserver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._close_on_exit = False
+        self._loaded = False  # the stored samples read (a new leader's first round)
+        self._unsaved: list[LagSample] = []  # this round's samples, written at its end
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -159,6 +169,7 @@ class LagObserver:
             for seen in self._seen.values():
                 _close(seen)
             self._seen.clear()
+            self._loaded = False
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -179,6 +190,8 @@ class LagObserver:
     def observe_once(self) -> list[SupervisorLag]:
         actual = self.store.read_actual()
         now = self.clock()
+        if not self._loaded:
+            self._load(actual, now)
         watched = {sid: r for sid, r in actual.supervisors.items() if r.state in OBSERVED}
         finished = []
         for gone in set(self._seen) - set(watched):
@@ -192,14 +205,19 @@ class LagObserver:
             elif not seen.finished:
                 finished.append(gone)
         for sid, rec in actual.supervisors.items():
-            # a backfill that ran between two rounds (or before this leader) was never seen: its
-            # chart is its run from the database, its whole range behind at its start, none at its end
-            if rec.bounded and rec.state == State.COMPLETED and sid not in self._seen and rec.created_at \
-                    and rec.updated_at and (now - rec.updated_at).total_seconds() <= HISTORY:
-                start = rec.start_offsets or {}
-                behind = sum(max(0, e - start.get(p, e)) for p, e in (rec.end_offsets or {}).items())
-                self._seen[sid] = _Seen(samples=deque([Sample(rec.created_at, behind, None, 0)]))
-                finished.append(sid)
+            # a backfill met for the first time, running or (ran between two rounds, or before this
+            # leader) completed: its chart begins at its creation, not at this first look
+            done = rec.state == State.COMPLETED and rec.updated_at is not None \
+                and (now - rec.updated_at).total_seconds() <= HISTORY
+            if rec.bounded and sid not in self._seen and (sid in watched or done):
+                origin = _origin(rec, now)
+                if origin is None and done:
+                    continue
+                self._seen[sid] = _Seen()
+                if origin is not None:
+                    self._add(sid, origin)
+                if done:
+                    finished.append(sid)
         recs = sorted(watched.values(), key=lambda r: r.id)
         found: list[SupervisorLag] = []
         if recs:
@@ -224,6 +242,7 @@ class LagObserver:
         running = {o.supervisor_id: o for o in found if watched[o.supervisor_id].state in RUNNABLE}
         self._policies(actual, running, now)
         self._milestones(actual, now)
+        self._save(now)
         return found
 
     def _observe(self, rec: SupervisorRecord, checkpoint: Mapping[str, int], now: datetime) -> SupervisorLag:
@@ -266,13 +285,42 @@ class LagObserver:
         return known | fetched
 
     def _remember(self, o: SupervisorLag, ingested: int | None) -> None:
-        seen = self._seen.get(o.supervisor_id)
+        self._add(o.supervisor_id, Sample(o.at, o.records, o.seconds, ingested))
+
+    def _add(self, sid: str, sample: Sample) -> None:
+        seen = self._seen.get(sid)
         if seen is None:
             return
         with self._lock:
-            seen.samples.append(Sample(o.at, o.records, o.seconds, ingested))
-            while seen.samples and (o.at - seen.samples[0][0]).total_seconds() > HISTORY:
+            seen.samples.append(sample)
+            while seen.samples and (sample.at - seen.samples[0][0]).total_seconds() > HISTORY:
                 seen.samples.popleft()
+        self._unsaved.append(LagSample(sid, *sample))
+
+    # -- the samples kept in the database --------------------------------------------------
+
+    def _load(self, actual: ActualState, now: datetime) -> None:
+        """The samples the last leader (or this daemon before its restart) wrote: the charts go on."""
+        stored = self.store.lag_samples(now - timedelta(seconds=HISTORY))
+        with self._lock:
+            for sid, rows in stored.items():
+                rec = actual.supervisors.get(sid)
+                if rec is None or sid in self._seen:
+                    continue
+                samples = deque(Sample(r.at, r.records, r.seconds, r.ingested) for r in rows)
+                # sampled after it completed: its last sample is taken; else it is added this round
+                ended = rec.state == State.COMPLETED and rec.updated_at is not None and samples[-1].at >= rec.updated_at
+                self._seen[sid] = _Seen(samples=samples, finished=ended)
+        self._loaded = True
+
+    def _save(self, now: datetime) -> None:
+        """This round's samples in one insert, with the prune. Those a database that was away did
+        not take are written with the next round's, while they are within the hour."""
+        keep_since = now - timedelta(seconds=HISTORY)
+        unsaved = [s for s in self._unsaved if s.at >= keep_since]
+        if unsaved:
+            self.store.save_lag_samples(unsaved, keep_since=keep_since)
+        self._unsaved = []
 
     def history(self, supervisor_id: str) -> list[Sample]:
         """The last hour's samples of one supervisor, oldest first."""
@@ -394,6 +442,15 @@ def _policy(rec: SupervisorRecord):
         return rec.spec.lag_policy
     except Exception:  # noqa: BLE001 - a stored spec of an older version: no policy rather than a crash
         return None
+
+
+def _origin(rec: SupervisorRecord, now: datetime) -> Sample | None:
+    """A backfill at its creation: its whole range behind, nothing ingested (its id is new)."""
+    if not rec.bounded or rec.created_at is None or rec.created_at > now:
+        return None
+    start = rec.start_offsets or {}
+    behind = sum(max(0, e - start.get(p, e)) for p, e in (rec.end_offsets or {}).items())
+    return Sample(rec.created_at, behind, None, 0)
 
 
 def _close(seen: _Seen) -> None:

@@ -24,7 +24,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from reconciler.observe.charts import Marker, duration, per_second, timechart
+from reconciler.observe.charts import Marker, duration, ingest_rates, span_start, timechart
 
 # the lag observer's samples (``lagwatch.Sample``): (time, records, seconds, records ingested so far)
 Samples = Sequence[tuple[datetime, int | None, float | None, int | None]]
@@ -108,12 +108,13 @@ def _webhooks(hooks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def charts(samples: Samples, now: datetime, *, markers: Sequence[Marker] = (), width: int = 260,
-           height: int = 96, ingested: Sequence[tuple[datetime, float | None]] | None = None) -> str:
-    """The three charts of one supervisor: lag in records, lag in time, records ingested per second
-    (``ingested``: its points, e.g. ``charts.batch_rates``; else from the samples' running totals)."""
-    size = {"width": width, "height": height, "markers": markers}
-    if ingested is None:
-        ingested = per_second([(s[0], s[3] if len(s) > 3 else None) for s in samples])
+           height: int = 96) -> str:
+    """The three charts of one supervisor on one time axis: lag in records, lag in time, records
+    ingested per second (``charts.ingest_rates`` of the samples: this page and the supervisor's
+    own draw the same figures)."""
+    size = {"width": width, "height": height, "markers": markers,
+            "since": span_start([s[0] for s in samples], now)}
+    ingested = ingest_rates([(s[0], s[3] if len(s) > 3 else None) for s in samples], now)
     return ("<div class=charts>"
             + timechart([(s[0], s[1]) for s in samples], now, label="lag (records)", css_class="chart lag-records",
                         **size)

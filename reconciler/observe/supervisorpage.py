@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from reconciler.observe.charts import batch_rates, duration
+from reconciler.observe.charts import duration
 from reconciler.observe.statuspage import (
     Samples,
     backfill_cell,
@@ -28,25 +28,20 @@ BATCHES_SHOWN = 20
 
 
 def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, samples: Samples,
-           batches: Sequence[Mapping[str, Any]], audit: Sequence[Mapping[str, Any]], now: datetime | None = None,
-           all_batches: bool = True) -> str:
+           batches: Sequence[Mapping[str, Any]], audit: Sequence[Mapping[str, Any]], now: datetime | None = None) -> str:
     """``item``: a ``status.supervisor_status`` dict; ``observed``: the lag observer's last
-    observation (with ``partitions``); ``batches``: the newest committed batches, newest first
-    (the table shows ``BATCHES_SHOWN``; the ingested/s chart all of them, ``all_batches``: every
-    batch of the last hour is among them); ``audit``: the newest audit entries, newest first."""
+    observation (with ``partitions``); ``samples``: its samples of the last hour (the charts, the
+    same as the status page's); ``batches``: the newest committed batches, newest first (the table
+    shows ``BATCHES_SHOWN``); ``audit``: the newest audit entries, newest first."""
     now = now or datetime.now(UTC)
     sid = str(item["id"])
-    # the store's batches, not the observer's samples: what was ingested before this daemon
-    # started, and a backfill that ran between two observations, are on the chart too
-    rates = batch_rates([(b["committed_at"], b.get("records") or 0) for b in batches
-                         if isinstance(b.get("committed_at"), datetime)], now, complete=all_batches)
     parts = [
         page_head(f"{sid} · stream-reconciler"),
         f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
         f"<p class=state>{state_badge(str(item['state']))}</p>",
         _summary(item, observed),
         "<h2>Lag and ingestion</h2>",
-        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150, ingested=rates)}"
+        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150)}"
         "</div>",
         "<h2>Partitions</h2>",
         _partitions(item, observed),

@@ -186,6 +186,20 @@ lag_observations = sa.Table(
     sa.Column("fired_at", sa.DateTime(timezone=True), nullable=True),  # the breach held for `for`
 )
 
+# The lag observer's samples for the status page's charts (issue 46): the last hour per
+# supervisor, pruned as they are written, so a restarted daemon or a new leader charts on.
+lag_samples = sa.Table(
+    "lag_samples",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("supervisor_id", sa.String(128), nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, index=True),  # pruned by time
+    sa.Column("records", sa.BigInteger, nullable=True),  # lag in records (null: unknown)
+    sa.Column("lag_ms", sa.BigInteger, nullable=True),  # lag in time, ms (null: unknown)
+    sa.Column("ingested", sa.BigInteger, nullable=True),  # records ingested so far (batch_totals)
+    sa.Index("ix_lag_samples_supervisor_at", "supervisor_id", "at"),
+)
+
 # Where each webhook endpoint is in the audit log. The URL is not stored (it may hold a secret
 # token, as Slack's do): ``endpoint`` is its hash, ``label`` its scheme, host and port.
 webhook_cursors = sa.Table(

@@ -398,8 +398,8 @@ def test_reset_rejects_a_bad_position(run_sqlite: Cli):
 
 def test_db_upgrade_prints_the_revision(run: Cli):
     first, second = run("db", "upgrade"), run("db", "upgrade")
-    assert (first.exit_code, first.stdout.strip()) == (0, "database at revision 0005")
-    assert (second.exit_code, second.stdout.strip()) == (0, "database at revision 0005")
+    assert (first.exit_code, first.stdout.strip()) == (0, "database at revision 0006")
+    assert (second.exit_code, second.stdout.strip()) == (0, "database at revision 0006")
 
 
 def test_default_database_is_sqlite_in_the_state_dir(tmp_path, specs):
@@ -552,7 +552,7 @@ def test_script_plan_apply_plan(tmp_path, specs, db_url):
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["actions"] == []
     upgrade = script(*common, "db", "upgrade", cwd=tmp_path)
-    assert (upgrade.returncode, upgrade.stdout.strip()) == (0, "database at revision 0005")
+    assert (upgrade.returncode, upgrade.stdout.strip()) == (0, "database at revision 0006")
 
 
 def test_bad_log_level_from_the_environment_is_a_clear_error(tmp_path, specs):

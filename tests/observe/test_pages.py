@@ -60,7 +60,7 @@ def test_the_scale_is_round_and_its_labels_stay_outside_the_plot():
     svg = timechart([(t, r) for t, r, _ in samples([(1000, 1), (88_000, 2), (61_000, 3)])], NOW, label="lag")
     assert charts.nice_max(88_000) == 100_000 and charts.nice_max(0.3, "/s") == 0.5
     assert charts.nice_max(91, "s") == 120 and charts.nice_max(5000, "s") == 7200
-    labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg)
+    labels = re.findall(r'<text (?:class="\w+" )?x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg)
     scale = [(float(x), v) for x, _, v in labels if v in ("0", "50k", "100k")]
     assert [v for _, v in scale] == ["0", "50k", "100k"] and all(x < charts.LEFT for x, _ in scale)
     title = [(float(y), v) for _, y, v in labels if "max" in v]
@@ -68,9 +68,12 @@ def test_the_scale_is_round_and_its_labels_stay_outside_the_plot():
 
 
 def test_records_per_second_and_markers():
-    assert charts.per_second([(NOW, 100), (NOW + timedelta(seconds=5), 600), (NOW + timedelta(seconds=10), None),
-                              (NOW + timedelta(seconds=15), 700)]) == [
-        (NOW + timedelta(seconds=5), 100.0), (NOW + timedelta(seconds=10), None), (NOW + timedelta(seconds=15), None)]
+    t0 = NOW - timedelta(minutes=5)  # the shortest span: 60 slices of 5 s
+    rates = charts.ingest_rates([(t0, 100), (t0 + timedelta(seconds=10), 600), (t0 + timedelta(seconds=20), None),
+                                 (t0 + timedelta(seconds=30), 700)], NOW)
+    assert len(rates) == 60 and rates[:3] == [(t0 + timedelta(seconds=5), 50.0), (t0 + timedelta(seconds=10), 50.0),
+                                              (t0 + timedelta(seconds=15), None)]  # unknown is a gap, never 0
+    assert all(v is None for _, v in rates[2:]) and rates[-1][0] == NOW
     marks = [Marker(NOW - timedelta(minutes=3), "reset", "reset <by> cli"), Marker(NOW - timedelta(hours=2), "backfill")]
     svg = timechart([(NOW - timedelta(minutes=10), 1.0), (NOW, 1.0)], NOW, label="lag", markers=marks)
     assert svg.count('class="marker') == 1 and '<g class="marker reset">' in svg  # the old one is out of range

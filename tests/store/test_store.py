@@ -79,9 +79,9 @@ def test_migrate_twice_is_idempotent(db_url):
     s = Store(db_url)
     try:
         assert s.revision() is None
-        assert s.migrate() == "0005"
-        assert s.migrate() == "0005"
-        assert s.revision() == "0005"
+        assert s.migrate() == "0006"
+        assert s.migrate() == "0006"
+        assert s.revision() == "0006"
         assert count(s, "alembic_version") == 1
         assert s.read_actual().supervisors == {}
     finally:
