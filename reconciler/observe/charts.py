@@ -142,9 +142,11 @@ def ingest_rates(totals: Sequence[tuple[datetime, int | None]], now: datetime, *
     two samples is spread evenly over the time between them, summed in each of ``columns`` equal
     slices of the charts' span (``span_start``: the lag charts' axis), and divided by the part of
     the slice those pairs cover; each point sits at its slice's end. A slice no pair of known
-    totals covers is unknown (a gap, never a false 0), as is a pair whose total went down. The
-    figure does not depend on the chart's width, and a backfill first seen after it had read
-    everything rises from its creation's sample (nothing ingested) to its end."""
+    totals covers is unknown (a gap, never a false 0), as is a pair whose total went down, except
+    the one slice after the last sample (the time since the last observation, not yet measured:
+    left out, so "now" does not flicker to "?" between two rounds). The figure does not depend
+    on the chart's width, and a backfill first seen after it had read everything rises from its
+    creation's sample (nothing ingested) to its end."""
     if not totals:
         return []
     start = span_start([t for t, _ in totals], now)
@@ -160,8 +162,9 @@ def ingest_rates(totals: Sequence[tuple[datetime, int | None]], now: datetime, *
             if part > 0:
                 got[i] += rate * part
                 covered[i] += part
+    last = (totals[-1][0] - start).total_seconds() if totals[-1][1] is not None else math.inf
     return [(start + timedelta(seconds=width * (i + 1)), got[i] / covered[i] if covered[i] > 1e-9 else None)
-            for i in range(columns)]
+            for i in range(columns) if covered[i] > 1e-9 or not last <= i * width < last + width]
 
 
 def text_width(text: str) -> float:

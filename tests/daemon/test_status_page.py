@@ -136,6 +136,8 @@ def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
         _shoot(artifacts, "status-after-reset", url)
         one_html = _dom(page_url)
         _shoot(artifacts, "supervisor-after-reset", page_url, "1200,1400")
+        _shoot(artifacts, "status-after-reset-900px", url, "900,900")  # checked by eye at 900 px too
+        _shoot(artifacts, "supervisor-after-reset-900px", page_url, "900,1400")
         table_width, page_width = _widths_at_900(url, tmp_path)
         import urllib.error
 

@@ -21,7 +21,8 @@ from reconciler.control.actual import State
 from reconciler.control.requests import ResetRequest
 from reconciler.control.resets import Positions, compute_reset
 from reconciler.model import PartitionRange, Position
-from reconciler.observe import lagwatch, statuspage, supervisorpage
+from reconciler.observe import charts, lagwatch, statuspage, supervisorpage
+from reconciler.observe.charts import timechart
 from reconciler.observe.lagwatch import LagObserver
 from reconciler.observe.status import all_status
 from reconciler.store.store import Store
@@ -148,3 +149,14 @@ def test_both_pages_draw_the_same_records_per_second(store, broker):
                                 audit=[], now=now)
     assert _head(own, "ingest-rate") == _head(main, "ingest-rate")
     assert "max ?" not in _head(main, "ingest-rate")
+
+
+def test_records_per_second_now_is_the_last_observation_between_two_rounds():
+    """The slice after the last sample is not measured yet: "now" is the last figure, not "?"."""
+    t0 = T0 - timedelta(minutes=5)
+    totals = [(t0 + timedelta(seconds=5 * i), 100 * i) for i in range(59)]  # the last at T0 - 10 s
+    rates = charts.ingest_rates(totals, T0 - timedelta(seconds=7))
+    assert rates[-1][1] == pytest.approx(20.0)
+    assert "now 20/s" in timechart(rates, T0 - timedelta(seconds=7), label="ingested/s", unit="/s")
+    stale = charts.ingest_rates(totals, T0 + timedelta(seconds=30))  # no longer observed: unknown
+    assert stale[-1][1] is None
