@@ -23,7 +23,6 @@ from reconciler.observe.statuspage import (
     state_badge,
 )
 
-
 BATCHES_SHOWN = 20
 
 
