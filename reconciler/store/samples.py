@@ -5,6 +5,10 @@ A mixin of the ``Store`` facade like the other aggregates. The observer writes e
 samples in one batched insert and, in the same transaction, deletes those older than what the
 charts show (``keep_since``): the table holds about an hour per supervisor whatever runs, and
 the delete walks the index on ``at``. A new leader reads them once (``lag_samples``).
+
+Measured on SQLite with an hour held at 5 s rounds (2 loaded cores): the write and prune cost a
+round 4 ms for 100 supervisors and 84 ms for 1,000 (median); a new leader's read 0.5-1.3 s for
+100 (72,000 samples) and 9.6 s for 1,000, once, in its first round.
 """
 
 from __future__ import annotations
