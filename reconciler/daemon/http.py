@@ -10,6 +10,7 @@ keeps the daemon running (it is doing its work) on the old address, and says so.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 
 from reconciler.errors import Misconfigured
 from reconciler.observe.metrics import Metrics, serve
@@ -89,17 +90,27 @@ class HttpEndpoint:
                 return None
             o = seen.get(sid)
             return supervisorpage.render(
-                items[0], observed=_observed(o, partitions=True), samples=observer.history(sid) if observer else [],
+                items[0], observed=_observed(o, partitions=True), samples=self._samples(observer, [sid]).get(sid, []),
                 batches=self.store.recent_batches(sid, supervisorpage.BATCHES_SHOWN),
                 audit=list(reversed(self.store.history(sid)))[:50])
         items = all_status(self.store, with_latest=False)
-        history = {i["id"]: observer.history(i["id"]) for i in items} if observer is not None else {}
+        history = self._samples(observer, [i["id"] for i in items])
         return statuspage.render(items, self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),
                                  self._metrics.health(), self._metrics.lag_by_supervisor(),
                                  observed={sid: _observed(o) for sid, o in seen.items()}, history=history,
                                  webhooks=[w.to_dict() for w in self.store.webhook_cursors()
                                            if self._freshness is None or w.endpoint in self._freshness.endpoints()],
                                  alerts=self.store.recent_audit(statuspage.ALERT_ACTIONS, limit=20))
+
+    def _samples(self, observer, sids: list[str]) -> dict:
+        """The charts' samples: the lag observer's when this daemon leads, else the ones the leader
+        keeps in the database (a follower's page charts too)."""
+        if observer is not None:
+            return {sid: observer.history(sid) for sid in sids}
+        from reconciler.observe.lagwatch import HISTORY
+
+        since = datetime.now(UTC) - timedelta(seconds=HISTORY)
+        return {sid: [s[1:] for s in rows] for sid, rows in self.store.lag_samples(since, sids).items()}
 
 
 def _observed(o, *, partitions: bool = False) -> dict | None:

@@ -160,3 +160,22 @@ def test_records_per_second_now_is_the_last_observation_between_two_rounds():
     assert "now 20/s" in timechart(rates, T0 - timedelta(seconds=7), label="ingested/s", unit="/s")
     stale = charts.ingest_rates(totals, T0 + timedelta(seconds=30))  # no longer observed: unknown
     assert stale[-1][1] is None
+
+
+def test_a_follower_page_charts_what_the_leader_keeps(store, broker):
+    """A daemon that does not lead has no observer: its pages chart the samples the leader wrote."""
+    from reconciler.daemon.http import HttpEndpoint
+    from reconciler.observe.metrics import Metrics
+
+    store.create_supervisor(_spec(), "specs/clicks.yaml", actor="t")
+    store.set_state("clicks", State.RUNNING)
+    store.init_checkpoints("clicks", {"0": 15, "1": 15})
+    tick, _ = _ticks(datetime.now(UTC) - timedelta(minutes=1))
+    leader = LagObserver(store, interval=10.0, clock=tick)
+    leader.observe_once()
+    broker.latest_ = {"0": 40, "1": 20}
+    leader.observe_once()
+    follower = HttpEndpoint(store, Metrics())
+    for path in ("/", "/supervisors/clicks"):
+        page = follower._status_page(path)  # noqa: SLF001 - the page as the HTTP handler renders it
+        assert "now 30, max 30" in _head(page, "lag-records"), path
