@@ -2,8 +2,8 @@
 charted "lag max 0, ingested 0", and the two pages drew different records per second.
 
 1. The observer's samples are kept in the database (the last hour, pruned as they are written):
-   a restarted daemon or a new leader loads them in its first round and the charts go on. On
-   SQLite and PostgreSQL.
+   a restarted daemon or a new leader loads them in its first round and the charts go on, and a
+   daemon that does not lead charts them too. On SQLite and PostgreSQL.
 2. A backfill first met after it had read everything (seen RUNNING at lag 0 with all it ingested,
    then COMPLETED) charts its run from its creation: its range behind, nothing ingested yet.
 3. Ingested/s has one definition: the status page and the supervisor page draw the same figures.
