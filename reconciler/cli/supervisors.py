@@ -34,16 +34,25 @@ def status(c: Context, supervisor_id, output, no_lag):
 
     \b
     The words it uses:
-      RUNNING        batches are being cut and published
-      IDLE           running, caught up: nothing new to read since the last batch
+      RUNNING        batches are being cut and published; also an IDLE supervisor that has
+                     records behind it now (its next look, within taskDuration, reads them)
+      IDLE           running, and its last look (every taskDuration) found nothing to read
       PENDING        created; a daemon (`reconciler run`) has not started it yet
       SUSPENDED      no batches (the file says suspended: true, or `reconciler suspend`)
       COMPLETED      a bounded (backfill) supervisor read its whole range
-      UNHEALTHY_SUPERVISOR  the supervisor's own step fails: read its error. It is retried
-                     with a back-off; the detail says why (UNABLE_TO_CONNECT_TO_STREAM: the
-                     broker has not answered since the start; LOST_CONTACT_WITH_STREAM: it
-                     answered, then stopped: both recover by themselves once it answers)
+      UNHEALTHY_SUPERVISOR  the supervisor's own step fails: read its error. Shown from its
+                     first failed step (the database records it after a few in a row);
+                     retried with a back-off. The detail says why:
+                     LOST_CONTACT_WITH_STREAM: at the supervisor's last look the broker did
+                     not answer in time (or gave a passing error), whether or not it had
+                     answered before; it recovers by itself once the broker answers.
+                     UNABLE_TO_CONNECT_TO_STREAM: the stream cannot be read as configured,
+                     which retrying does not fix (credentials or ACLs refused, a topic or
+                     stream that does not exist, an invalid client setting): a person must
+                     change something; it is still retried, and recovers once they have
       UNHEALTHY_TASKS  batches fail (a Spark or write error); retried with a back-off
+      a line under the table says why a state shown differs from the one stored (-o json:
+      stateNote, and the stored one under stored)
     \b
       checkpoint     per partition, the next offset to ingest (everything before it is in the table)
       latest         the broker's end of the partition now (asked by this command)
@@ -58,6 +67,8 @@ def status(c: Context, supervisor_id, output, no_lag):
                      for every supervisor it concerns
       (as of HH:MM:SSZ)  no daemon leads now: states are as the last one left them
       leader: none   the last daemon's lease ran out: after a clean stop too (it is not an error)
+      spark:         the running daemon's Spark session as it recorded it (what its /healthz
+                     says), or that no daemon runs and how the last one's session ended
     \b
     A reset's preview (reset --dry-run, plan, history), per partition:
       new            the checkpoint after the reset
@@ -71,25 +82,29 @@ def status(c: Context, supervisor_id, output, no_lag):
     from reconciler.observe.status import all_status
 
     try:
-        with _quiet("reconciler.streams.kafka.librdkafka"):  # a broker that is down is said once, below
-            items = all_status(c.read_store, supervisor_id, with_latest=not no_lag)
         lease = c.read_store.lease()
+        live = bool(lease and lease.live(datetime.now(UTC)))
+        with _quiet("reconciler.streams.kafka.librdkafka"):  # a broker that is down is said once, below
+            items = all_status(c.read_store, supervisor_id, with_latest=not no_lag, live=live)
         daemons = c.read_store.daemons()
         webhooks = _webhooks(c)
     except ReconcilerError as exc:
         raise click.ClickException(str(exc)) from None
     if supervisor_id and not items:
         _refuse(f"no supervisor '{supervisor_id}'", output)
-    live = bool(lease and lease.live(datetime.now(UTC)))
     for item in items:  # without a leader nothing updates states: they are what was last seen, and when
         item["stale"] = not live
-    spark = _spark_status(c.settings)
+    spark = _spark_status(c.settings, lease.holder if live else None, [d.daemon for d in daemons])
     if output == "json":
         leader = lease.to_dict() | {"live": live} if lease else None
         _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark,
                     "webhooks": webhooks})
     else:
         click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
+        if supervisor_id:
+            resets = [e for e in c.read_store.history(supervisor_id) if e["action"] in ("reset", "reset-and-backfill")]
+            if resets:
+                click.echo(render.last_reset_text(resets[-1]))
         if not supervisor_id:
             from reconciler.spec.loader import nested_hint
 
@@ -105,9 +120,7 @@ def status(c: Context, supervisor_id, output, no_lag):
             click.echo(f"daemon: {d.daemon} {d.role}")
         if webhooks:
             click.echo(render.webhooks_text(webhooks))
-        if spark.get("pid"):  # recorded by a daemon
-            click.echo(f"spark: {spark['master']} application {spark['appId'] or '-'} {spark['state']}"
-                       + (f" ({spark['reason']})" if spark.get("reason") else ""))
+        click.echo(render.spark_text(spark))
 
 
 def _webhooks(c: Context) -> list[dict]:
@@ -119,12 +132,15 @@ def _webhooks(c: Context) -> list[dict]:
     return [w.to_dict() for w in c.read_store.webhook_cursors() if not mine or w.endpoint in mine]
 
 
-def _spark_status(settings) -> dict | None:
-    """What the daemon last recorded of its Spark session (state dir), else the configured master."""
+def _spark_status(settings, leader: str | None, daemons: list[str]) -> dict:
+    """The running daemon's Spark session as it recorded it (state dir), or why it is not known."""
+    import socket
+
+    from reconciler.observe.status import spark_state
     from reconciler.pipeline.spark import read_status_file
 
     seen = read_status_file(settings.state_path / "spark.json")
-    return seen or {"master": settings.spark_master, "appId": None, "state": "not started", "reason": None}
+    return spark_state(seen, leader, daemons, settings.spark_master, socket.gethostname())
 
 
 @cli.command(epilog="Example: reconciler history clicks")

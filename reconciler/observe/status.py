@@ -86,12 +86,72 @@ def supervisor_status(store: Store, rec: SupervisorRecord, checkpoint: Mapping[s
         # a topic re-created or truncated below the checkpoint (runtime.truncation): in `history`
         "sourceRestarts": (restarts if restarts is not None else store.source_restarts()).get(rec.id, 0),
         "updatedAt": rec.updated_at.isoformat() if rec.updated_at else None,
+        "createdAt": rec.created_at.isoformat() if rec.created_at else None,
+        "taskDuration": _task_duration(rec),
     }
     if rec.kind == Kind.BACKFILL:
         out["backfill"] = _backfill_progress(rec, checkpoint, totals, now)
     return out
 
 
+
+
+# A runtime keeps the state it had for its first failures (UNHEALTHY_AFTER in a row: one blip
+# must not page anyone), recording only the detail and the error; shown beside that error, the
+# old state (IDLE, in green) says the opposite of the detail.
+_FAILING = {"LOST_CONTACT_WITH_STREAM": "UNHEALTHY_SUPERVISOR", "UNABLE_TO_CONNECT_TO_STREAM": "UNHEALTHY_SUPERVISOR",
+            "UNHEALTHY_SUPERVISOR": "UNHEALTHY_SUPERVISOR", "UNHEALTHY_TASKS": "UNHEALTHY_TASKS"}
+
+
+def settle(item: dict[str, Any], *, live: bool = True, lag: int | None = None) -> dict[str, Any]:
+    """The state to show, from what is known now, when the stored one contradicts it.
+
+    The stored state is the runtime's word at its last look. A RUNNING or IDLE supervisor whose
+    last step failed is shown UNHEALTHY_* at once (the stored state follows after a few failures
+    in a row). An IDLE one with records behind it (``lag``: the lag known now, by default the
+    item's own) is shown RUNNING when a daemon leads: its next look, at most ``taskDuration``
+    after its last, cuts a batch; that is the window in which the database still says IDLE.
+    Without a daemon nothing reads them, and the note says so. What the database holds stays in
+    ``stored``; ``stateNote`` says why the two differ."""
+    state, detail = item.get("state"), item.get("detailedState")
+    if state not in ("RUNNING", "IDLE"):
+        return item
+    lag = item.get("lag") if lag is None else lag
+    shown, note = None, None
+    if item.get("lastError") and detail in _FAILING:
+        shown = _FAILING[detail]
+        note = (f"its last step failed ({detail}, the error beside it); recorded as {state} until it fails "
+                "a few times in a row; retried with a back-off")
+    elif state == "IDLE" and lag:
+        since = f" at {_hhmmss(item['updatedAt'])}" if item.get("updatedAt") else ""
+        if live:
+            shown = "RUNNING"
+            every = item.get("taskDuration")
+            within = f"within its taskDuration ({every:g}s) of that look" if every else "at its next look"
+            note = (f"{lag:,} record(s) arrived after its last look{since}, which found it caught up (IDLE); "
+                    f"the daemon cuts a batch {within}")
+        else:
+            note = f"{lag:,} record(s) arrived after its last look{since}; no daemon runs to read them"
+    if note:
+        item["stateNote"] = note
+    if shown:
+        item["stored"] = {"state": state, "detailedState": detail}
+        item["state"] = shown
+        if shown == "RUNNING":
+            item["detailedState"] = "RUNNING"
+    return item
+
+
+def _task_duration(rec: SupervisorRecord) -> float | None:
+    try:
+        return rec.spec.task_duration
+    except Exception:  # noqa: BLE001 - an old stored spec: the note does without it
+        return None
+
+
+def _hhmmss(iso: str) -> str:
+    when = datetime.fromisoformat(iso)
+    return f"{(when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC):%H:%M:%S}Z"
 
 
 def lag_unknown(rec: SupervisorRecord, checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> str | None:
@@ -208,7 +268,9 @@ def ask_all(recs: Sequence[SupervisorRecord], checkpoints: Mapping[str, Mapping[
         wake.clear()
 
 
-def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: bool = True) -> list[dict[str, Any]]:
+def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: bool = True,
+               live: bool | None = None) -> list[dict[str, Any]]:
+    """``live``: whether a daemon leads now (read from the lease when not given): see ``settle``."""
     actual = store.read_actual()
     recs = [r for sid, r in sorted(actual.supervisors.items()) if supervisor_id in (None, sid)]
     asked = [r for r in recs if with_latest and _asks_stream(r)]
@@ -236,6 +298,11 @@ def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: b
         item["override"] = None if override is None else {
             "kind": override.kind, "reason": override.reason, "actor": override.actor, "at": override.at.isoformat(),
             "description": override.describe()}
+    if live is None:
+        lease = store.lease()
+        live = bool(lease and lease.live(now))
+    for item in items:
+        settle(item, live=live)
     return items
 
 
@@ -288,3 +355,35 @@ def _total_lag(parts: list[dict[str, Any]], known: bool) -> int | None:
 
 def _order(p: str):
     return (0, int(p), "") if p.isdigit() else (1, 0, p)
+
+
+def spark_state(seen: Mapping[str, Any] | None, leader: str | None, daemons: Sequence[str], master: str,
+                host: str) -> dict[str, Any]:
+    """What ``status`` says of Spark: the running daemon's session, as that daemon recorded it
+    (the state directory's ``spark.json``, the same record ``/healthz`` serves), never another
+    daemon's and never a gone daemon's "up". ``leader``: the live lease's holder (host:pid:nonce);
+    ``daemons``: the live daemons' holders; ``master``: the configured one; ``host``: this host.
+
+    ``daemon`` is the daemon the record is of (None: none runs); ``running``: whether one runs."""
+    seen = dict(seen or {})
+    running = leader or (daemons[0] if daemons else None)
+    base = {"master": seen.get("master") or master, "appId": seen.get("appId"), "state": seen.get("state"),
+            "reason": seen.get("reason"), "since": seen.get("since"), "pid": seen.get("pid"),
+            "daemon": None, "running": running is not None}
+    if running is None:
+        if not seen:
+            return base | {"state": "not started", "reason": "no daemon is running (`reconciler run` starts Spark)"}
+        if seen.get("state") in ("up", "not started"):  # its daemon was killed: nothing stopped the record
+            return base | {"state": "stopped", "reason": f"its daemon (pid {seen.get('pid')}) no longer runs"}
+        return base
+    mine = f"{seen.get('host')}:{seen.get('pid')}:"
+    if seen and running.startswith(mine):
+        return base | {"daemon": running}
+    if running.split(":", 1)[0] != host:
+        return base | {"master": master, "appId": None, "state": "unknown", "since": None, "pid": None,
+                       "daemon": running, "reason": f"the daemon {running} runs on another host: its /healthz "
+                                                   "says how its Spark session is"}
+    why = (f"the leader {running} has not started its Spark session yet (it does when a supervisor first runs)"
+           if leader else f"no daemon leads now (standby {running}): Spark starts with the leader")
+    return base | {"master": master, "appId": None, "state": "not started", "since": None, "pid": None,
+                   "daemon": running, "reason": why}

@@ -61,6 +61,7 @@ _master: str | None = None
 _lost: str | None = None  # why the current session is no longer usable (set by the watchdog or a failure)
 _refused: tuple[tuple, SparkMisconfigured] | None = None  # the last permanent refusal, per (master, conf)
 _status_file: Path | None = None
+_write_lock = threading.Lock()
 _info: dict[str, Any] = {"master": None, "appId": None, "state": "not started", "reason": None, "since": None}
 
 # What a job's error says when the cluster, not the job, is the problem.
@@ -420,12 +421,17 @@ def session_info() -> dict[str, Any]:
 
 
 def set_status_file(path: str | os.PathLike[str] | None) -> None:
-    """Where the daemon keeps ``session_info`` for ``reconciler status`` (the state directory)."""
+    """Where the daemon keeps ``session_info`` for ``reconciler status`` (the state directory).
+
+    Nothing is written until this process has a session to tell of: a standby daemon, or one
+    not yet leading, sharing the state directory once replaced the leader's "up" with its own
+    "not started", and ``status`` said so while ``/healthz`` said up."""
     global _status_file
     if _status_file is None and path:
         atexit.register(_exited)
     _status_file = Path(path) if path else None
-    _write_status()
+    if _info["state"] != "not started":
+        _write_status()
 
 
 def _exited() -> None:
@@ -448,11 +454,15 @@ def _record(master: str | None, app_id: str | None, state: str, reason: str | No
 
 
 def _write_status() -> None:
+    """``host`` and ``pid`` tell ``status`` which daemon wrote it (a daemon's lease holder is
+    host:pid:nonce). Serialised: the watchdog thread and a batch's thread may both record, and
+    two writers of one temporary file could leave the older state in place."""
     if _status_file is None:
         return
-    try:
-        tmp = _status_file.with_name(f".{_status_file.name}.tmp")
-        tmp.write_text(json.dumps({**_info, "pid": os.getpid()}), encoding="utf-8")
-        os.replace(tmp, _status_file)
-    except OSError:  # status is a convenience: an unwritable state dir is reported elsewhere
-        log.debug("cannot write %s", _status_file, exc_info=True)
+    with _write_lock:
+        try:
+            tmp = _status_file.with_name(f".{_status_file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**_info, "pid": os.getpid(), "host": socket.gethostname()}), encoding="utf-8")
+            os.replace(tmp, _status_file)
+        except OSError:  # status is a convenience: an unwritable state dir is reported elsewhere
+            log.debug("cannot write %s", _status_file, exc_info=True)

@@ -56,7 +56,8 @@ def test_ingest_exactly_once_with_relative_shared_segments(spark, kafka_broker, 
     assert seen["master"] == cluster.url and seen["state"] == "stopped"
     assert "Spark session up: master " + cluster.url + ", application app-" in proc.stderr
     code, text = h.run_cli(s, "status")
-    assert code == 0 and f"spark: {cluster.url} application" in text
+    assert code == 0 and "spark: no daemon is running; the last one's session stopped at " in text
+    assert f"(master {cluster.url}, application app-" in text
 
 
 def test_the_warehouse_on_a_bucket_needs_no_shared_directory(spark, s3_server, s3_bucket, kafka_broker, topic,
