@@ -10,7 +10,7 @@ keeps the daemon running (it is doing its work) on the old address, and says so.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from reconciler.errors import Misconfigured
 from reconciler.observe.metrics import Metrics, serve
@@ -36,6 +36,7 @@ class HttpEndpoint:
         self._server = None
         self._address = ""
         self.pages = SharedRender(self._status_page)  # concurrent requests share one rendering
+        self._stored = None  # observe.storedsamples.StoredSamples: the charts' samples when not leading
 
     def start(self, address: str) -> None:
         """Listen on ``address``; ``Misconfigured`` naming the setting when that is impossible."""
@@ -107,10 +108,11 @@ class HttpEndpoint:
         keeps in the database (a follower's page charts too)."""
         if observer is not None:
             return {sid: observer.history(sid) for sid in sids}
-        from reconciler.observe.lagwatch import HISTORY
+        if self._stored is None:
+            from reconciler.observe.storedsamples import StoredSamples
 
-        since = datetime.now(UTC) - timedelta(seconds=HISTORY)
-        return {sid: [s[1:] for s in rows] for sid, rows in self.store.lag_samples(since, sids).items()}
+            self._stored = StoredSamples(self.store)
+        return self._stored.history(sids, datetime.now(UTC))
 
 
 def _observed(o, *, partitions: bool = False) -> dict | None:

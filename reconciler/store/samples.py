@@ -46,6 +46,18 @@ class SamplesMixin:
                      "lag_ms": None if s.seconds is None else round(s.seconds * 1000), "ingested": s.ingested}
                     for s in samples])
 
+    def lag_samples_after(self, after_id: int, since: datetime) -> tuple[int, list[LagSample]]:
+        """The samples written after row ``after_id`` (and from ``since`` on), in the order written,
+        with the last row's id: a page on a daemon that does not lead reads only what is new."""
+        q = sa.select(lag_samples).where(lag_samples.c.id > after_id, lag_samples.c.at >= since)
+        last, out = after_id, []
+        with self._read() as c:
+            for r in c.execute(q.order_by(lag_samples.c.id)):
+                last = r.id
+                out.append(LagSample(r.supervisor_id, _aware(r.at), r.records,
+                                     None if r.lag_ms is None else r.lag_ms / 1000.0, r.ingested))
+        return last, out
+
     def lag_samples(self, since: datetime, supervisor_ids: Iterable[str] | None = None) -> dict[str, list[LagSample]]:
         """Per supervisor, its samples from ``since`` on, oldest first."""
         q = sa.select(lag_samples).where(lag_samples.c.at >= since)

@@ -179,3 +179,24 @@ def test_a_follower_page_charts_what_the_leader_keeps(store, broker):
     for path in ("/", "/supervisors/clicks"):
         page = follower._status_page(path)  # noqa: SLF001 - the page as the HTTP handler renders it
         assert "now 30, max 30" in _head(page, "lag-records"), path
+    broker.latest_ = {"0": 60, "1": 20}
+    leader.observe_once()  # read by the follower's next rendering: only the rows written since
+    page = follower._status_page("/")  # noqa: SLF001
+    assert "now 50, max 50" in _head(page, "lag-records")
+    assert [s.records for s in follower._stored.history(["clicks"], datetime.now(UTC))["clicks"]] == [10, 30, 50]  # noqa: SLF001
+
+
+def test_a_followers_samples_keep_time_order_and_the_hour(store):
+    from reconciler.observe.storedsamples import StoredSamples
+    from reconciler.store.samples import LagSample
+
+    now = datetime.now(UTC)
+    stored = StoredSamples(store)
+    store.save_lag_samples([LagSample("b", now - timedelta(seconds=10), 0, 0.0, 150)], keep_since=now - timedelta(hours=1))
+    assert [s.ingested for s in stored.history(["b"], now)["b"]] == [150]
+    # the leader met the backfill late: its creation's sample is written after, dated before
+    store.save_lag_samples([LagSample("b", now - timedelta(minutes=2), 150, None, 0)], keep_since=now - timedelta(hours=1))
+    assert [s.ingested for s in stored.history(["b"], now)["b"]] == [0, 150]
+    later = now + timedelta(minutes=59)  # the creation's sample is over an hour old, the other not
+    assert [s.ingested for s in stored.history(["b", "other"], later)["b"]] == [150]
+    assert stored.history(["other"], later) == {"other": []}
