@@ -80,7 +80,7 @@ class HttpEndpoint:
         from urllib.parse import unquote
 
         from reconciler.observe import statuspage, supervisorpage
-        from reconciler.observe.status import all_status
+        from reconciler.observe.status import all_status, settle
 
         observer = self._freshness.observer if self._freshness is not None else None
         seen = observer.snapshot() if observer is not None else {}
@@ -90,11 +90,15 @@ class HttpEndpoint:
             if not items:
                 return None
             o = seen.get(sid)
+            settle(items[0], lag=o.records if o is not None else None)  # IDLE with records behind is not idle
             return supervisorpage.render(
                 items[0], observed=_observed(o, partitions=True), samples=self._samples(observer, [sid]).get(sid, []),
                 batches=self.store.recent_batches(sid, supervisorpage.BATCHES_SHOWN),
                 audit=list(reversed(self.store.history(sid)))[:50])
         items = all_status(self.store, with_latest=False)
+        for item in items:  # the observer's lag is the one known now: IDLE with records behind is not idle
+            o = seen.get(item["id"])
+            settle(item, lag=o.records if o is not None else None)
         history = self._samples(observer, [i["id"] for i in items])
         return statuspage.render(items, self.store.recent_audit(statuspage.RESET_ACTIONS, limit=20),
                                  self._metrics.health(), self._metrics.lag_by_supervisor(),

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 
 from reconciler.observe.charts import duration
+from reconciler.observe.render import reset_sentence
 from reconciler.observe.statuspage import (
     Samples,
     backfill_cell,
@@ -123,7 +124,7 @@ def _audit(entries: Sequence[Mapping[str, Any]]) -> str:
         return "<p class=muted>No audit entries.</p>"
     rows = []
     for e in entries:
-        details = details_text(e.get("details"))
+        details = reset_sentence(e.get("details")) or details_text(e.get("details"))
         trigger = f"<br><span class=muted>{escape(str(e['trigger']))}</span>" if e.get("trigger") else ""
         rows.append(f"<tr><td>{escape(_at(e.get('at')))}</td><td>{escape(str(e['action']))}</td>"
                     f"<td>{escape(str(e.get('actor') or ''))}{trigger}</td>"

@@ -200,3 +200,24 @@ def test_a_followers_samples_keep_time_order_and_the_hour(store):
     later = now + timedelta(minutes=59)  # the creation's sample is over an hour old, the other not
     assert [s.ingested for s in stored.history(["b", "other"], later)["b"]] == [150]
     assert stored.history(["other"], later) == {"other": []}
+
+
+def test_the_leaders_pages_do_not_show_idle_beside_the_lag_its_observer_sees(store, broker):
+    """The database says IDLE (the runtime's last look found nothing), the observer sees records
+    behind since: the pages show it RUNNING, with the note, as ``status`` does."""
+    from types import SimpleNamespace
+
+    from reconciler.daemon.http import HttpEndpoint
+    from reconciler.observe.metrics import Metrics
+
+    store.create_supervisor(_spec(), "specs/clicks.yaml", actor="t")
+    store.set_state("clicks", State.IDLE)
+    store.init_checkpoints("clicks", {"0": 20, "1": 20})
+    tick, _ = _ticks(datetime.now(UTC) - timedelta(minutes=1))
+    leader = LagObserver(store, interval=10.0, clock=tick)
+    broker.latest_ = {"0": 100_020, "1": 20}
+    leader.observe_once()
+    endpoint = HttpEndpoint(store, Metrics(), SimpleNamespace(observer=leader, endpoints=lambda: []))
+    for path in ("/", "/supervisors/clicks"):
+        page = endpoint._status_page(path)  # noqa: SLF001 - the page as the HTTP handler renders it
+        assert ">IDLE<" not in page and ">RUNNING<" in page, path

@@ -137,3 +137,13 @@ def test_a_reset_audit_entry_reads_as_a_sentence():
     line = render.last_reset_text(entry)
     assert line.startswith("last reset, ") and "by cli:alice: reset to latest" in line
     assert line.endswith("; reason: lag alarm INC-42") and "{" not in line
+
+
+def test_the_supervisor_pages_audit_log_shows_a_reset_as_its_sentence():
+    from reconciler.observe import supervisorpage
+
+    entry = {"at": datetime(2026, 11, 28, 13, 1, 2, tzinfo=UTC), "action": "reset-and-backfill",
+             "actor": "cli:alice", "reason": "INC-42", "details": RESET}
+    html = supervisorpage._audit([entry])
+    assert "backfill clicks-backfill-1 ingests 6,900 records" in html
+    assert "token:" not in html  # not the key: value dump, cut off at its limit
