@@ -9,7 +9,8 @@ A missing service binary FAILS the tests that need it, naming the setup command 
 installs it; set RECONCILER_TEST_ALLOW_SKIP=1 to skip them instead. Tests marked
 ``soak`` run only with ``--soak``. Tests using a service fixture are marked with
 that service's marker (kafka, rabbitmq, postgres, spark) and ``integration``
-automatically, so ``-m "not integration"`` runs only the unit tests.
+automatically, and so are tests using ``daemons`` or ``dead_broker_specs`` (processes), so
+``-m "not integration"`` runs only the unit tests.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ _FIXTURE_MARKERS = {
     "pg_cluster": "postgres",
     "spark": "spark",
 }
+# Fixtures that start the daemon as processes, or point the command line's processes at
+# brokers that do not answer (each command waits out its timeout): integration, though no
+# broker is started, so that ``-m "not integration"`` stays a quick unit run.
+_PROCESS_FIXTURES = {"daemons", "dead_broker_specs"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fixture in names and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
                 added = True
-        uses_service = added or any(
+        uses_service = added or bool(names & _PROCESS_FIXTURES) or any(
             item.get_closest_marker(m) is not None for m in _FIXTURE_MARKERS.values()
         )
         if uses_service and item.get_closest_marker("integration") is None:

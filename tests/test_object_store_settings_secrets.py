@@ -58,6 +58,7 @@ def test_an_endpoint_with_credentials_is_refused_without_the_password(tmp_path, 
     assert SECRET not in done.stdout + done.stderr and "minio:" not in done.stderr
 
 
+@pytest.mark.integration  # CLI processes that wait out an unreachable store
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_maintain_dry_run_against_an_unreachable_store_is_one_clear_line(tmp_path, output):
     """Issue 41.8: ``maintain --dry-run`` printed a raw traceback."""

@@ -65,6 +65,7 @@ def _metadata(wheel: Path) -> str:
         return z.read(name).decode()
 
 
+@pytest.mark.integration  # git, build and release.sh processes
 def test_a_tag_is_the_version_of_the_wheel_and_the_sdist(tree):
     _git(tree, "tag", "v9.8.7")
     wheel, sdist = build(tree)  # sorted by name
@@ -86,6 +87,7 @@ def test_a_tag_is_the_version_of_the_wheel_and_the_sdist(tree):
     assert extras_only and all("extra ==" in r for r in extras_only), extras_only
 
 
+@pytest.mark.integration  # git, build and release.sh processes
 def test_commits_after_a_tag_and_a_clone_without_tags_get_dev_versions(tree):
     _git(tree, "tag", "v9.8.7")
     (tree / "CHANGELOG.md").write_text((tree / "CHANGELOG.md").read_text() + "\n")
@@ -98,12 +100,14 @@ def test_commits_after_a_tag_and_a_clone_without_tags_get_dev_versions(tree):
     assert re.fullmatch(r"stream_reconciler-0\.1\.1\.dev2\+g[0-9a-f]+-py3-none-any\.whl", wheel.name), wheel.name
 
 
+@pytest.mark.integration  # git, build and release.sh processes
 def test_a_tree_without_git_metadata_builds_the_fallback_version(tree):
     shutil.rmtree(tree / ".git")
     [wheel] = build(tree, "--wheel")
     assert wheel.name == "stream_reconciler-0.1.0-py3-none-any.whl"
 
 
+@pytest.mark.integration  # git, build and release.sh processes
 def test_release_sh_refuses_what_is_not_a_release_and_tags_what_is(tree):
     """Issue 46: the docs named v0.2.0, which no tag held. A release is made by one documented
     command, which refuses a version the changelog does not describe, a dirty tree and a tag

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tests.benchmarks.load import benchmark
 
-COMMITS = 300
+COMMITS = 150  # steady from the 35th commit on: the last 50 are compared with the 50 before
 
 
 def test_metadata_stays_bounded_after_every_commit(db_url, tmp_path):

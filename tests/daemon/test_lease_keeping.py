@@ -126,6 +126,7 @@ def test_reconcile_once_applies_nothing_once_leading_says_no(tmp_path):
 # --------------------------------------------------------------------------- the daemon
 
 
+@pytest.mark.integration  # waits out real lease TTLs
 def test_a_pass_longer_than_the_lease_keeps_leadership(tmp_path, monkeypatch):
     s = helpers.make_settings(tmp_path, lease_ttl=TTL, tick_interval=60.0)
     ids = _specs(s, 20)
@@ -165,6 +166,7 @@ def test_a_pass_longer_than_the_lease_keeps_leadership(tmp_path, monkeypatch):
         store.close()
 
 
+@pytest.mark.integration  # waits out real lease TTLs
 def test_a_leader_stuck_mid_pass_is_replaced_within_the_ttl_and_applies_nothing(tmp_path, monkeypatch):
     s = helpers.make_settings(tmp_path, lease_ttl=TTL, tick_interval=60.0)
     ids = _specs(s, 12)

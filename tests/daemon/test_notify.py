@@ -492,6 +492,7 @@ def test_sighup_with_a_broken_config_keeps_the_old_settings(tmp_path, daemons):
     assert "SIGHUP: config not reloaded, keeping the old settings" in log.read_text()
 
 
+@pytest.mark.integration  # waits out a real watchdog interval
 def test_a_hung_pass_silences_the_watchdog(tmp_path, monkeypatch):
     """WATCHDOG=1 comes from the loop itself: while a pass hangs, systemd hears nothing
     (and WatchdogSec= would restart the daemon); once it returns, the pings resume."""

@@ -100,6 +100,7 @@ def wait_quiet(daemon: Daemon, seconds: float) -> None:
 # --------------------------------------------------------------------------- git checkout
 
 
+@pytest.mark.integration  # git processes and real debounce time
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_git_checkout_of_50_changes_is_one_pass_with_the_final_state(tmp_path):
     s = helpers.make_settings(tmp_path, tick_interval=0.2, debounce=0.3)
@@ -144,6 +145,7 @@ def test_git_checkout_of_50_changes_is_one_pass_with_the_final_state(tmp_path):
     assert actions.count("create") == 55
 
 
+@pytest.mark.integration  # git processes and real debounce time
 def test_slow_rewrite_under_git_index_lock_is_one_pass(tmp_path):
     # gaps (0.4 s) longer than the debounce (0.1 s), and a tick due every 0.1 s: only the
     # index lock holds the passes back until the whole rewrite is on disk.

@@ -137,11 +137,13 @@ def check(values: list, rng: random.Random, names=tuple(SCHEMAS)) -> None:
             assert run(batch, ds, cuts, shared=shared) == reference, (name, shared, cuts)
 
 
-def test_the_same_records_cut_anywhere_give_the_same_rows_and_dead_letters():
+def test_the_same_records_cut_anywhere_give_the_same_rows_and_dead_letters(request):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    examples = 60 if request.config.getoption("--soak") else 20  # the unit run's share: a few seconds
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.randoms(use_true_random=False), st.integers(1, 80))
     def prop(rng, n):
         check(make_records(rng, n), rng)

@@ -514,17 +514,19 @@ def _exactly(table):
     return [{k: one(v) for k, v in r.items()} for r in table.to_pylist()]
 
 
-def test_bulk_and_python_give_the_same_rows_bit_for_bit_over_random_batches():
+def test_bulk_and_python_give_the_same_rows_bit_for_bit_over_random_batches(request):
     """The same batches (one Transformer, as a task has: the types learnt carry over) parsed
     in bulk and in Python give the same rows and dead letters, a double's sign included."""
     from hypothesis import HealthCheck, given, settings
+
+    examples = 150 if request.config.getoption("--soak") else 50  # the unit run's share: a few seconds
 
     ds_plain = CORPUS_SCHEMA
     ds_rollup = schema(dimensions=("d",), rollup=True,
                        metrics=(Metric("c", "count"), Metric("n", "longSum", "n"), Metric("xs", "doubleSum", "x"),
                                 Metric("xmin", "doubleMin", "x"), Metric("xmax", "doubleMax", "x")))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_batches_strategy())
     def check(batches):
         values = [v for b in batches for v in b]

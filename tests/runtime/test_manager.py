@@ -113,6 +113,7 @@ def test_the_limit_is_the_step_timeout_setting(monkeypatch, tmp_path):
     assert settings_mod.load({}, None, env={"RECONCILER_STEP_TIMEOUT": "90s"}).step_timeout == 90.0
 
 
+@pytest.mark.integration  # measures real time between steps
 @pytest.mark.parametrize("cadence", [True, False])
 def test_batches_are_cut_on_a_fixed_cadence(store, tmp_path, monkeypatch, cadence):
     """A step that took 0.3 s of a 0.5 s taskDuration is stepped again 0.5 s after it

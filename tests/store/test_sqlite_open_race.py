@@ -11,9 +11,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = "from reconciler.store.store import Store; s = Store({url!r}); s.migrate(); s.read_actual(); print('ok')"
 
 
+@pytest.mark.integration  # eight Python processes
 def test_processes_opening_a_new_database_together_all_start(tmp_path):
     url = f"sqlite:///{tmp_path / 'new.db'}"
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT.format(url=url)], stdout=subprocess.PIPE,
