@@ -112,7 +112,13 @@ def _named(name: str, db: str):
     return NAMED[name]()
 
 
-@pytest.mark.parametrize("name", sorted(NAMED))
+def _named_params() -> list:
+    """The named schedules; those on the external catalog talk to a moto server (a process of
+    its own): integration tests, out of the quick unit run."""
+    return [pytest.param(n, marks=pytest.mark.integration) if n.startswith("glue-") else n for n in sorted(NAMED)]
+
+
+@pytest.mark.parametrize("name", _named_params())
 def test_named_schedule_on_sqlite(name, request):
     with tempfile.TemporaryDirectory(dir=scratch()) as tmp:
         runner = Runner(f"sqlite:///{tmp}/w/reconciler.db", Path(tmp) / "w", "sqlite", glue=_glue_for(name, request))
@@ -137,7 +143,7 @@ def test_named_schedule_on_postgresql(name, pg_cluster, request):
                                  "problems": result.problems}])
 
 
-@pytest.mark.parametrize("catalog", ["sql", "glue"])
+@pytest.mark.parametrize("catalog", ["sql", pytest.param("glue", marks=pytest.mark.integration)])
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres,
                                                                           pytest.mark.integration])])
 def test_random_schedules(db, catalog, request, capsys, record_property):
