@@ -6,95 +6,36 @@ the bucket; only the Spark job that would have written them is left out."""
 
 from __future__ import annotations
 
-import io
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from pyiceberg.catalog.glue import GlueCatalog
 
 from reconciler.errors import PublishConflict
 from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.runtime.publishing import ResetUnderway
 from reconciler.runtime.supervisor import RuntimeContext
 from reconciler.store.store import Store
-from reconciler.table import storage
 from reconciler.table.catalogs import fence
 from reconciler.table.catalogs.external import ExternalTables
-from reconciler.table.summary import BATCH, EPOCH, RANGES, RECORDS, SUPERVISOR
 from reconciler.table.writeids import new_write_id
-
-SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string())])
-DEAD = pa.schema([("raw", pa.string())])
-
-
-@dataclass
-class File:
-    path: str
-    rows: int
-    segment: str = ""
-    bytes: int = 0
-
-
-@dataclass
-class Written:
-    batch_id: str
-    files: list
-    dead_files: list = field(default_factory=list)
-    dead_rows: int = 0
-
-
-@dataclass
-class DS:
-    datasource: str = "clicks"
-    segment_granularity: str | None = None
-    rollup: bool = False
+from tests.catalogs.glueworld import DEAD, DS, SCHEMA, ensure_tables, store_with
+from tests.catalogs.glueworld import ids as _ids
+from tests.catalogs.glueworld import summary as _summary
+from tests.catalogs.glueworld import write_batch as _batch
 
 
 @pytest.fixture
 def env(glue, db_url):
-    store = Store(db_url)
-    store.migrate()
-    for sid in ("clicks", "other"):
-        store.create_supervisor(SupervisorSpec.from_document({
-            "id": sid, "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": sid},
-            "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}), None, actor="test")
-        store.init_checkpoints(sid, {"0": 0})
+    store = store_with(db_url, "clicks", "other")
     warehouse = f"s3://{glue['bucket']}/wh"
     ctx = RuntimeContext(store=store, segments_dir=warehouse, spark=lambda: None, catalog=glue["setting"])
     tables = ctx.tables()
     assert isinstance(tables, ExternalTables)
-    tables.ensure("clicks", SCHEMA, None, rollup=False)
-    tables.ensure("clicks_deadletter", DEAD, None)
+    ensure_tables(tables)
     yield ctx, store, tables, glue
     store.close()
-
-
-def _batch(tables, store, sid: str, start: int, end: int, *, dead: bool = False) -> Written:
-    batch_id = new_write_id()
-    store.begin_write(batch_id, "batch", tables=["clicks", "clicks_deadletter"], supervisor_id=sid)
-    path = f"{tables.data_dir(tables.load('clicks'), batch_id)}/p.parquet"
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"__time": pa.array(list(range(start, end)), pa.timestamp("us", tz="UTC")),
-                             "id": [f"{sid}-{o}" for o in range(start, end)]}, schema=SCHEMA), buf)
-    storage.at(path).write_bytes(path, buf.getvalue())
-    written = Written(batch_id, [File(path, end - start)])
-    if dead:
-        dpath = f"{tables.data_dir(tables.load('clicks_deadletter'), batch_id)}/d.parquet"
-        buf = io.BytesIO()
-        pq.write_table(pa.table({"raw": [f"bad-{sid}-{start}"]}, schema=DEAD), buf)
-        storage.at(dpath).write_bytes(dpath, buf.getvalue())
-        written.dead_files, written.dead_rows = [File(dpath, 1)], 1
-    return written
-
-
-def _summary(rec, written, ranges) -> dict[str, str]:
-    return {SUPERVISOR: rec.id, BATCH: written.batch_id, EPOCH: str(rec.epoch), RECORDS: str(sum(r.size for r in ranges)),
-            RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges])}
 
 
 def _step(ctx, store, tables, sid, *, dead=False, before_publish=None):
@@ -110,12 +51,6 @@ def _step(ctx, store, tables, sid, *, dead=False, before_publish=None):
     ctx.publisher().publish(rec, DS(), written, _summary(rec, written, ranges), [], SCHEMA, DEAD, ranges, 5,
                             head=head)
     return written
-
-
-def _ids(glue, table="clicks"):
-    catalog = GlueCatalog("reader", **glue["properties"])
-    data = catalog.load_table((glue["database"], table)).scan().to_arrow()
-    return sorted(data.column("id" if "id" in data.column_names else "raw").to_pylist())
 
 
 def test_batches_land_in_glue_and_the_database_follows(env):

@@ -1,64 +1,29 @@
 """Adversarial review of issue 44 (external catalogs): fencing by leader changes and resets,
 on moto's Glue and S3 with pyiceberg's own GlueCatalog and the real store. No catalog mocks.
 
-Helpers are copied from test_external_publish.py (tests are not a package)."""
+Helpers are tests/catalogs/glueworld.py's."""
 
 from __future__ import annotations
 
-import io
-import json
-from dataclasses import dataclass, field
 from datetime import timedelta
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.glue import GlueCatalog
 
-from reconciler.model import PartitionRange, SupervisorSpec
+from reconciler.model import PartitionRange
 from reconciler.runtime.supervisor import RuntimeContext
 from reconciler.store.base import utcnow
-from reconciler.store.store import Store
-from reconciler.table import storage
 from reconciler.table.catalogs.external import ExternalTables
-from reconciler.table.summary import BATCH, EPOCH, RANGES, RECORDS, SUPERVISOR
 from reconciler.table.writeids import new_write_id
-
-SCHEMA = pa.schema([("__time", pa.timestamp("us", tz="UTC")), ("id", pa.string())])
-DEAD = pa.schema([("raw", pa.string())])
-
-
-@dataclass
-class File:
-    path: str
-    rows: int
-    segment: str = ""
-    bytes: int = 0
-
-
-@dataclass
-class Written:
-    batch_id: str
-    files: list
-    dead_files: list = field(default_factory=list)
-    dead_rows: int = 0
-
-
-@dataclass
-class DS:
-    datasource: str = "clicks"
-    segment_granularity: str | None = None
-    rollup: bool = False
+from tests.catalogs.glueworld import DEAD, DS, SCHEMA, ensure_tables, store_with
+from tests.catalogs.glueworld import ids as _ids
+from tests.catalogs.glueworld import referenced_files as _referenced_files
+from tests.catalogs.glueworld import summary as _summary
+from tests.catalogs.glueworld import write_batch as _batch
 
 
 @pytest.fixture
 def env(glue, db_url):
-    store = Store(db_url)
-    store.migrate()
-    store.create_supervisor(SupervisorSpec.from_document({
-        "id": "clicks", "source": {"type": "kafka", "bootstrapServers": "127.0.0.1:9092", "topic": "clicks"},
-        "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}), None, actor="test")
-    store.init_checkpoints("clicks", {"0": 0})
+    store = store_with(db_url, "clicks")
     warehouse = f"s3://{glue['bucket']}/wh"
     yield store, warehouse, glue
     store.close()
@@ -71,26 +36,7 @@ def _ctx(store, warehouse, glue, lease=None) -> RuntimeContext:
 
 def _ensure(tables):
     assert isinstance(tables, ExternalTables)
-    tables.ensure("clicks", SCHEMA, None, rollup=False)
-    tables.ensure("clicks_deadletter", DEAD, None)
-
-
-def _batch(tables, store, sid: str, start: int, end: int, key: str | None = None) -> Written:
-    key = key or sid
-    batch_id = new_write_id()
-    store.begin_write(batch_id, "batch", tables=["clicks", "clicks_deadletter"], supervisor_id=sid)
-    path = f"{tables.data_dir(tables.load('clicks'), batch_id)}/p.parquet"
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"__time": pa.array(list(range(start, end)), pa.timestamp("us", tz="UTC")),
-                             "id": [f"{key}-{o}" for o in range(start, end)]}, schema=SCHEMA), buf)
-    storage.at(path).write_bytes(path, buf.getvalue())
-    return Written(batch_id, [File(path, end - start)])
-
-
-def _summary(rec, written, ranges) -> dict[str, str]:
-    return {SUPERVISOR: rec.id, BATCH: written.batch_id, EPOCH: str(rec.epoch),
-            RECORDS: str(sum(r.size for r in ranges)),
-            RANGES: json.dumps([[r.partition, r.start, r.end] for r in ranges])}
+    ensure_tables(tables)
 
 
 class Step:
@@ -108,16 +54,6 @@ class Step:
     def publish(self):
         self.ctx.publisher().publish(self.rec, DS(), self.written, _summary(self.rec, self.written, self.ranges),
                                      [], SCHEMA, DEAD, self.ranges, self.ranges[0].size, head=self.head)
-
-
-def _referenced_files(glue, table="clicks") -> list[str]:
-    catalog = GlueCatalog("reader", **glue["properties"])
-    return [t.file.file_path for t in catalog.load_table((glue["database"], table)).scan().plan_files()]
-
-
-def _ids(glue, table="clicks"):
-    catalog = GlueCatalog("reader", **glue["properties"])
-    return sorted(catalog.load_table((glue["database"], table)).scan().to_arrow().column("id").to_pylist())
 
 
 def test_a_zombie_leaders_batch_lands_after_the_new_leaders_recovery_deleted_its_files(env, s3_server):
