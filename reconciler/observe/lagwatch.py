@@ -188,7 +188,11 @@ class LagObserver:
     # -- one round -----------------------------------------------------------------------
 
     def observe_once(self) -> list[SupervisorLag]:
-        actual = self.store.read_actual()
+        # the records ingested from the moment of the checkpoints: read after the brokers were asked,
+        # a publish in between gave a sample the next batch's records beside the lag before it
+        with self.store.snapshot():
+            actual = self.store.read_actual()
+            totals = self.store.all_batch_totals()
         now = self.clock()
         if not self._loaded:
             self._load(actual, now)
@@ -225,7 +229,6 @@ class LagObserver:
                 found = list(pool.map(lambda r: self._observe(r, actual.checkpoints.get(r.id, {}), now), recs))
         with self._lock:
             self.latest = {o.supervisor_id: o for o in found}
-        totals = self.store.all_batch_totals() if found or finished else {}
         for o in found:
             t = totals.get(o.supervisor_id)
             self._remember(o, t.records if t is not None else 0)

@@ -271,22 +271,27 @@ def ask_all(recs: Sequence[SupervisorRecord], checkpoints: Mapping[str, Mapping[
 def all_status(store: Store, supervisor_id: str | None = None, *, with_latest: bool = True,
                live: bool | None = None) -> list[dict[str, Any]]:
     """``live``: whether a daemon leads now (read from the lease when not given): see ``settle``."""
-    actual = store.read_actual()
-    recs = [r for sid, r in sorted(actual.supervisors.items()) if supervisor_id in (None, sid)]
+    # the checkpoints and the records ingested from one moment: a publish moves both in one
+    # transaction, and read apart they showed lag from before it beside records from after it
+    with store.snapshot():
+        actual = store.read_actual()
+        recs = [r for sid, r in sorted(actual.supervisors.items()) if supervisor_id in (None, sid)]
+        if supervisor_id is None:  # one query for all rather than one per supervisor
+            totals, lost = store.all_batch_totals(), store.all_lost_records()
+        else:
+            totals = {r.id: store.batch_totals(r.id) for r in recs}
+            lost = {r.id: store.lost_records(r.id) for r in recs}
+        restarts = store.source_restarts()
     asked = [r for r in recs if with_latest and _asks_stream(r)]
     positions = ask_all(asked, actual.checkpoints) if asked else {}
-    every = supervisor_id is None  # one query for all rather than one per supervisor
-    totals = store.all_batch_totals() if every else {}
-    lost = store.all_lost_records() if every else {}
-    restarts = store.source_restarts()
     now = datetime.now(UTC)
     items = []
     for r in recs:
         try:
             items.append(supervisor_status(store, r, actual.checkpoints.get(r.id, {}), with_latest=with_latest,
                                            now=now, positions=positions.get(r.id, ({}, None)),
-                                           totals=totals.get(r.id, NO_BATCHES) if every else None,
-                                           lost=lost.get(r.id, 0) if every else None, restarts=restarts))
+                                           totals=totals.get(r.id, NO_BATCHES), lost=lost.get(r.id, 0),
+                                           restarts=restarts))
         except ReconcilerError:
             raise  # the database: the whole report fails, as it must
         except Exception as exc:  # noqa: BLE001 - one record that cannot be reported is shown as such

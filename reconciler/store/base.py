@@ -9,6 +9,7 @@ of a compare-and-swap sees 0 rows updated and raises ``PublishConflict``.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ class StoreBase:
     def __init__(self, url: str):
         self.url = url
         self.engine = create_engine(url)
+        self._pinned = threading.local()  # the connection of a ``snapshot``, per thread
 
     def close(self) -> None:
         self.engine.dispose()
@@ -84,9 +86,31 @@ class StoreBase:
                 conn.close()
 
     @contextmanager
-    def _read(self):
+    def snapshot(self):
+        """The reads of this thread inside see one moment of the database: ``status`` reads the
+        checkpoints and the batch totals in two queries, and a publish between them showed the lag
+        from before it beside the records from after it. PostgreSQL's READ COMMITTED gives each
+        statement its own snapshot, so the transaction is REPEATABLE READ there; SQLite's (WAL)
+        read transaction already is one snapshot."""
+        if getattr(self._pinned, "conn", None) is not None:
+            yield
+            return
+        level = {"isolation_level": "REPEATABLE READ"} if self.engine.dialect.name == "postgresql" else {}
+        with self._read(**level) as conn:
+            self._pinned.conn = conn
+            try:
+                yield
+            finally:
+                self._pinned.conn = None
+
+    @contextmanager
+    def _read(self, **options):
+        pinned = getattr(self._pinned, "conn", None)
+        if pinned is not None:  # inside ``snapshot``: its transaction, not a newer moment
+            yield pinned
+            return
         try:
-            with self.engine.connect().execution_options(readonly=True) as conn, conn.begin():
+            with self.engine.connect().execution_options(readonly=True, **options) as conn, conn.begin():
                 yield conn
         except sa_exc.OperationalError as exc:
             raise RetryableError(f"database unavailable or busy: {_short(exc)}") from exc
