@@ -384,6 +384,23 @@ def _describe_yaml_error(
             line,
             col,
         )
+    if exc.context == "while scanning a simple key" and exc.context_mark is not None and mark is not None \
+            and exc.context_mark.line < mark.line:
+        # PyYAML notices the missing ':' only on the next line; the typo is where the key started
+        return (
+            f"malformed YAML: could not find expected ':' after the key on this line (a key needs ': ' "
+            f"before its value; the parser noticed on line {mark.line + 1})",
+            exc.context_mark.line + 1,
+            exc.context_mark.column + 1,
+        )
+    start = _swallowing_scalar(text, mark) if problem == "mapping values are not allowed here" else None
+    if start is not None:
+        return (
+            f"malformed YAML: {problem}: the value starting here runs on to line {mark.line + 1}, "
+            f"where a ':' follows (is a ':' missing on this line, or line {mark.line + 1} indented too deep?)",
+            start.line + 1,
+            start.column + 1,
+        )
     message = f"malformed YAML: {problem}"
     if exc.context and exc.problem:
         message += f" ({exc.context}"
@@ -391,6 +408,21 @@ def _describe_yaml_error(
             message += f" started on line {exc.context_mark.line + 1}"
         message += ")"
     return message, line, col
+
+
+def _swallowing_scalar(text: str, mark: Any) -> Any:
+    """The start of a plain value that spans lines and ends where ``mark`` is (it took in the
+    next line's key, so PyYAML reports the ':' after it), else None."""
+    last = None
+    try:
+        for token in yaml.scan(text):
+            last = token
+    except yaml.YAMLError:
+        pass  # the error being explained: the tokens before it are what is needed
+    if (isinstance(last, yaml.ScalarToken) and last.plain and mark is not None
+            and last.start_mark.line < last.end_mark.line == mark.line):
+        return last.start_mark
+    return None
 
 
 def _invalid(
