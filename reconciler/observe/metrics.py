@@ -291,9 +291,11 @@ def _spark_info() -> dict[str, Any]:
 
 def not_found(path: str, pages: bool = True) -> str:
     """The short page of a 404: what was asked and the paths there are."""
-    valid = ([("/", "the status page"), ("/supervisors/ID", "one supervisor's page")] if pages else []) + [
-        ("/metrics", "Prometheus metrics"), ("/healthz", "health, as JSON")]
-    items = "".join(f'<li><a href="{p if "ID" not in p else "/"}">{p}</a>: {what}</li>' for p, what in valid)
+    # /supervisors/ID is a pattern, not a page: a link on it would lead elsewhere than it says
+    valid = (['<a href="/">/</a>: the status page', "<code>/supervisors/ID</code>: one supervisor's page, "
+              'ID as listed on <a href="/">the status page</a>'] if pages else []) + [
+        '<a href="/metrics">/metrics</a>: Prometheus metrics', '<a href="/healthz">/healthz</a>: health, as JSON']
+    items = "".join(f"<li>{item}</li>" for item in valid)
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>not found</title></head><body>"
             f"<p>No page at <code>{html.escape(path)}</code>. The paths here are:</p><ul>{items}</ul></body></html>")
 
