@@ -463,7 +463,7 @@ def test_the_ci_job_annotates_each_problem_and_fails_on_a_bad_spec(tmp_path, rea
     script = step["run"].replace("reconciler validate", f"{SCRIPT} validate")
     specs = tmp_path / "repo" / "specs"
     specs.mkdir(parents=True)
-    (specs / "clicks.yaml").write_text((ROOT / "examples" / "kafka-clicks.yaml").read_text())
+    (specs / "clicks.yaml").write_text((ROOT / "examples" / "clicks.yaml").read_text())
 
     def job_run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", "-e", "-c", script], cwd=specs.parent, env=reader_env, capture_output=True,
@@ -478,6 +478,18 @@ def test_the_ci_job_annotates_each_problem_and_fails_on_a_bad_spec(tmp_path, rea
     [annotation] = [x for x in bad.stdout.splitlines() if x.startswith("::error ")]
     assert re.fullmatch(r"::error file=specs/clicks\.yaml,line=\d+,col=3::source\.topc: unknown key.*", annotation)
     assert json.loads((specs.parent / "result.json").read_text())["ok"] is False
+
+
+@pytest.mark.parametrize("folder", ["examples", "examples/lag-policy"])
+def test_the_examples_validate_without_a_warning(folder, reader_env):
+    """Issue 46: `reconciler validate examples/` warned that each id differed from its file
+    name, so the examples broke the convention the README asks spec authors to keep."""
+    env = {k: v for k, v in reader_env.items() if k != "RECONCILER_CONFIG"}  # the newcomer's run: no config file
+    r = subprocess.run([str(SCRIPT), "validate", folder], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^ok: [1-9]\d* spec\(s\)", r.stdout, re.M), r.stdout
+    assert "warning" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
 
 
 def test_the_class_archive_step_does_not_promise_a_quiet_machine():

@@ -282,13 +282,13 @@ def test_a_pull_timer_keeps_the_config_repos_checkout_current_and_purge_gives_it
     git("init", "-q", "--bare", "-b", "main", str(remote))
     git("clone", "-q", str(remote), str(work))
     (work / "specs").mkdir()
-    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", work / "specs" / "clicks.yaml")
+    shutil.copy(ROOT / "examples" / "clicks.yaml", work / "specs" / "clicks.yaml")
     git("add", ".", cwd=work)
     git("commit", "-q", "-m", "clicks", cwd=work)
     git("push", "-q", "origin", "main", cwd=work)
     (root / "srv").mkdir()
     git("clone", "-q", str(remote), str(root / "srv" / "config-repo"))  # by root, as the docs say
-    shutil.copy(ROOT / "examples" / "kafka-clicks-rollup.yaml", work / "specs" / "clicks-rollup.yaml")
+    shutil.copy(ROOT / "examples" / "clicks-rollup.yaml", work / "specs" / "clicks-rollup.yaml")
     git("add", ".", cwd=work)
     git("commit", "-q", "-m", "rollup", cwd=work)
     git("push", "-q", "origin", "main", cwd=work)  # a change the checkout has yet to pull
@@ -365,7 +365,7 @@ def test_a_fresh_root_takes_an_operator_and_the_install_says_how_specs_arrive(re
     git = lambda *a, cwd=root: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],  # noqa: E731
                                               cwd=cwd, check=True, capture_output=True, text=True)
     git("init", "-q", "-b", "main", str(remote))
-    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", remote / "clicks.yaml")
+    shutil.copy(ROOT / "examples" / "clicks.yaml", remote / "clicks.yaml")
     git("add", ".", cwd=remote)
     git("commit", "-q", "-m", "clicks", cwd=remote)
     git("clone", "-q", str(remote), str(specs))
@@ -436,7 +436,7 @@ def test_on_the_host_the_operator_runs_reconciler_as_the_service_user(staged, wh
                         "'from reconciler.pipeline.sparkcds import java_options; print(\"options:\", java_options())'"),
             ("which", "command -v reconciler"),
             ("version", "cd / && reconciler --version"),
-            ("spec", "install -m 0644 -o stream-reconciler -g stream-reconciler examples/kafka-clicks.yaml "
+            ("spec", "install -m 0644 -o stream-reconciler -g stream-reconciler examples/clicks.yaml "
                      "/srv/stream-reconciler/specs/clicks.yaml"),
             ("validate", "cd /tmp && reconciler validate"),
             ("plan", "cd /tmp && reconciler plan --no-positions"),
@@ -491,7 +491,7 @@ def test_upgrade_in_place_keeps_configuration_state_and_specs(staged, source):
     state_file = root / "var" / "lib" / "stream-reconciler" / "reconciler.db"
     state_file.write_bytes(b"kept")
     spec = root / "srv" / "stream-reconciler" / "specs" / "clicks.yaml"
-    shutil.copy(ROOT / "examples" / "kafka-clicks.yaml", spec)
+    shutil.copy(ROOT / "examples" / "clicks.yaml", spec)
     os.chown(spec, uid, gid)
     # from a source checkout this time, built as version 99.0.0
     out = install("--root", str(root), "--from", str(source),
@@ -522,7 +522,7 @@ def test_uninstall_keeps_the_data_and_purge_removes_it(staged):
 
     spec = root / "srv" / "stream-reconciler" / "specs" / "clicks.yaml"
     if not spec.exists():  # the upgrade test put one there; alone, this test puts its own
-        spec.write_text((ROOT / "examples" / "kafka-clicks.yaml").read_text())
+        spec.write_text((ROOT / "examples" / "clicks.yaml").read_text())
     out = install("--root", str(root), "--uninstall", "--purge")
     assert not (root / "etc" / "stream-reconciler").exists() and not (root / "var" / "lib" / "stream-reconciler").exists()
     assert not (root / "var" / "log" / "stream-reconciler-install.log").exists()

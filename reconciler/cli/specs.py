@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the plan module is imported by the commands that plan (stat
 
 @cli.command(epilog="""\b
 Examples:
-  reconciler validate specs/ examples/kafka-clicks.yaml
+  reconciler validate specs/ examples/clicks.yaml
   reconciler validate -o json specs/ | jq '.problems[] | "\\(.path):\\(.line): \\(.message)"'
   (a pre-commit hook and a CI job that run it: see "Validating a config repo" in the README)""")
 @click.argument("paths", nargs=-1, type=click.Path())
@@ -228,10 +228,15 @@ def plan_cmd(c: Context, output, no_positions):
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
     else:
-        text = render.plan_text(doc)
+        if directory.hint:  # first, not among the notes: "No changes" above it read as all is well
+            click.echo(f"note: {render.printable(directory.hint)}")
+        text = render.plan_text(doc | {"notes": [n for n in doc["notes"] if n != directory.hint]})
         if errors and not p.actions:
             text = text.replace("No changes: the database matches the spec directory.",
                                 "No changes to apply, but the spec directory has errors:")
+        elif directory.hint and not p.actions:
+            text = text.replace("No changes: the database matches the spec directory.",
+                                "No changes planned: the spec directory holds no spec at its top level.")
         click.echo(text)
         for held in p.held_terminations:
             click.echo(f"held: terminate {held} (confirm with `reconciler apply --confirm-terminations`)")

@@ -100,17 +100,19 @@ def status(c: Context, supervisor_id, output, no_lag):
         _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark,
                     "webhooks": webhooks})
     else:
-        click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
-        if supervisor_id:
-            resets = [e for e in c.read_store.history(supervisor_id) if e["action"] in ("reset", "reset-and-backfill")]
-            if resets:
-                click.echo(render.last_reset_text(resets[-1]))
+        hint = None
         if not supervisor_id:
             from reconciler.spec.loader import nested_hint
 
             hint = nested_hint(c.settings.specs)
-            if hint:
-                click.echo(f"\nnote: {render.printable(hint)}")
+        if hint:  # the cause first: the advice to add a spec would send the reader the wrong way
+            click.echo(f"note: {render.printable(hint)}" + ("\n" if items else ""))
+        if items or not hint:
+            click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
+        if supervisor_id:
+            resets = [e for e in c.read_store.history(supervisor_id) if e["action"] in ("reset", "reset-and-backfill")]
+            if resets:
+                click.echo(render.last_reset_text(resets[-1]))
         if lease and live:
             click.echo(f"\nleader: {lease.holder} (token {lease.token}, lease until {lease.expires_at:%H:%M:%S}Z)")
         elif lease:

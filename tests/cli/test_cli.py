@@ -46,10 +46,8 @@ def isolated(monkeypatch, tmp_path) -> Iterator[None]:
 def copy_examples(directory: Path, *names: str) -> Path:
     """Copy examples into ``directory`` as ``<id>.yaml``; default: the two Kafka examples."""
     directory.mkdir(parents=True, exist_ok=True)
-    mapping = {"clicks": "kafka-clicks.yaml", "clicks-rollup": "kafka-clicks-rollup.yaml",
-               "orders": "rabbitmq-orders.yaml"}
     for sid in names or ("clicks", "clicks-rollup"):
-        shutil.copy(EXAMPLES / mapping[sid], directory / f"{sid}.yaml")
+        shutil.copy(EXAMPLES / f"{sid}.yaml", directory / f"{sid}.yaml")
     return directory
 
 
@@ -572,8 +570,7 @@ def test_status_says_when_the_specs_sit_one_level_down(tmp_path):
     assert f"its subdirectories hold some: {repo / 'specs'}" in applied.stdout
     status = run("status", "--no-lag")
     assert status.exit_code == 0
-    assert "No supervisors." in status.stdout
-    assert f"note: no spec at the top level of {repo}" in status.stdout and "--specs" in status.stdout
+    assert status.stdout.startswith(f"note: no spec at the top level of {repo}") and "--specs" in status.stdout
     assert "note:" not in Cli(repo / "specs", tmp_path / "state", run.db)("status", "--no-lag").stdout
 
 

@@ -17,7 +17,7 @@ MARKER_FILES = sorted(MARKER_DIR.rglob("*.reset.y*ml"))
 
 def test_the_documented_examples_exist():
     names = {p.name for p in SPEC_FILES}
-    assert {"kafka-clicks.yaml", "rabbitmq-orders.yaml", "kafka-clicks-rollup.yaml"} <= names
+    assert {"clicks.yaml", "orders.yaml", "clicks-rollup.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in SPEC_FILES])
@@ -35,7 +35,7 @@ def test_example_ids_and_datasources_are_unique():
 
 
 def test_kafka_clicks_matches_the_design():
-    spec = load_spec_file(EXAMPLES / "kafka-clicks.yaml")
+    spec = load_spec_file(EXAMPLES / "clicks.yaml")
     assert spec.id == "clicks"
     assert isinstance(spec.source, KafkaSource)
     assert (spec.source.bootstrap_servers, spec.source.topic) == ("127.0.0.1:9092", "clicks")
@@ -44,7 +44,7 @@ def test_kafka_clicks_matches_the_design():
 
 
 def test_rabbitmq_orders_matches_the_design():
-    spec = load_spec_file(EXAMPLES / "rabbitmq-orders.yaml")
+    spec = load_spec_file(EXAMPLES / "orders.yaml")
     assert isinstance(spec.source, RabbitSource)
     assert spec.source.streams == ("orders-0", "orders-1")
     assert "${env:RMQ_PASSWORD}" in spec.source.uri  # kept verbatim, resolved only in the client
@@ -52,7 +52,7 @@ def test_rabbitmq_orders_matches_the_design():
 
 
 def test_kafka_clicks_rollup_matches_the_design():
-    spec = load_spec_file(EXAMPLES / "kafka-clicks-rollup.yaml")
+    spec = load_spec_file(EXAMPLES / "clicks-rollup.yaml")
     assert spec.id == "clicks-rollup"
     assert spec.data_schema.datasource == "clicks_rollup"
     assert spec.data_schema.rollup is True
@@ -85,4 +85,4 @@ def test_the_lag_policy_example():
     p = spec.lag_policy
     assert (p.max_records, p.max_lag, p.for_seconds, p.action, p.cooldown, p.backfill_task_count) == \
         (5_000_000, 3600.0, 120.0, "resetToLatestAndBackfill", 3600.0, 4)
-    assert spec.id == "clicks" and spec.source == load_spec_file(EXAMPLES / "kafka-clicks.yaml").source
+    assert spec.id == "clicks" and spec.source == load_spec_file(EXAMPLES / "clicks.yaml").source
