@@ -10,14 +10,17 @@ Prints ONE JSON document: each batch's publish time (the runtime's ``publish`` p
 its log record of the batch, as freshness.py reads it), the median of the first and the
 last 100 batches and their ratio; every 10 s the live data files of the open time
 partitions (the most any one of them holds) and the entries of the current snapshot's
-manifests; per minute the CPU seconds of the rolling compaction (its own thread's) and of
-the whole process; the table checked exactly once by key at the end; the load average.
+manifests; per minute the CPU seconds of the rolling compaction (its own thread's), of
+the whole process, of each thread job (``ThreadCpu``) and of the daemon's (the process's
+less the producer's and the sampler's), beside the load average; the table checked
+exactly once by key at the end; the load average.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import statistics
 import threading
 import time
@@ -67,6 +70,46 @@ def open_partition_files(tables: Tables) -> tuple[int, int]:
     return max(per.values(), default=0), entries
 
 
+def _group(name: str) -> str:
+    """A thread's job: its name without what differs between threads of one job (a runtime's
+    step thread is new each step, ``runtime-<id>``; ``Thread-12 (serve)``; ``lag_3``)."""
+    name = re.sub(r"[-_]\d+", "", name.split(" (")[0])
+    return "runtime" if name.startswith("runtime-") else name
+
+
+class ThreadCpu:
+    """This process's CPU seconds by thread job since the last ``take``, read from
+    /proc/self/task: Python threads by name (``_group``), native ones (librdkafka's, the
+    allocator's) by their kernel name. A thread that ended since the last take is in
+    ``exited`` (the process's time less what the live threads account for): mostly the
+    runtime's step threads, one a step."""
+
+    def __init__(self):
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.seen: dict[int, int] = {}  # tid -> its CPU ticks at the last take
+        self.process = time.process_time()
+        self.take()  # from now on: what each thread spent since
+
+    def take(self) -> dict[str, float]:
+        names = {t.native_id: _group(t.name) for t in threading.enumerate()}
+        out: dict[str, float] = {}
+        seen: dict[int, int] = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            except OSError:  # ended meanwhile: its time is in exited
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            ticks = int(rest[11]) + int(rest[12])  # utime + stime (fields 14 and 15)
+            seen[int(tid)] = ticks
+            group = names.get(int(tid)) or f"native:{re.sub(r'[-0-9]+$', '', comm)}"
+            out[group] = out.get(group, 0.0) + (ticks - self.seen.get(int(tid), 0)) / self.tick
+        process = time.process_time()
+        out["exited"] = max(0.0, (process - self.process) - sum(out.values()))
+        self.seen, self.process = seen, process
+        return {k: round(v, 3) for k, v in out.items()}
+
+
 class _Sampler:
     """Every ``SAMPLE_EVERY`` seconds: the open partition's files, the manifest entries, and
     the CPU seconds so far of the rolling compaction and of the process."""
@@ -77,6 +120,7 @@ class _Sampler:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="growth-sampler", daemon=True)
         self.began = time.monotonic()
+        self.threads = ThreadCpu()
 
     def _rolling_cpu(self) -> float:
         manager = self.daemon.manager
@@ -87,7 +131,8 @@ class _Sampler:
             files, entries = open_partition_files(self.tables)
             self.samples.append({"s": round(time.monotonic() - self.began), "openPartitionFiles": files,
                                  "manifestEntries": entries, "rollingCpuS": round(self._rolling_cpu(), 3),
-                                 "processCpuS": round(time.process_time(), 2)})
+                                 "processCpuS": round(time.process_time(), 2), "threadCpuS": self.threads.take(),
+                                 "load1": round(os.getloadavg()[0], 2)})
 
 
 def _per_minute(samples: list[dict[str, Any]], key: str) -> list[float]:
@@ -99,6 +144,14 @@ def _per_minute(samples: list[dict[str, Any]], key: str) -> list[float]:
         out.append(round(m[key] - last, 3))
         last = m[key]
     return out
+
+
+def _threads_per_minute(samples: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per thread job, its CPU seconds in each whole minute of samples (``ThreadCpu``)."""
+    per = int(60 / SAMPLE_EVERY)
+    minutes = [samples[i:i + per] for i in range(0, len(samples) - per + 1, per)]
+    groups = sorted({g for x in samples for g in x["threadCpuS"]})
+    return {g: [round(sum(x["threadCpuS"].get(g, 0.0) for x in m), 2) for m in minutes] for g in groups}
 
 
 def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling: float, work: Path,
@@ -138,6 +191,7 @@ def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling:
         thread.join(120)
         store.close()
         samples = sampler.samples
+        threads = _threads_per_minute(samples)
         files = [x["openPartitionFiles"] for x in samples]
         # A short run has fewer than 2 x 100 batches: its windows are halves of what it has.
         summary = publishes.summary(min(window, max(10, (len(publishes.publish) - 1) // 2)))
@@ -151,6 +205,14 @@ def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling:
             "manifest_entries_every_10s": [x["manifestEntries"] for x in samples],
             "rolling_cpu_s_per_minute": _per_minute(samples, "rollingCpuS"),
             "process_cpu_s_per_minute": _per_minute(samples, "processCpuS"),
+            "thread_cpu_s_per_minute": threads,
+            # less the benchmark's own threads: the producer (MainThread) and this sampler; the
+            # producer's librdkafka threads stay in (not told apart from the daemon's clients')
+            "daemon_cpu_s_per_minute": [round(p - m - g, 2) for p, m, g in zip(
+                _per_minute(samples, "processCpuS"), threads.get("MainThread", []), threads.get("growth-sampler", []),
+                strict=False)],
+            # a loaded machine's CPU second does less: read the CPU per minute beside the load it ran under
+            "load1_per_minute": [x["load1"] for x in samples[int(60 / SAMPLE_EVERY) - 1::int(60 / SAMPLE_EVERY)]],
             "verify": _verify(Path(s.segments_dir), ID, warmup + sent),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "median_rolling_cpu_s_per_minute": (round(statistics.median(_per_minute(samples, "rollingCpuS")), 3)
