@@ -214,7 +214,7 @@ class LagObserver:
             done = rec.state == State.COMPLETED and rec.updated_at is not None \
                 and (now - rec.updated_at).total_seconds() <= HISTORY
             if rec.bounded and sid not in self._seen and (sid in watched or done):
-                origin = _origin(rec, now)
+                origin = _origin(rec, now, _range_age(rec))
                 if origin is None and done:
                     continue
                 self._seen[sid] = _Seen()
@@ -419,6 +419,9 @@ class LagObserver:
             done = sum(min(cp.get(p, start.get(p, 0)), end[p]) - start.get(p, end[p]) for p in end)
             if total <= 0:
                 continue
+            if done >= total:  # its completion is audited (COMPLETED): "75 % ingested" of a done range understated it
+                self._seen[sid].milestones.update(MILESTONES)
+                continue
             pct = 100.0 * done / total
             reached = [m for m in MILESTONES if pct >= m and m not in self._seen[sid].milestones]
             if reached:  # one entry for the highest passed: a fast backfill does not flood the log
@@ -447,13 +450,37 @@ def _policy(rec: SupervisorRecord):
         return None
 
 
-def _origin(rec: SupervisorRecord, now: datetime) -> Sample | None:
-    """A backfill at its creation: its whole range behind, nothing ingested (its id is new)."""
+def _origin(rec: SupervisorRecord, now: datetime, seconds: float | None = None) -> Sample | None:
+    """A backfill at its creation: its whole range behind, nothing ingested (its id is new), the
+    oldest record of its range ``seconds`` old (``_range_age``)."""
     if not rec.bounded or rec.created_at is None or rec.created_at > now:
         return None
     start = rec.start_offsets or {}
     behind = sum(max(0, e - start.get(p, e)) for p, e in (rec.end_offsets or {}).items())
-    return Sample(rec.created_at, behind, None, 0)
+    return Sample(rec.created_at, behind, seconds if behind else 0.0, 0)
+
+
+def _range_age(rec: SupervisorRecord) -> float | None:
+    """How long the oldest record of a backfill's range had waited when the backfill was made: its
+    lag in time at its creation, what the main's chart showed at the reset. Without it, a backfill
+    that ran between two rounds charted "max 0s" (its only other sample is its end, at 0). Asked
+    once per backfill, bounded as a round's lookups; unknown (None) when the stream cannot say."""
+    if not rec.bounded or rec.created_at is None:
+        return None
+    start, end = rec.start_offsets or {}, dict(rec.end_offsets or {})
+    try:
+        adapter = adapter_for(rec.spec.source, timeout=LAG_TIMEOUT)
+        try:
+            times = record_times(adapter, {p: start[p] for p in end if p in start}, end)
+        finally:
+            adapter.close()
+    except Exception as exc:  # noqa: BLE001 - the chart's first point is unknown, the round goes on
+        log.debug("the age of %s's range is unknown: %s", rec.id, exc)
+        return None
+    stamps = [t for t in times.values() if t is not None]
+    if not stamps:
+        return None
+    return max(0.0, rec.created_at.timestamp() - min(stamps) / 1000.0)
 
 
 def _close(seen: _Seen) -> None:

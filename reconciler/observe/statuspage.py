@@ -108,13 +108,19 @@ def _webhooks(hooks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def charts(samples: Samples, now: datetime, *, markers: Sequence[Marker] = (), width: int = 260,
-           height: int = 96) -> str:
+           height: int = 96, done: bool = False) -> str:
     """The three charts of one supervisor on one time axis: lag in records, lag in time, records
     ingested per second (``charts.ingest_rates`` of the samples: this page and the supervisor's
-    own draw the same figures)."""
+    own draw the same figures). ``done``: it ingests nothing any more (a completed backfill)."""
     size = {"width": width, "height": height, "markers": markers,
             "since": span_start([s[0] for s in samples], now)}
-    ingested = ingest_rates([(s[0], s[3] if len(s) > 3 else None) for s in samples], now)
+    totals = [(s[0], s[3] if len(s) > 3 else None) for s in samples]
+    if done and totals and totals[-1][1] is not None and totals[-1][0] < now:
+        # nothing is ingested since its end, a known 0/s: unobserved, it read "now ?"
+        totals.append((now, totals[-1][1]))
+    ingested = ingest_rates(totals, now)
+    if done and ingested:
+        ingested[-1] = (now, 0.0)  # "now" is this instant's rate, not the mean of a slice it ended in
     return ("<div class=charts>"
             + timechart([(s[0], s[1]) for s in samples], now, label="lag (records)", css_class="chart lag-records",
                         **size)
@@ -226,7 +232,11 @@ def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Ma
             f'<td class=num>{int(s.get("records") or 0):,}</td><td>{backfill_cell(s.get("backfill"))}</td>'
             f'<td class=policy>{policy_cell(s.get("lagPolicy"))}</td>'
             f'<td class=err>{error_cell}</td></tr>'
-            f'<tr id="charts-{sid}"><td class=charts colspan=9>{charts(samples, now, markers=marks)}</td></tr>')
+            f'<tr id="charts-{sid}"><td class=charts colspan=9>{charts(samples, now, markers=marks, done=_done(s))}</td></tr>')
+
+
+def _done(s: Mapping[str, Any]) -> bool:
+    return s.get("kind") == "backfill" and s.get("state") == "COMPLETED"
 
 
 def lag_time(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:

@@ -35,13 +35,14 @@ def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, sampl
     shows ``BATCHES_SHOWN``); ``audit``: the newest audit entries, newest first."""
     now = now or datetime.now(UTC)
     sid = str(item["id"])
+    done = item.get("kind") == "backfill" and item.get("state") == "COMPLETED"  # it ingests nothing any more
     parts = [
         page_head(f"{sid} · stream-reconciler"),
         f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
         f"<p class=state>{state_badge(str(item['state']))}</p>",
         _summary(item, observed),
         "<h2>Lag and ingestion</h2>",
-        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150)}"
+        f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150, done=done)}"
         "</div>",
         "<h2>Partitions</h2>",
         _partitions(item, observed),

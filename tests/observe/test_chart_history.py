@@ -123,7 +123,8 @@ def test_a_fast_backfill_charts_the_range_it_read(store, broker, first_look):
     observer.observe_once()
     observer.observe_once()
     samples = observer.history(bid)
-    assert samples[0] == (created, 150, None, 0)  # its creation: the whole range behind, nothing ingested
+    # its creation: the whole range behind, nothing ingested, its oldest record's age (the stand-in's are at 0)
+    assert samples[0] == (created, 150, created.timestamp(), 0)
     assert (samples[-1].records, samples[-1].ingested) == (0, 150)
 
     svg = statuspage.charts(samples, at[0])
@@ -144,7 +145,7 @@ def test_both_pages_draw_the_same_records_per_second(store, broker):
         observer.observe_once()
     samples, now = observer.history(bid), at[0] + timedelta(seconds=2)
     [item] = [i for i in all_status(store, with_latest=False) if i["id"] == bid]
-    main = statuspage.charts(samples, now)
+    main = statuspage.charts(samples, now, done=True)  # as the status page draws a COMPLETED backfill's
     own = supervisorpage.render(item, observed=None, samples=samples, batches=store.recent_batches(bid, 20),
                                 audit=[], now=now)
     assert _head(own, "ingest-rate") == _head(main, "ingest-rate")

@@ -147,7 +147,7 @@ def test_a_completed_backfill_has_no_lag_and_its_ingestion_is_charted(store, mon
     assert [tuple(s[1:]) for s in samples] == [(150, samples[0][2], 0), (0, 0.0, 150)]
 
     now = samples[-1][0] + timedelta(seconds=1)
-    svg = statuspage.charts(samples, now)
+    svg = statuspage.charts(samples, now, done=True)  # as the status page draws a COMPLETED backfill's
     assert "now 0 · max 150" in svg.split('class="chart lag-records"')[1]
     assert "now 0s" in svg.split('class="chart lag-seconds"')[1]
     rate = svg.split('class="chart ingest-rate"')[1].split("</svg>")[0]
@@ -187,7 +187,8 @@ def test_a_backfill_that_ran_between_two_looks_is_charted_from_the_database(stor
     observer.observe_once()
     observer.observe_once()
     rec = store.get(bid)
-    assert observer.history(bid) == [(rec.created_at, 150, None, 0), (rec.updated_at, 0, 0.0, 150)]
+    # its oldest record's age at its creation: the stand-in's records are at time 0
+    assert observer.history(bid) == [(rec.created_at, 150, rec.created_at.timestamp(), 0), (rec.updated_at, 0, 0.0, 150)]
     svg = statuspage.charts(observer.history(bid), datetime.now(UTC))
     assert "now 0 ·" in svg.split('class="chart lag-records"')[1]
     assert "no samples" not in svg.split('class="chart ingest-rate"')[1].split("</svg>")[0]
