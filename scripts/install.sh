@@ -277,8 +277,18 @@ if [ "$UNINSTALL" -eq 1 ]; then
     fi
     if [ -f "$ROOT$SUDOERS" ]; then  # the operators' rule names the command removed here
         rm -f "$ROOT$SUDOERS"
-        say "removed the operators' sudoers rule $ROOT$SUDOERS (their membership of the group $SERVICE_USER stays until --purge)"
+        kept_members=" (their membership of the group $SERVICE_USER stays until --purge)"
+        [ "$PURGE" -eq 0 ] || kept_members=  # the purge deletes the group below
+        say "removed the operators' sudoers rule $ROOT$SUDOERS$kept_members"
     fi
+    # Without systemctl (--no-systemctl) nothing disabled the units: their enable links stay
+    # and would dangle, naming units that are gone.
+    for link in "$ROOT$UNIT_DIR"/*.wants/"$SERVICE.service" "$ROOT$UNIT_DIR"/*.wants/"$PULL_UNIT.timer"; do
+        if [ -L "$link" ]; then
+            rm -f "$link"
+            say "removed the link $link"
+        fi
+    done
     rm -f "$UNIT" "$ROOT$WRAPPER"
     rm -rf "$ROOT$UNIT_DIR/$SERVICE.service.d" "$VENV"
     if systemd_running; then

@@ -330,6 +330,32 @@ def test_a_pull_timer_keeps_the_config_repos_checkout_current_and_purge_gives_it
     git("-C", str(checkout), "status", "--short")  # root may use its checkout again
 
 
+def test_a_staged_uninstall_without_systemctl_leaves_no_dangling_link(request, staged, wheel):
+    """Issue 46, a third newcomer: `--uninstall --purge --root DIR --no-systemctl` left
+    multi-user.target.wants/stream-reconciler.service pointing at the removed unit, and the
+    purge said the operators' group membership "stays until --purge"."""
+    root = Path(tempfile.mkdtemp(prefix="reconciler-links-", dir="/var/tmp"))
+    root.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    (root / "opt").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(staged[0] / "opt" / "stream-reconciler"), str(root / "opt")], check=True)
+    (root / "etc").mkdir()
+    for name in ("passwd", "group", "shadow", "gshadow"):  # with the service user the staged install made
+        shutil.copy2(staged[0] / "etc" / name, root / "etc" / name)
+    subprocess.run(["useradd", "--prefix", str(root), "--no-create-home", "alice"], check=True)
+    install("--root", str(root), "--from", str(wheel), "--no-spark-archive", "--operator", "alice")  # enabled
+    units = root / "etc" / "systemd" / "system"
+    wants = units / "multi-user.target.wants" / "stream-reconciler.service"
+    assert wants.is_symlink()
+
+    out = install("--root", str(root), "--uninstall", "--purge", "--no-systemctl")
+    assert not wants.is_symlink() and f"removed the link {wants}" in out, out
+    assert [p for p in root.rglob("*") if p.is_symlink() and not p.exists()] == []
+    assert f"removed the operators' sudoers rule {root}/etc/sudoers.d/stream-reconciler\n" in out
+    assert "stays until --purge" not in out and "removed the user stream-reconciler" in out
+    assert unstaged_paths(out, root) == []
+
+
 def test_a_fresh_root_takes_an_operator_and_the_install_says_how_specs_arrive(request, staged, wheel):
     """Issue 46, a second newcomer: below a fresh staging root (no etc/ at all) --operator
     suggested `useradd --prefix ROOT`, which fails there (it needs ROOT/etc/passwd and group);
