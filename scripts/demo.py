@@ -11,6 +11,9 @@ of the same user on the same page and the rollup has something to roll up.
 It ends with the commands to look around; `.demo/config.yaml` holds the demo's settings,
 so `RECONCILER_CONFIG=.demo/config.yaml reconciler status` finds them from anywhere.
 
+Every run starts over, --serve too: it removes the earlier run's .demo (database, tables,
+history) and says so, since the broker kept that run's events in memory only.
+
 With --serve it then keeps the broker and the daemon (`reconciler run`) up until Ctrl-C,
 with the status page on http://127.0.0.1:9187/ (another port if that one is taken): look
 at the page, and in another terminal try a burst (`scripts/quickstart.sh --burst N` produces N
@@ -112,6 +115,28 @@ def kafka_examples(bootstrap: str, specs: Path) -> list[str]:
     return ids
 
 
+def start_over(workdir: Path) -> str | None:
+    """Empty ``workdir`` for a new run, and say what went with it (None when there was
+    nothing). Every run starts over, --serve too: the Tansu broker keeps its events in memory
+    only, so an earlier run's checkpoints name records no new broker holds, and a new broker's
+    topic has a new id, which the daemon takes for a topic deleted and created again.
+    Raises SystemExit while a --serve of the same directory still runs: that would pull its
+    database from under the daemon."""
+    where = workdir / "bootstrap"
+    if where.is_file():
+        host, _, port = where.read_text().strip().rpartition(":")
+        if port.isdigit() and tcp_open(host, int(port)):
+            raise SystemExit(f"a demo is serving from {workdir} (broker on {host}:{port}): stop it with Ctrl-C "
+                             f"first, or give this run another --workdir")
+    earlier = workdir.exists() and any(workdir.iterdir())
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "specs").mkdir(parents=True)
+    if not earlier:
+        return None
+    return (f"== starting over in {workdir}: the earlier run's database, tables and history are gone (every run, "
+            "--serve too, starts a new in-memory broker, which holds none of the earlier events)")
+
+
 def reconciler(workdir: Path, *args: str, log: Path | None = None) -> int:
     """``reconciler ARGS`` on the demo's settings; with ``log``, its output goes there (the
     Spark JVM's start-up lines) and only a failure shows it, naming the file."""
@@ -150,14 +175,16 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--workdir", type=Path, default=ROOT / ".demo")
     ap.add_argument("--serve", action="store_true",
-                    help="then keep the broker and the daemon up, with the status page, until Ctrl-C")
+                    help="then keep the broker and the daemon up, with the status page, until Ctrl-C "
+                         "(a new run: the earlier one's state in --workdir is removed, as by every run)")
     ap.add_argument("--burst", type=int, metavar="N",
                     help="only produce N more events into a running demo's topic (one started with --serve)")
     args = ap.parse_args()
     if args.burst is not None:
         return burst(args.workdir, args.burst)
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    (args.workdir / "specs").mkdir(parents=True)
+    said = start_over(args.workdir)
+    if said:
+        print(said)
     config = args.workdir / "config.yaml"
     http = f"127.0.0.1:{9187 if not tcp_open('127.0.0.1', 9187) else free_port()}"
     config.write_text(yaml.safe_dump({"specs": str(args.workdir / "specs"), "stateDir": str(args.workdir / "state"),

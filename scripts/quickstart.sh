@@ -22,6 +22,10 @@ result checked exactly once.
                 against what the topic then holds (end minus start offset per partition)
   --burst N     from another terminal, beside a running --serve: produce N more events
                 into its topic, to watch the lag rise and fall on the status page
+
+Every run starts over, --serve too: it removes the earlier run's .demo (its database,
+tables and history) and says so, since the broker kept that run's events in memory only.
+It refuses while another --serve still runs from .demo.
 EOF
             exit 0 ;;
         --burst) exec .venv/bin/python scripts/demo.py "$@" ;;  # the running demo set the machine up
