@@ -78,7 +78,7 @@ def render(items: Sequence[Mapping[str, Any]], resets: Sequence[Mapping[str, Any
         "<h2>Recent resets and backfills</h2>",
         _resets(resets),
         "<h2>Recent alerts</h2>",
-        _resets(alerts, table="alerts"),
+        _resets(alerts, table="alerts", notes=notes),
         f'<p class=muted>Refreshes every {REFRESH}s. Machine-readable: <a href="/healthz">/healthz</a>, '
         '<a href="/metrics">/metrics</a>, <code>reconciler status -o json</code>.</p>',
         "</body></html>",
@@ -301,11 +301,34 @@ def backfill_cell(b: Mapping[str, Any] | None) -> str:
             f"<br>{escape(text)}")
 
 
-def _resets(entries: Sequence[Mapping[str, Any]], table: str = "resets") -> str:
+def _same_alert(entries: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Neighbouring entries of one action with one reason, together: a broker that goes down makes
+    every supervisor reading from it unhealthy in the same words, and the list said the whole
+    error once per supervisor under the banner that had already said it once (issue 46)."""
+    groups: list[list[Mapping[str, Any]]] = []
+    for e in entries:
+        last = groups[-1][0] if groups else None
+        if last is not None and (last["action"], last.get("reason")) == (e["action"], e.get("reason")):
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    return groups
+
+
+def _resets(entries: Sequence[Mapping[str, Any]], table: str = "resets",
+            notes: Mapping[str, Sequence[str]] | None = None) -> str:
+    """``notes`` (the alerts): the banner's errors; same alerts are one row, a reason the banner
+    says is pointed at."""
     if not entries:
         return "<p class=muted>None recorded.</p>"
     rows = []
-    for e in entries:
+    numbers = {text: n for n, text in enumerate(notes or {}, 1)}
+    for group in _same_alert(entries) if notes is not None else [[e] for e in entries]:
+        e = group[0]
+        ids = list(dict.fromkeys(str(g["supervisor_id"]) for g in group))
+        who = ids[0] if len(ids) == 1 else f"{len(ids)} supervisors: {_who(ids)}"
+        n = numbers.get(str(e.get("reason") or ""))
+        reason = f'<a href="#err-{n}">see [{n}] above</a>' if n else escape(str(e.get("reason") or ""))
         d = e.get("details") or {}
         what = []
         if d.get("position"):
@@ -315,8 +338,8 @@ def _resets(entries: Sequence[Mapping[str, Any]], table: str = "resets") -> str:
         if d.get("lostRecords"):
             what.append(f"{int(d['lostRecords']):,} records lost to retention")
         at = e["at"].strftime("%Y-%m-%d %H:%M:%S") + "Z" if isinstance(e.get("at"), datetime) else str(e.get("at"))
-        rows.append(f"<tr><td>{escape(at)}</td><td>{escape(str(e['supervisor_id']))}</td>"
+        rows.append(f"<tr><td>{escape(at)}</td><td>{escape(who)}</td>"
                     f"<td>{escape(str(e['action']))}</td><td>{escape(str(e.get('actor') or ''))}</td>"
-                    f"<td>{escape('; '.join(what))}</td><td>{escape(str(e.get('reason') or ''))}</td></tr>")
+                    f"<td>{escape('; '.join(what))}</td><td>{reason}</td></tr>")
     return (f"<table id={table}><thead><tr><th>at</th><th>supervisor</th><th>action</th><th>by</th><th>what</th>"
             "<th>reason</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
