@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from reconciler.control.actual import DetailedState, State
 from reconciler.observe import statuspage
-from reconciler.observe.statuspage import ALERT_ACTIONS
 from reconciler.observe.status import all_status
+from reconciler.observe.statuspage import ALERT_ACTIONS
 from tests.observe.test_newcomer_page import DOWN
 from tests.observe.test_status_restarted import _spec
 
