@@ -24,6 +24,10 @@ down: every consumer, every reconnect, a line. Their records are collapsed: a me
 (numbers ignored) is written once per ``REPEAT_WINDOW`` seconds, and the next time it is
 written it says how many copies were held back; a new message (the broker's state
 changed) is written at once.
+
+A command (everything but the daemon) says a broker's failure once, in its own ``Error:``
+or table: ``quiet_clients`` holds back the client libraries' lines for the whole command,
+unless ``--log-level DEBUG`` asks for them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from reconciler.errors import printable
@@ -45,7 +50,8 @@ FIELDS = ("supervisor", "batch", "action")
 LIBRARY_LOGGERS = ("reconciler.streams.kafka.librdkafka", "rstream", "py4j", "pika")
 REPEAT_WINDOW = 60.0  # seconds a repeated library message stays quiet
 _NUMBERS = re.compile(r"\d+")
-__all__ = ["printable", "printable_lines", "setup", "priority", "stderr_is_journal"]
+CLIENT_LOGGERS = ("reconciler.streams.kafka.librdkafka", "rstream", "pika")  # the brokers' clients
+__all__ = ["printable", "printable_lines", "setup", "quiet_clients", "priority", "stderr_is_journal"]
 
 
 def printable_lines(text: object) -> list[str]:
@@ -195,3 +201,19 @@ def setup(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     for noisy in ("py4j", "alembic", "urllib3", "watchdog", "rstream"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def quiet_clients(level: str = "INFO") -> Callable[[], None]:
+    """A command's logging: the brokers' clients are silent (the command reports what they
+    failed at), unless ``level`` is DEBUG. Returns what puts their levels back (a command run
+    in-process, as a test does, must not silence the daemon that runs after it)."""
+    loggers = [] if level.upper() == "DEBUG" else [logging.getLogger(name) for name in CLIENT_LOGGERS]
+    before = [(log, log.level) for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+
+    def restore() -> None:
+        for log, was in before:
+            log.setLevel(was)
+
+    return restore

@@ -226,6 +226,8 @@ def cli(ctx, config, **values):
             raise ConfigError(str(exc)) from None
     secrets.redact_uri(s.db_url)  # teaches the scrubber the database password, should anything quote it
     logs.setup(s.log_level, s.log_format)
+    if ctx.invoked_subcommand != "run":  # the daemon keeps them: its log is where a client's surprise shows
+        ctx.call_on_close(logs.quiet_clients(s.log_level))
 
 
 def _refuse(message: str, output: str, **fields) -> NoReturn:
@@ -240,10 +242,12 @@ def _refuse(message: str, output: str, **fields) -> NoReturn:
 
 @contextlib.contextmanager
 def _quiet(logger: str):
-    """Hold back a logger's lines while the command itself reports the same outcome."""
+    """Hold back a logger's lines while the command itself reports the same outcome (as the
+    CLI's setup does for the brokers' clients), unless ``--log-level DEBUG`` asks for them."""
     log = logging.getLogger(logger)
     level = log.level
-    log.setLevel(logging.CRITICAL)
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:

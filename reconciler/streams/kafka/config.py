@@ -21,8 +21,10 @@ from reconciler.errors import PermanentError, RetryableError
 from reconciler.model import KafkaSource
 from reconciler.spec import secrets
 from reconciler.streams.base import SourceMissing
+from reconciler.streams.kafka import rdlog
 
 _rdkafka_log = logging.getLogger("reconciler.streams.kafka.librdkafka")
+rdlog.install(_rdkafka_log)  # an unreachable broker is said by the runtime and the commands, not per retry
 
 DEFAULT_TIMEOUT = 10.0  # seconds: every broker call is bounded by this
 CONSUME_CHUNK = 10_000  # messages per Consumer.consume() call
