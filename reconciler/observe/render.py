@@ -203,7 +203,7 @@ def reset_sentence(details: Any) -> str | None:
     where = f" to {printable(details['position'])}" if details.get("position") else ""
     out = f"reset{where}: " + (f"partition {', '.join(moves)}" if moves else "no checkpoint moved")
     if details.get("backfill"):
-        ranges = ", ".join(f"{printable(p.get('partition'))} [{_num(_backfill_start(p))}, {_num(p.get('new'))})"
+        ranges = ", ".join(f"{printable(p.get('partition'))} {offset_range(_backfill_start(p), p.get('new'))}"
                            for p in parts if p.get("backfill"))
         out += (f"; backfill {printable(details['backfill'])} ingests {_num(details.get('backfillRecords', 0))} "
                 f"records ({ranges or 'none'})")
@@ -212,7 +212,7 @@ def reset_sentence(details: Any) -> str | None:
         if n:
             out += f"; {n:,} records {words}"
     if details.get("lostRecords"):
-        lost = ", ".join(f"{printable(p)} [{a}, {b})" for p, (a, b) in (details.get("lostRanges") or {}).items())
+        lost = ranges_text(details.get("lostRanges") or {})
         out += f"; {_num(details['lostRecords'])} records LOST to the broker's retention ({lost})"
     for w in details.get("warnings") or ():
         out += f"; {printable(w)}"
@@ -233,6 +233,38 @@ def _backfill_start(p: dict[str, Any]) -> Any:
     retention deleted what lay between (``earliest`` recorded in the same transaction)."""
     cp, earliest = p.get("checkpoint"), p.get("earliest")
     return max(cp, earliest) if isinstance(cp, int) and isinstance(earliest, int) else cp
+
+
+def offset_range(start: Any, end: Any) -> str:
+    """A range of offsets, one way on the pages and in ``history``: half-open, as the design
+    defines it, with thousands separators (``create-backfill`` showed ``[125000, 137500]``
+    beside its reset's ``[125,000, 137,500)``)."""
+    return f"[{_num(start)}, {_num(end)})"
+
+
+def ranges_text(ranges: Any) -> str:
+    """``{partition: [start, end]}`` (an audit entry's ``ranges``, ``lostRanges``) as
+    ``0 [125,000, 137,500), 1 [...)``."""
+    return ", ".join(f"{printable(p)} {offset_range(*r)}" for p, r in ranges.items())
+
+
+def is_ranges(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(
+        isinstance(r, (list, tuple)) and len(r) == 2 for r in value.values())
+
+
+def plural(n: int, word: str) -> str:
+    """``1 batch``, ``2 batches``, ``1,000 records``."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}{'es' if word.endswith(('s', 'ch', 'sh', 'x')) else 's'}"
+
+
+def trigger_beside(actor: Any, trigger: Any) -> str | None:
+    """The trigger to show beside the actor, unless it only repeats it: a CLI reset's actor is
+    ``cli:root (operation 27ead4fd2645)`` and its trigger ``cli: root (operation 27ead4fd2645)``."""
+    if not trigger:
+        return None
+    source = str(trigger).split(": ", 1)[-1]
+    return None if actor and source in str(actor) else str(trigger)
 
 
 def _num(v: Any) -> str:
@@ -268,18 +300,20 @@ def history_text(entries: list[dict[str, Any]]) -> str:
         return "No history."
     out = []
     for e in entries:
+        trigger = trigger_beside(e["actor"], e["trigger"])
         out.append(f"{e['at']:%Y-%m-%d %H:%M:%S}Z  {printable(e['action']):<19} by {printable(e['actor'])}"
-                   + (f"  trigger: {printable(e['trigger'])}" if e["trigger"] else "")
+                   + (f"  trigger: {printable(trigger)}" if trigger else "")
                    + (f"  reason: {printable(e['reason'])}" if e["reason"] else ""))
         d = e.get("details") or {}
         if d.get("partitions"):
             out.append(_indent(reset_table(d["partitions"]), 4))
         if d.get("backfill"):
-            out.append(f"    backfill supervisor: {printable(d['backfill'])} ({d.get('backfillRecords', 0)} records)")
+            out.append(f"    backfill supervisor: {printable(d['backfill'])} ({_num(d.get('backfillRecords', 0))} records)")
+        if is_ranges(d.get("ranges")):  # a backfill's own entry: the range it ingests
+            out.append(f"    ranges: {ranges_text(d['ranges'])}")
         if d.get("lostRecords"):
-            ranges = ", ".join(f"{p}: [{a}, {b})" for p, (a, b) in (d.get("lostRanges") or {}).items())
-            out.append(f"    LOST {d['lostRecords']} records deleted by the broker's retention before they were "
-                       f"ingested ({printable(ranges)})")
+            out.append(f"    LOST {_num(d['lostRecords'])} records deleted by the broker's retention before they were "
+                       f"ingested ({ranges_text(d.get('lostRanges') or {})})")
     return "\n".join(out)
 
 

@@ -11,7 +11,14 @@ from html import escape
 from typing import Any
 
 from reconciler.observe.charts import duration
-from reconciler.observe.render import reset_sentence
+from reconciler.observe.render import (
+    is_ranges,
+    offset_range,
+    plural,
+    ranges_text,
+    reset_sentence,
+    trigger_beside,
+)
 from reconciler.observe.statuspage import (
     Samples,
     backfill_cell,
@@ -63,7 +70,7 @@ def _summary(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
         ("epoch", str(s.get("epoch"))),
         ("spec", f"{s.get('specHash')} {s.get('specPath') or ''}"),
         ("records ingested", f"{int(s.get('records') or 0):,} ({int(s.get('unparseable') or 0):,} unparseable, "
-                             f"{int(s.get('batches') or 0):,} batches)"),
+                             f"{plural(int(s.get('batches') or 0), 'batch')})"),
     ]
     if s.get("lostRecords"):
         rows.append(("lost to retention", f"{int(s['lostRecords']):,} records"))
@@ -110,7 +117,7 @@ def _batches(batches: Sequence[Mapping[str, Any]]) -> str:
         return "<p class=muted>No committed batch yet.</p>"
     rows = []
     for b in batches:
-        ranges = ", ".join(f"{p}:[{a},{e})" for p, a, e in b.get("ranges") or ())
+        ranges = ", ".join(f"{p} {offset_range(a, e)}" for p, a, e in b.get("ranges") or ())
         rows.append(f"<tr><td>{escape(_at(b.get('committed_at')))}</td><td><code>{escape(str(b['batch_id'])[:12])}"
                     f"</code></td><td class=num>{int(b.get('records') or 0):,}</td>"
                     f"<td class=num>{int(b.get('unparseable') or 0):,}</td><td class=num>{int(b.get('rows') or 0):,}</td>"
@@ -126,7 +133,8 @@ def _audit(entries: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for e in entries:
         details = reset_sentence(e.get("details")) or details_text(e.get("details"))
-        trigger = f"<br><span class=muted>{escape(str(e['trigger']))}</span>" if e.get("trigger") else ""
+        said = trigger_beside(e.get("actor"), e.get("trigger"))  # once, not the actor again
+        trigger = f"<br><span class=muted>{escape(said)}</span>" if said else ""
         rows.append(f"<tr><td>{escape(_at(e.get('at')))}</td><td>{escape(str(e['action']))}</td>"
                     f"<td>{escape(str(e.get('actor') or ''))}{trigger}</td>"
                     f"<td>{escape(str(e.get('reason') or ''))}</td><td class=details>{escape(details)}</td></tr>")
@@ -150,6 +158,8 @@ def details_text(details: Any, limit: int = 400) -> str:
 
 
 def _pair(key: Any, value: Any) -> str:
+    if is_ranges(value):  # offsets as everywhere else: [125,000, 137,500)
+        return f"{key}: {ranges_text(value)}"
     return f"{key} ({_value(value)})" if isinstance(value, Mapping) else f"{key}: {_value(value)}"
 
 

@@ -154,7 +154,7 @@ def test_a_supervisor_page():
     assert "th.num{text-align:right" in html.replace("td.num,th.num", "th.num")
     assert re.search(r"<td>0</td><td class=num>10</td><td class=num>510</td><td class=num>500</td>"
                      r"<td class=num>30s</td>", part), part
-    assert "0:[0,100)" in html.split("<table id=batches>")[1]
+    assert "0 [0, 100)" in html.split("<table id=batches>")[1]
     assert "lag policy: 500 records &gt; 100" in html.split("<table id=audit>")[1]
     assert html.count("<svg") == 3 and "<script" not in html
 

@@ -129,7 +129,7 @@ def test_a_reset_audit_entry_reads_as_a_sentence():
     text = render.reset_sentence(RESET)
     assert text == ("reset to latest: partition 0 1,200 → 5,000, 1 900 → 4,000; backfill clicks-backfill-1 "
                     "ingests 6,900 records (0 [1,200, 5,000), 1 [1,000, 4,000)); 100 records LOST to the "
-                    "broker's retention (1 [900, 1000))")
+                    "broker's retention (1 [900, 1,000))")
     assert render.reset_sentence({"action": "create", "path": "x"}) is None
     assert "nothing changed" in render.reset_sentence({"token": "t", "partitions": [], "appliedBefore": True})
     entry = {"at": datetime(2026, 11, 28, 13, 1, 2, tzinfo=UTC), "action": "reset-and-backfill",
