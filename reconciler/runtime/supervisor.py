@@ -29,6 +29,7 @@ from reconciler.pipeline.spark import SparkMisconfigured, SparkUnavailable
 from reconciler.pipeline.worker_errors import product_message
 from reconciler.runtime import truncation
 from reconciler.runtime.batching import batch_budget, batch_tasks, caught_up, cut_ranges
+from reconciler.runtime.outage import Outage
 from reconciler.runtime.publishing import BatchInTable, ResetUnderway
 from reconciler.runtime.sourceguard import SourceGuard
 from reconciler.store.store import SegmentFile, Store, TableConflict
@@ -116,6 +117,7 @@ class SupervisorRuntime:
     _schemas: tuple | None = None  # (spec hash, row schema, dead-letter schema)
     _record_bytes: float | None = None  # mean key + value bytes of the records read so far
     _head: Any = None  # what the commit protocol learnt before the checkpoints were read (its fence)
+    _outage: Outage = field(default_factory=lambda: Outage(log))
 
     def reconsider(self) -> None:
         """The spec or the epoch changed: forget past failures and look at retention again."""
@@ -189,6 +191,7 @@ class SupervisorRuntime:
                 self.close()
                 return StepOutcome(0.0, done=True)
             self._report(rec, State.IDLE, DetailedState.IDLE, None)
+            self._outage.ended(rec.id, self.failures)
             self.failures = 0
             return StepOutcome(spec.task_duration, cadence=True)
         checkpoint, blocked = self._past_retention(rec, spec, adapter, checkpoint, target)
@@ -198,6 +201,7 @@ class SupervisorRuntime:
                             batch_budget(spec.max_batch_records, spec.max_batch_bytes, self._record_bytes))
         self._report(rec, State.RUNNING, DetailedState.RUNNING, None)
         records = self._run_batch(rec, spec, ranges, capture=time.monotonic() - captured)
+        self._outage.ended(rec.id, self.failures)
         self.failures = 0
         more = not caught_up({r.partition: r.end for r in ranges} | {
             p: o for p, o in checkpoint.items() if p not in {r.partition for r in ranges}}, target)
@@ -450,7 +454,7 @@ class SupervisorRuntime:
         self._report(rec, state, detailed, message[:2000])
         self._drop_adapter()
         delay = min(MAX_BACKOFF, 0.5 * 2 ** min(self.failures, 8))
-        log.warning("%s (failure %d, retry in %.1fs)", message, self.failures, delay, extra={"supervisor": rec.id})
+        self._outage.failed(rec.id, message, self.failures, delay)  # a WARNING once per outage, not per retry
         return StepOutcome(delay)
 
     def _report(self, rec: SupervisorRecord, state: State, detailed: DetailedState, error: str | None) -> None:
