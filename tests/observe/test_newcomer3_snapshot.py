@@ -1,7 +1,8 @@
 """Issue 46, the third newcomer run, item 1: ``status`` said ``RUNNING lag 100000, records 500000``
 while the topic held 500,000. The checkpoints were read, the brokers asked, and only then the batch
 totals: a publish in between moved the records but not the checkpoints shown. Both now come from
-one snapshot of the database. Deterministic: a batch is committed between the two reads."""
+one snapshot of the database. Deterministic: a batch is committed between the two reads. On SQLite
+and on PostgreSQL (whose READ COMMITTED gives each statement a snapshot of its own)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,17 @@ from reconciler.control.actual import State
 from reconciler.model import PartitionRange, SupervisorSpec
 from reconciler.observe import status as status_mod
 from reconciler.observe.status import all_status
+from reconciler.store.store import Store
+
+
+@pytest.fixture
+def store(db_url):
+    s = Store(db_url)
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 def _create(store, sid: str) -> None:
