@@ -232,7 +232,7 @@ def test_unhealthy_after_repeated_failures_with_backoff(spark, kafka_broker, top
     s = h.make_settings(tmp_path)
     h.write_spec(s.specs, h.spec_doc("flaky", h.kafka_source(kafka_broker.bootstrap, name)))
 
-    caplog.set_level(logging.WARNING, logger="reconciler.runtime.supervisor")
+    caplog.set_level(logging.DEBUG, logger="reconciler.runtime.supervisor")  # the retries after the first are DEBUG
     code, _ = h.run_daemon(s, timeout=6.0)
     assert code == 1  # never caught up: the stream cannot be read
     retries = [re.search(r"\(failure (\d+), retry in ([0-9.]+)s\)", r.getMessage()) for r in caplog.records
