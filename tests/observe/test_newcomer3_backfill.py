@@ -137,3 +137,34 @@ def test_a_milestone_is_the_highest_passed_and_never_of_a_done_range(store, monk
              batch="b2")
     observer.observe_once()
     assert [d["percent"] for d in _progress(store)] == percent
+
+
+def test_a_backfills_first_lag_in_time_is_its_oldest_records_age_on_kafka(store, kafka_broker, topic):
+    """(b) against a real broker: the record at the range's start is two minutes old."""
+    import devservices
+    from reconciler.model import SupervisorSpec
+
+    name = topic(partitions=1)
+    t0 = int(time.time() * 1000) - 120_000
+    devservices.produce_kafka(kafka_broker.bootstrap, name, [(f"k{i}", b"{}", t0 + i) for i in range(100)],
+                              partition_of=lambda k, v: 0)
+    doc = {"id": "clicks", "source": {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap, "topic": name},
+           "dataSchema": {"datasource": "clicks", "timestamp": {"column": "ts"}}}
+    store.create_supervisor(SupervisorSpec.from_document(doc), None, actor="t")
+    store.set_state("clicks", State.RUNNING)
+    store.init_checkpoints("clicks", {"0": 40})
+    request = ResetRequest("clicks", "cli:op@host:1", "cli", "op@host", Position("latest"), backfill=True)
+    positions = Positions(earliest={"0": 0}, latest={"0": 100})
+    store.apply_reset(request, lambda cp: compute_reset(Position("latest"), cp, positions, backfill=True),
+                      initial={}, actor="cli")
+    started = time.time()
+    _publish(store, {"0": (40, 100)})  # it ran between two looks
+    store.set_state(BID, State.COMPLETED, actor="reconciler")
+    observer = lagwatch.LagObserver(store, interval=5.0)
+    observer.observe_once()
+    first = observer.history(BID)[0]
+    created = store.get(BID).created_at.timestamp()
+    assert first.records == 60
+    # the record at offset 40 (written at t0 + 40 ms), as old as it was when the backfill was made
+    assert first.seconds == pytest.approx(created - (t0 + 40) / 1000, abs=0.01), first
+    assert 119 <= first.seconds <= 121 + (time.time() - started)
