@@ -51,7 +51,8 @@ class SourcesMixin:
     def note_identity(self, supervisor_id: str, identity: str, generation: int, *, actor: str) -> None:
         """The first identity seen for this generation of the source."""
         with self._write() as c:
-            self._audit(c, supervisor_id, "source-identity", actor, "stream", f"source identity {identity}",
+            self._audit(c, supervisor_id, "source-identity", actor, "stream",
+                        f"the topic's id recorded, to tell a re-created topic from this one (id {identity})",
                         {"identity": identity, "generation": int(generation)}, utcnow())
 
     def source_fingerprint(self, supervisor_id: str, generation: int) -> dict[str, tuple[int, int]]:
