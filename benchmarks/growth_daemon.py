@@ -120,13 +120,16 @@ class _Sampler:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="growth-sampler", daemon=True)
         self.began = time.monotonic()
-        self.threads = ThreadCpu()
+        self.start: dict[str, float] = {}
+        self.threads: ThreadCpu | None = None
 
     def _rolling_cpu(self) -> float:
         manager = self.daemon.manager
         return manager.compactor.rolling_cpu if manager is not None else 0.0
 
     def _run(self) -> None:
+        self.start = {"rollingCpuS": self._rolling_cpu(), "processCpuS": time.process_time()}
+        self.threads = ThreadCpu()  # the same start as the per-minute figures
         while not self.stop.wait(SAMPLE_EVERY):
             files, entries = open_partition_files(self.tables)
             self.samples.append({"s": round(time.monotonic() - self.began), "openPartitionFiles": files,
@@ -135,11 +138,13 @@ class _Sampler:
                                  "load1": round(os.getloadavg()[0], 2)})
 
 
-def _per_minute(samples: list[dict[str, Any]], key: str) -> list[float]:
-    """The growth of the cumulative ``key`` over each whole minute of samples."""
+def _per_minute(samples: list[dict[str, Any]], key: str, start: dict[str, float]) -> list[float]:
+    """The growth of the cumulative ``key`` over each whole minute of samples, from its value
+    at the sampler's start (``start``): counted from the first sample, the first minute was
+    50 s and read as a lower first minute, a growth that was not."""
     per = int(60 / SAMPLE_EVERY)
     marks = samples[per - 1::per]
-    out, last = [], samples[0][key] if samples else 0.0
+    out, last = [], start[key]
     for m in marks:
         out.append(round(m[key] - last, 3))
         last = m[key]
@@ -152,6 +157,16 @@ def _threads_per_minute(samples: list[dict[str, Any]]) -> dict[str, list[float]]
     minutes = [samples[i:i + per] for i in range(0, len(samples) - per + 1, per)]
     groups = sorted({g for x in samples for g in x["threadCpuS"]})
     return {g: [round(sum(x["threadCpuS"].get(g, 0.0) for x in m), 2) for m in minutes] for g in groups}
+
+
+def _daemon_per_minute(samples: list[dict[str, Any]], threads: dict[str, list[float]],
+                       start: dict[str, float]) -> list[float]:
+    """The process's CPU seconds per minute less the benchmark's own threads: the producer
+    (MainThread) and the sampler. The producer's librdkafka threads stay in: they are not
+    told apart from the daemon's clients'."""
+    own = [threads.get(g, []) for g in ("MainThread", "growth-sampler")]
+    return [round(p - sum(t[i] if i < len(t) else 0.0 for t in own), 2)
+            for i, p in enumerate(_per_minute(samples, "processCpuS", start))]
 
 
 def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling: float, work: Path,
@@ -203,19 +218,15 @@ def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling:
                                      "last_quarter_max": max(files[len(files) * 3 // 4:], default=0),
                                      "every_10s": files},
             "manifest_entries_every_10s": [x["manifestEntries"] for x in samples],
-            "rolling_cpu_s_per_minute": _per_minute(samples, "rollingCpuS"),
-            "process_cpu_s_per_minute": _per_minute(samples, "processCpuS"),
+            "rolling_cpu_s_per_minute": _per_minute(samples, "rollingCpuS", sampler.start),
+            "process_cpu_s_per_minute": _per_minute(samples, "processCpuS", sampler.start),
             "thread_cpu_s_per_minute": threads,
-            # less the benchmark's own threads: the producer (MainThread) and this sampler; the
-            # producer's librdkafka threads stay in (not told apart from the daemon's clients')
-            "daemon_cpu_s_per_minute": [round(p - m - g, 2) for p, m, g in zip(
-                _per_minute(samples, "processCpuS"), threads.get("MainThread", []), threads.get("growth-sampler", []),
-                strict=False)],
+            "daemon_cpu_s_per_minute": _daemon_per_minute(samples, threads, sampler.start),
             # a loaded machine's CPU second does less: read the CPU per minute beside the load it ran under
             "load1_per_minute": [x["load1"] for x in samples[int(60 / SAMPLE_EVERY) - 1::int(60 / SAMPLE_EVERY)]],
             "verify": _verify(Path(s.segments_dir), ID, warmup + sent),
             "load_average": [round(x, 2) for x in os.getloadavg()],
-            "median_rolling_cpu_s_per_minute": (round(statistics.median(_per_minute(samples, "rollingCpuS")), 3)
+            "median_rolling_cpu_s_per_minute": (round(statistics.median(_per_minute(samples, "rollingCpuS", sampler.start)), 3)
                                                 if len(samples) >= 6 else None),
         }
     finally:

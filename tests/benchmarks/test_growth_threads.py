@@ -54,3 +54,14 @@ def test_thread_names_group_by_job():
     assert growth._group("ThreadPoolExecutor-3_0") == "ThreadPoolExecutor"
     assert growth._group("lag_7") == "lag"
     assert growth._group("growth-sampler") == "growth-sampler"
+
+
+def test_the_daemons_minute_leaves_out_the_producer_and_the_sampler():
+    growth = benchmark("growth_daemon")
+    samples = [{"processCpuS": 1.0 * (i + 1), "threadCpuS": {"MainThread": 0.25, "growth-sampler": 0.05,
+                                                          "runtime": 0.7}} for i in range(12)]
+    threads = growth._threads_per_minute(samples)
+    assert threads == {"MainThread": [1.5, 1.5], "growth-sampler": [0.3, 0.3], "runtime": [4.2, 4.2]}
+    # a minute is six samples from the sampler's start, the first one too (it was five: 50 s)
+    assert growth._per_minute(samples, "processCpuS", {"processCpuS": 0.0}) == [6.0, 6.0]
+    assert growth._daemon_per_minute(samples, threads, {"processCpuS": 0.0}) == [4.2, 4.2]
