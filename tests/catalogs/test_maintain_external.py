@@ -27,7 +27,7 @@ from reconciler.table.expire import expire_snapshots
 from reconciler.table.orphans import remove_orphans
 from reconciler.table.summary import BATCH, EPOCH, RANGES, RECORDS, SUPERVISOR
 from reconciler.table.writeids import new_write_id
-from tests.catalogs.test_external_publish import DS, SCHEMA, File, Written
+from tests.catalogs.glueworld import DS, SCHEMA, File, Written
 
 DEAD = pa.schema([("raw", pa.string())])
 
