@@ -52,7 +52,8 @@ def status(c: Context, supervisor_id, output, no_lag):
                      change something; it is still retried, and recovers once they have
       UNHEALTHY_TASKS  batches fail (a Spark or write error); retried with a back-off
       a line under the table says why a state shown differs from the one stored (-o json:
-      stateNote, and the stored one under stored)
+      state and detailedState as stored, the shown ones as shownState and
+      shownDetailedState, the reason as stateNote)
     \b
       checkpoint     per partition, the next offset to ingest (everything before it is in the table)
       latest         the broker's end of the partition now (asked by this command)
@@ -79,7 +80,7 @@ def status(c: Context, supervisor_id, output, no_lag):
     Without a daemon running, states are as last seen; lag is still asked of the brokers
     (--no-lag skips that).
     """
-    from reconciler.observe.status import all_status
+    from reconciler.observe.status import all_status, as_recorded
 
     try:
         lease = c.read_store.lease()
@@ -97,7 +98,7 @@ def status(c: Context, supervisor_id, output, no_lag):
     spark = _spark_status(c.settings, lease.holder if live else None, [d.daemon for d in daemons])
     if output == "json":
         leader = lease.to_dict() | {"live": live} if lease else None
-        _echo_json({"supervisors": items, "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark,
+        _echo_json({"supervisors": [as_recorded(i) for i in items], "leader": leader, "daemons": [d.to_dict() for d in daemons], "spark": spark,
                     "webhooks": webhooks})
     else:
         hint = None

@@ -142,6 +142,18 @@ def settle(item: dict[str, Any], *, live: bool = True, lag: int | None = None) -
     return item
 
 
+def as_recorded(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` for ``status -o json``: ``state`` and ``detailedState`` as the database records
+    them (Druid's meaning, which scripts compare against: UNHEALTHY only after the failures in a
+    row the runtime allows), the state the text and the pages show beside them as ``shownState``
+    and ``shownDetailedState``, and ``stateNote`` saying why the two differ."""
+    stored = item.pop("stored", None)
+    if stored is not None:
+        item["shownState"], item["shownDetailedState"] = item["state"], item["detailedState"]
+        item["state"], item["detailedState"] = stored["state"], stored["detailedState"]
+    return item
+
+
 def _task_duration(rec: SupervisorRecord) -> float | None:
     try:
         return rec.spec.task_duration

@@ -147,3 +147,16 @@ def test_the_supervisor_pages_audit_log_shows_a_reset_as_its_sentence():
     html = supervisorpage._audit([entry])
     assert "backfill clicks-backfill-1 ingests 6,900 records" in html
     assert "token:" not in html  # not the key: value dump, cut off at its limit
+
+
+def test_json_keeps_the_recorded_state_and_gives_the_shown_one_beside_it():
+    """``status -o json``: scripts compare ``state`` with Druid's meaning (UNHEALTHY only after
+    the failures in a row the runtime allows); the text's and the pages' state is beside it."""
+    from reconciler.observe.status import as_recorded
+
+    item = as_recorded(settle(_item(lag=100_000)))
+    assert (item["state"], item["detailedState"]) == ("IDLE", "IDLE")
+    assert (item["shownState"], item["shownDetailedState"]) == ("RUNNING", "RUNNING")
+    assert "stored" not in item and "arrived" in item["stateNote"]
+    calm = as_recorded(settle(_item(lag=0)))
+    assert calm["state"] == "IDLE" and "shownState" not in calm
