@@ -27,7 +27,7 @@ from reconciler.observe import render
 @cli.command(epilog="Example: reconciler status clicks -o json")
 @click.argument("supervisor_id", required=False, metavar="[ID]")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--no-lag", is_flag=True, help="Do not ask brokers for latest offsets.")
+@click.option("--no-lag", is_flag=True, help="Do not ask brokers for latest offsets (lag shown as -).")
 @pass_ctx
 def status(c: Context, supervisor_id, output, no_lag):
     """State, detailed state, per-partition checkpoint, latest and lag of supervisors.
@@ -60,10 +60,11 @@ def status(c: Context, supervisor_id, output, no_lag):
       end            a bounded supervisor's last offset (exclusive): where a backfill stops
       lag            latest (or end) minus checkpoint, in records; lag age: how old the oldest
                      record not yet ingested is; ? when unknown (a broker down, or a source
-                     that started over below the checkpoint: said under the table)
+                     that started over below the checkpoint: said under the table); - when
+                     not asked (--no-lag); a completed backfill has lag 0 and lag age 0s:
+                     its range is done
       records        records ingested so far, over all its batches (the unparseable
-                     ones, counted apart under unparseable, included); a completed
-                     backfill has lag 0 and lag age 0s: its range is done
+                     ones, counted apart under unparseable, included)
       [1] ...        an error (its last one, or the broker's) is said once, under the table,
                      for every supervisor it concerns
       (as of HH:MM:SSZ)  no daemon leads now: states are as the last one left them
@@ -109,7 +110,7 @@ def status(c: Context, supervisor_id, output, no_lag):
         if hint:  # the cause first: the advice to add a spec would send the reader the wrong way
             click.echo(f"note: {render.printable(hint)}" + ("\n" if items else ""))
         if items or not hint:
-            click.echo(render.status_text(items, detail=bool(supervisor_id), live=live))
+            click.echo(render.status_text(items, detail=bool(supervisor_id), live=live, lag_asked=not no_lag))
         if supervisor_id:
             resets = [e for e in c.read_store.history(supervisor_id) if e["action"] in ("reset", "reset-and-backfill")]
             if resets:

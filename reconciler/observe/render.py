@@ -11,6 +11,7 @@ escapes (``\n``, ``\x1b``, ``\u202e``), so no value can start a forged line of
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -86,16 +87,19 @@ def reset_table(partitions: list[dict[str, Any]]) -> str:
     )
 
 
-def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) -> str:
-    """``live``: a daemon leads now; otherwise each state is shown as last seen, with when."""
+def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True, lag_asked: bool = True) -> str:
+    """``live``: a daemon leads now; otherwise each state is shown as last seen, with when.
+    ``lag_asked``: False under ``--no-lag``: a lag nobody asked for is ``-``, not the ``?`` of
+    a broker that is down or a source that started over."""
     if not items:
         return "No supervisors. Add a spec to the spec directory and run `reconciler apply`."
+    unasked = "?" if lag_asked else "-"
     rows = []
     # each error is said once, under the table: a broker that is down fails every supervisor
     # reading from it with the same words, as its last error (a daemon runs) or as the stream error
     notes: dict[str, list[str]] = {}
     for s in items:
-        lag = "?" if s["lag"] is None else s["lag"]
+        lag = unasked if s["lag"] is None else s["lag"]
         progress = ""
         if s.get("backfill"):
             b = s["backfill"]
@@ -109,7 +113,7 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
         state = s["state"] if live or not s.get("updatedAt") else f"{s['state']} (as of {_hhmmss(s['updatedAt'])})"
         if s.get("override"):
             state += " (by operator)"
-        age = "?" if s.get("lagSeconds") is None else _age(s["lagSeconds"])
+        age = unasked if s.get("lagSeconds") is None else _age(s["lagSeconds"])
         error = s["lastError"] or s["streamError"] or ""
         if error:
             notes.setdefault(error, []).append(s["id"])
@@ -120,6 +124,8 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
     for n, (message, ids) in enumerate(notes.items(), 1):
         who = ids[0] if len(ids) == 1 else f"{len(ids)} supervisors ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
         out.append(f"[{n}] {who}: {printable(message)}")
+    if "-" in (r[3] for r in rows) or "-" in (r[4] for r in rows):
+        out.append("lag -: not asked of the brokers (--no-lag)")
     for s in items:  # a state shown other than the one stored says why (observe.status.settle)
         if s.get("stateNote"):
             out.append(f"{s['id']}: {printable(s['stateNote'])}")
@@ -148,8 +154,8 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
                        f"epoch {s['epoch']}, spec {s['specHash']} {spec_origin(s)}")
             out.append(table(["partition", "checkpoint", "latest", "end", "lag", "lag age"],
                              [[p["partition"], p["checkpoint"], p["latest"], p["end"],
-                               "?" if p["lag"] is None else p["lag"],
-                               "?" if p.get("lagSeconds") is None else _age(p["lagSeconds"])]
+                               unasked if p["lag"] is None else p["lag"],
+                               unasked if p.get("lagSeconds") is None else _age(p["lagSeconds"])]
                               for p in s["partitions"]]))
             if s.get("lagPolicy"):
                 d = s["lagPolicy"]
@@ -157,14 +163,30 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True) ->
             if s.get("lastCommitAt"):
                 out.append(f"last commit of {s['datasource']}: {_hhmmss(s['lastCommitAt'])} "
                            f"({_age(s['lastCommitAgeSeconds'])} ago)")
+            said = s["lastError"] or s["streamError"]  # the error its [n] under the table says
+            n = list(notes).index(said) + 1 if said else 0
             if s["lastError"]:
-                out.append(f"last error (the daemon's last step): {printable(s['lastError'])}")
+                out.append(f"last error (the daemon's last step): see [{n}] above")
             if s["streamError"]:
-                out.append(f"the broker, asked now by this command: {printable(s['streamError'])}")
+                # a broker that is down fails the daemon's step and this command's question alike
+                same = same_problem(s["streamError"], said)
+                out.append("the broker, asked now by this command: "
+                           + (f"the same ([{n}])" if same else printable(s["streamError"])))
             if s.get("override"):
                 out.append(f"override: {printable(s['override']['description'])} (drift from the file until "
                            f"`reconciler resume {s['id']}`)")
     return "\n".join(out)
+
+
+_UNREACHABLE = ("cannot reach", "did not answer within")
+
+
+def same_problem(a: str, b: str) -> bool:
+    """Two errors that say the same thing to a person: the same words once numbers (a timeout,
+    a port, a count of brokers) are set aside, or both that the broker cannot be reached."""
+    if re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b):
+        return True
+    return any(w in a for w in _UNREACHABLE) and any(w in b for w in _UNREACHABLE)
 
 
 def spark_text(spark: dict[str, Any]) -> str:

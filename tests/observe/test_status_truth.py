@@ -102,7 +102,7 @@ def test_detail_view_names_its_errors_in_words_not_keys():
                  streamError="cannot reach Kafka")
     text = render.status_text([item], detail=True)
     assert "streamError" not in text and "lastError" not in text
-    assert "last error (the daemon's last step): boom" in text
+    assert "[1] clicks: boom" in text and "last error (the daemon's last step): see [1] above" in text
     assert "the broker, asked now by this command: cannot reach Kafka" in text
 
 
