@@ -31,6 +31,7 @@ from html import escape
 WINDOW = 3600.0  # seconds shown at most, ending now (the observer keeps an hour)
 MIN_SPAN = 300.0  # seconds shown at least
 STEPS = (60, 300, 600, 900)  # tick spacings, seconds
+RATE_STEPS = (5, 10, 15, 30, 60)  # seconds per bucket of records ingested per second
 MAX_TICKS = 6
 LEFT, RIGHT, TOP, BOTTOM = 44, 16, 22, 16  # margins: the scale, the title and the time axis live there
 LINE = 12  # a header line's height: values that do not fit beside the title go below it
@@ -133,38 +134,61 @@ def nice_max(top: float, unit: str = "") -> float:
     return next(m * power for m in (1, 2, 2.5, 5, 10) if top <= m * power * (1 + 1e-9))
 
 
+def rate_step(times: Sequence[datetime], columns: int = 60) -> int:
+    """The seconds per bucket of ``ingest_rates``: the smallest of ``RATE_STEPS`` that cuts the
+    samples' own extent (first to last, at most ``WINDOW``) into at most ``columns``. Taken from
+    the samples, never from "now" or a chart's width: a finished range keeps its buckets."""
+    extent = min(WINDOW, (times[-1] - times[0]).total_seconds()) if times else 0.0
+    return next((s for s in RATE_STEPS if extent / s <= columns), RATE_STEPS[-1])
+
+
 def ingest_rates(totals: Sequence[tuple[datetime, int | None]], now: datetime, *,
-                 columns: int = 60) -> list[tuple[datetime, float | None]]:
+                 done: bool = False) -> list[tuple[datetime, float | None]]:
     """Records ingested per second: the one definition both pages chart (issue 46.3; they once
     drew different figures for the same supervisor at the same moment).
 
     ``totals`` are the lag observer's samples of the records ingested so far. The growth between
-    two samples is spread evenly over the time between them, summed in each of ``columns`` equal
-    slices of the charts' span (``span_start``: the lag charts' axis), and divided by the part of
-    the slice those pairs cover; each point sits at its slice's end. A slice no pair of known
-    totals covers is unknown (a gap, never a false 0), as is a pair whose total went down, except
-    the one slice after the last sample (the time since the last observation, not yet measured:
-    left out, so "now" does not flicker to "?" between two rounds). The figure does not depend
-    on the chart's width, and a backfill first seen after it had read everything rises from its
-    creation's sample (nothing ingested) to its end."""
+    two samples is spread evenly over the time between them, summed in buckets of ``rate_step``
+    seconds that begin at multiples of it since the epoch, and divided by the part of the bucket
+    those pairs cover; each point sits at its bucket's end (``now`` for the bucket under way).
+    The buckets were once 60 slices of the span ending now: their edges moved every rendering,
+    so a completed backfill's peak read 11,587, 9,252, 10,376... a minute apart, and two pages
+    fetched in the same second disagreed (issue 46.4). Now each bucket's figure depends on the
+    samples alone. A bucket no pair of known totals covers is unknown (a gap, never a false 0),
+    as is a pair whose total went down, except the bucket after the last sample (the time since
+    the last observation, not yet measured: left out, so "now" does not flicker to "?" between
+    two rounds). ``done``: nothing is ingested after the last sample (a completed backfill), so
+    the buckets after it are a known 0 and "now" reads 0/s. A backfill first seen after it had
+    read everything rises from its creation's sample (nothing ingested) to its end."""
     if not totals:
         return []
-    start = span_start([t for t, _ in totals], now)
-    width = (now - start).total_seconds() / columns
-    got, covered = [0.0] * columns, [0.0] * columns
+    step = rate_step([t for t, _ in totals])
+    base = math.floor(totals[0][0].timestamp() / step) * step  # a fixed clock boundary
+    count = max(1, math.ceil((now.timestamp() - base) / step))  # up to the bucket that holds now
+    got, covered = [0.0] * count, [0.0] * count
     for (t0, a), (t1, b) in zip(totals, totals[1:], strict=False):
         if a is None or b is None or b < a or t1 <= t0:
             continue
-        lo, hi = (t0 - start).total_seconds(), min((t1 - start).total_seconds(), columns * width)
+        lo, hi = t0.timestamp() - base, min(t1.timestamp() - base, count * step)
         rate = (b - a) / (t1 - t0).total_seconds()
-        for i in range(max(0, int(lo // width)), min(columns, math.ceil(hi / width))):
-            part = min(hi, (i + 1) * width) - max(lo, i * width)
+        for i in range(max(0, int(lo // step)), min(count, math.ceil(hi / step))):
+            part = min(hi, (i + 1) * step) - max(lo, i * step)
             if part > 0:
                 got[i] += rate * part
                 covered[i] += part
-    last = (totals[-1][0] - start).total_seconds() if totals[-1][1] is not None else math.inf
-    return [(start + timedelta(seconds=width * (i + 1)), got[i] / covered[i] if covered[i] > 1e-9 else None)
-            for i in range(columns) if covered[i] > 1e-9 or not last <= i * width < last + width]
+    last = totals[-1][0].timestamp() - base if totals[-1][1] is not None else math.inf
+    out: list[tuple[datetime, float | None]] = []
+    for i in range(count):
+        at = min(datetime.fromtimestamp(base + step * (i + 1), UTC), now)
+        if covered[i] > 1e-9:
+            out.append((at, got[i] / covered[i]))
+        elif done and (i + 1) * step > last:
+            out.append((at, 0.0))
+        elif not last <= i * step < last + step:
+            out.append((at, None))
+    if done and out and out[-1][1] != 0.0:
+        out.append((now, 0.0))  # "now" is this instant's rate, not the mean of the bucket it ended in
+    return out
 
 
 def text_width(text: str) -> float:

@@ -115,12 +115,9 @@ def charts(samples: Samples, now: datetime, *, markers: Sequence[Marker] = (), w
     size = {"width": width, "height": height, "markers": markers,
             "since": span_start([s[0] for s in samples], now)}
     totals = [(s[0], s[3] if len(s) > 3 else None) for s in samples]
-    if done and totals and totals[-1][1] is not None and totals[-1][0] < now:
-        # nothing is ingested since its end, a known 0/s: unobserved, it read "now ?"
-        totals.append((now, totals[-1][1]))
-    ingested = ingest_rates(totals, now)
-    if done and ingested:
-        ingested[-1] = (now, 0.0)  # "now" is this instant's rate, not the mean of a slice it ended in
+    # done: nothing is ingested since its end, a known 0/s (unobserved, it read "now ?"); a sample
+    # made up at "now" moved with every rendering, and so did its range's peak (issue 46.4)
+    ingested = ingest_rates(totals, now, done=done)
     return ("<div class=charts>"
             + timechart([(s[0], s[1]) for s in samples], now, label="lag (records)", css_class="chart lag-records",
                         **size)
