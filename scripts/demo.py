@@ -153,6 +153,16 @@ def reconciler(workdir: Path, *args: str, log: Path | None = None) -> int:
     return code
 
 
+def catch_up_status(workdir: Path, *, serve: bool) -> None:
+    """``reconciler status`` after the catch-up run, unless the daemon starts next (--serve):
+    there it ended ``leader: none: no daemon is running`` one line above "the daemon is
+    running", and the status page shows the running daemon's."""
+    if serve:
+        return
+    print("== reconciler status")
+    reconciler(workdir, "status")
+
+
 def serve(workdir: Path, config: Path, http: str, bootstrap: str) -> None:
     """The daemon in the foreground, beside the broker, until Ctrl-C (which reaches both)."""
     print(f"""
@@ -173,7 +183,10 @@ def serve(workdir: Path, config: Path, http: str, bootstrap: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
-    ap.add_argument("--workdir", type=Path, default=ROOT / ".demo")
+    ap.add_argument("--workdir", type=Path, default=ROOT / ".demo",
+                    help="where the run keeps its broker address, specs, settings, database and tables "
+                         "(default .demo); a second --serve beside a running one needs its own, and "
+                         "--burst names the running one's")
     ap.add_argument("--serve", action="store_true",
                     help="then keep the broker and the daemon up, with the status page, until Ctrl-C "
                          "(a new run: the earlier one's state in --workdir is removed, as by every run)")
@@ -202,8 +215,7 @@ def main() -> int:
         print(f"== reconciler run --until-caught-up (Spark local[*], SQLite; its output in {args.workdir / 'run.log'})")
         if reconciler(args.workdir, "run", "--until-caught-up", "--timeout", "900", log=args.workdir / "run.log") != 0:
             return 1
-        print("== reconciler status")
-        reconciler(args.workdir, "status")
+        catch_up_status(args.workdir, serve=args.serve)
         if args.serve:
             (args.workdir / "bootstrap").write_text(broker.bootstrap)  # where --burst produces
             try:
