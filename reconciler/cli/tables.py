@@ -47,8 +47,8 @@ def segments(c, datasource, output):
     rows, size, the batch that committed each, and the offsets each file holds: the batch's
     ranges narrowed by the file's own __partition/__offset statistics (marked "the batch's"
     when the table has no such columns). A compacted file (batch -) shows its statistics alone:
-    one partition's offsets, or for several partitions "partitions 0-3, offsets 0-49999",
-    bounds over the whole file, not per partition."""
+    one partition's offsets, or for several partitions "0-3:[0,50000) (the file's bounds over
+    partitions 0-3, not per partition)", bounds over the whole file."""
     from reconciler.table.files import data_files
 
     table = open_tables(c).load(datasource)
@@ -72,7 +72,8 @@ def _offsets_text(row: dict) -> str:
     hold over the whole file, not per partition."""
     if (b := row["bounds"]) is not None:
         (p_lo, p_hi), (o_lo, o_hi) = b["partitions"], b["offsets"]
-        return f"partitions {p_lo}-{p_hi}, offsets {o_lo}-{o_hi} (from the file's statistics)"
+        # half-open, as the batch lines' ranges are: one form within one command's output
+        return f"{p_lo}-{p_hi}:[{o_lo},{o_hi + 1}) (the file's bounds over partitions {p_lo}-{p_hi}, not per partition)"
     text = ", ".join(f"{x['partition']}:[{x['start']},{x['end']})" for x in row["ranges"])
     if text and row["rangesFrom"] == "batch":  # no __partition/__offset statistics to narrow them
         text += " (the batch's)"

@@ -7,6 +7,7 @@ partition, bounds over the whole file (said so) for a file of several."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -59,7 +60,9 @@ def test_a_compacted_files_offsets_come_from_its_statistics(tmp_path):
     assert merged["rangesFrom"] == "file bounds" and merged["ranges"] == []
     assert merged["bounds"] == {"partitions": ["0", "3"], "offsets": [0, 9]}
     text = run("segments", "clicks").stdout
-    assert "partitions 0-3, offsets 0-9 (from the file's statistics)" in text, text
+    # half-open like the batch lines (`0:[0,5)`), not an inclusive `offsets 0-9` beside them
+    assert "0-3:[0,10) (the file's bounds over partitions 0-3, not per partition)" in text, text
+    assert not re.search(r"offsets \d+-\d+", text), text
     [solo] = run.json("segments", "solo", "-o", "json")
     assert solo["rangesFrom"] == "file statistics" and solo["bounds"] is None
     assert solo["ranges"] == [{"partition": "2", "start": 0, "end": 20}]
