@@ -155,6 +155,16 @@ def state_badge(state: str) -> str:
     return f'<span class="st st-{css}">{escape(state).replace("_", "_<wbr>")}</span>'
 
 
+def override_note(s: Mapping[str, Any]) -> str:
+    """An operator's suspend (``reconciler suspend``), under the badge as the CLI says it: a file's
+    ``suspended: true`` and an operator's looked the same, the reason only in the audit log."""
+    o = s.get("override")
+    if not o:
+        return ""
+    return (f'<br><span class="muted override" title="{escape(str(o.get("description") or ""))}">'
+            f'by operator: {escape(str(o.get("reason") or ""))}</span>')
+
+
 def error_notes(items: Sequence[Mapping[str, Any]], failing: Mapping[str, str]) -> dict[str, list[str]]:
     """Each distinct error once, with the supervisors it concerns, in order: a broker that is down
     fails every supervisor reading from it with the same words, which the page said in full once
@@ -218,6 +228,7 @@ def _supervisor_row(s: Mapping[str, Any], lag: Mapping[str, float], observed: Ma
     if s.get("detailedState") and s["detailedState"] != s["state"]:
         # breakable at its underscores, as the badge: LOST_CONTACT_WITH_STREAM widened the table past 900 px
         state += f'<br><span class=muted>{escape(str(s["detailedState"])).replace("_", "_<wbr>")}</span>'
+    state += override_note(s)
     lag_cell = _lag(s, lag, observed)
     error = str(s.get("lastError") or s.get("streamError") or "")
     n = numbers.get(error)

@@ -26,6 +26,7 @@ from reconciler.observe.statuspage import (
     lag_time,
     last_commit,
     markers,
+    override_note,
     page_head,
     policy_cell,
     state_badge,
@@ -46,7 +47,7 @@ def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, sampl
     parts = [
         page_head(f"{sid} · stream-reconciler"),
         f'<p><a href="/">&larr; all supervisors</a></p><h1 id=supervisor>{escape(sid)}</h1>',
-        f"<p class=state>{state_badge(str(item['state']))}</p>",
+        f"<p class=state>{state_badge(str(item['state']))}{override_note(item)}</p>",
         _summary(item, observed),
         "<h2>Lag and ingestion</h2>",
         f"<div id=charts>{charts(samples, now, markers=markers(audit, sid), width=370, height=150, done=done)}"
@@ -64,7 +65,8 @@ def render(item: Mapping[str, Any], *, observed: Mapping[str, Any] | None, sampl
 
 def _summary(s: Mapping[str, Any], observed: Mapping[str, Any] | None) -> str:
     rows = [
-        ("state", f"{s['state']}" + (f" ({s['detailedState']})" if s.get("detailedState") != s["state"] else "")),
+        ("state", f"{s['state']}" + (f" ({s['detailedState']})" if s.get("detailedState") != s["state"] else "")
+         + (f" (by operator: {s['override'].get('reason') or ''})" if s.get("override") else "")),
         ("kind", str(s["kind"]) + (f" of {s['parent']}" if s.get("parent") else "")),
         ("datasource", str(s.get("datasource") or "")),
         ("epoch", str(s.get("epoch"))),
@@ -158,9 +160,25 @@ def details_text(details: Any, limit: int = 400) -> str:
 
 
 def _pair(key: Any, value: Any) -> str:
+    if key == "fingerprint" and is_ranges(value):  # (offset, epoch ms) per partition, not a range
+        return fingerprint_text(value)
     if is_ranges(value):  # offsets as everywhere else: [125,000, 137,500)
         return f"{key}: {ranges_text(value)}"
     return f"{key} ({_value(value)})" if isinstance(value, Mapping) else f"{key}: {_value(value)}"
+
+
+def fingerprint_text(marks: Mapping[str, Any]) -> str:
+    """A ``source-fingerprint`` entry's ``{partition: [offset, timestamp ms]}`` in words: as a
+    range it read ``0 [49,999, 1,795,875,046,286)``, a time grouped by thousands."""
+    out = []
+    for p, (offset, ms) in marks.items():
+        try:
+            written = datetime.fromtimestamp(int(ms) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+            at = f"offset {int(offset):,}"
+        except (TypeError, ValueError, OverflowError, OSError):  # an entry of another shape: as it is
+            written, at = str(ms), f"offset {offset}"
+        out.append(f"partition {p}: the record at {at} written {written}")
+    return ", ".join(out)
 
 
 def _value(v: Any) -> str:
