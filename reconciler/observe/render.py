@@ -178,7 +178,7 @@ def status_text(items: list[dict[str, Any]], detail: bool, live: bool = True, la
     return "\n".join(out)
 
 
-_UNREACHABLE = ("cannot reach", "did not answer within")
+_UNREACHABLE = ("cannot reach", "did not answer within", "no answer from the stream within")
 
 
 def same_problem(a: str, b: str) -> bool:

@@ -6,6 +6,7 @@ completed backfill's lag under ``records``."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 from click.testing import CliRunner
@@ -49,6 +50,31 @@ def test_the_same_broker_error_is_said_once_in_the_detail_view(last, asked):
     assert "the broker, asked now by this command: the same ([1])" in text
     if last:
         assert "last error (the daemon's last step): see [1] above" in text
+
+
+def test_a_broker_given_up_on_is_the_same_problem_as_one_not_reached():
+    text = render.status_text([_item(lastError=DOWN, streamError="no answer from the stream within 10s (given up)")],
+                              detail=True)
+    assert "the broker, asked now by this command: the same ([1])" in text
+
+
+def test_status_id_with_the_broker_down_says_its_error_once(tmp_path):
+    """The real Kafka client against a port nobody listens on: its own words, said once."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]  # free, then closed: nothing listens there
+    env = {e: None for _, e, _, _ in settings_mod.describe()} | {"RECONCILER_CONFIG": None}
+    env |= {"RECONCILER_STATE_DIR": str(tmp_path / "state"), "RECONCILER_SPECS": str(tmp_path)}
+    (tmp_path / "clicks.yaml").write_text(
+        f"id: clicks\nsource: {{type: kafka, bootstrapServers: '127.0.0.1:{port}', topic: clicks}}\n"
+        "dataSchema: {datasource: clicks, timestamp: {column: ts}}\n")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["apply"], env=env).exit_code == 0
+    out = runner.invoke(cli, ["status", "clicks"], env=env)
+    assert out.exit_code == 0, out.output
+    notes = [line for line in out.stdout.splitlines() if line.startswith("[1] clicks: ")]
+    assert len(notes) == 1 and f"127.0.0.1:{port}" in notes[0], out.stdout
+    assert _said(out.stdout, f"127.0.0.1:{port}") == 1, out.stdout
+    assert "the broker, asked now by this command: the same ([1])" in out.stdout
 
 
 def test_a_different_broker_error_is_still_said():
