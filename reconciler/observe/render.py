@@ -289,6 +289,10 @@ def trigger_beside(actor: Any, trigger: Any) -> str | None:
     return None if actor and source in str(actor) else str(trigger)
 
 
+def _plain_ranges(ranges: Any) -> str:
+    return printable(", ".join(f"{p}: [{a}, {b})" for p, (a, b) in ranges.items()))
+
+
 def _num(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else printable(v if v is not None else "?")
 
@@ -330,12 +334,14 @@ def history_text(entries: list[dict[str, Any]]) -> str:
         if d.get("partitions"):
             out.append(_indent(reset_table(d["partitions"]), 4))
         if d.get("backfill"):
-            out.append(f"    backfill supervisor: {printable(d['backfill'])} ({_num(d.get('backfillRecords', 0))} records)")
+            out.append(f"    backfill supervisor: {printable(d['backfill'])} ({d.get('backfillRecords', 0)} records)")
+        # ``history``'s lines keep the form scripts have read since the first release (plain
+        # counts, ``0: [a, b)``); the pages' sentences are the ones with separators
         if is_ranges(d.get("ranges")):  # a backfill's own entry: the range it ingests
-            out.append(f"    ranges: {ranges_text(d['ranges'])}")
+            out.append(f"    ranges: {_plain_ranges(d['ranges'])}")
         if d.get("lostRecords"):
-            out.append(f"    LOST {_num(d['lostRecords'])} records deleted by the broker's retention before they were "
-                       f"ingested ({ranges_text(d.get('lostRanges') or {})})")
+            out.append(f"    LOST {d['lostRecords']} records deleted by the broker's retention before they were "
+                       f"ingested ({_plain_ranges(d.get('lostRanges') or {})})")
     return "\n".join(out)
 
 
