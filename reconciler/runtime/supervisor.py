@@ -122,6 +122,7 @@ class SupervisorRuntime:
     def reconsider(self) -> None:
         """The spec or the epoch changed: forget past failures and look at retention again."""
         self.failures = 0
+        self._outage.reconsidered()
         self._retention_checked = 0.0
 
     def step(self) -> StepOutcome:

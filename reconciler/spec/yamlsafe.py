@@ -397,7 +397,8 @@ def _describe_yaml_error(
     if start is not None:
         return (
             f"malformed YAML: {problem}: the value starting here runs on to line {mark.line + 1}, "
-            f"where a ':' follows (is a ':' missing on this line, or line {mark.line + 1} indented too deep?)",
+            f"where a ':' follows (is a ':' missing on this line, or line {mark.line + 1} indented too deep? a "
+            f"value that holds ': ' is quoted)",
             start.line + 1,
             start.column + 1,
         )
@@ -419,8 +420,10 @@ def _swallowing_scalar(text: str, mark: Any) -> Any:
             last = token
     except yaml.YAMLError:
         pass  # the error being explained: the tokens before it are what is needed
+    # only a value that took in the very next line: one wrapped over more lines is prose whose
+    # later line holds a ': ' of its own (quote it), and PyYAML's own mark, on that ': ', is right
     if (isinstance(last, yaml.ScalarToken) and last.plain and mark is not None
-            and last.start_mark.line < last.end_mark.line == mark.line):
+            and last.start_mark.line + 1 == last.end_mark.line == mark.line):
         return last.start_mark
     return None
 
