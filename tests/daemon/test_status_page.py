@@ -13,7 +13,6 @@ README's are made by ``TEST_ARTIFACTS=docs/screenshots`` (and checked by eye).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -26,12 +25,12 @@ import devservices
 from reconciler.daemon import Daemon
 from reconciler.errors import RetryableError
 from reconciler.store.store import Store
+from tests.browser import CHROMIUM, needs_chromium
 from tests.e2e import helpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _browser(*args: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +76,7 @@ def _wait(what, cond, timeout=180.0):
     pytest.fail(f"no {what} within {timeout}s")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by scripts/setup.sh --with-test-services")
+@needs_chromium
 def test_status_page_in_a_real_browser(tmp_path, kafka_broker, topic, spark):
     port = devservices.free_port()
     s = h.make_settings(tmp_path, http=f"127.0.0.1:{port}", lag_interval=0.5)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,9 +19,9 @@ import pytest
 
 from reconciler.observe import charts, statuspage, supervisorpage
 from reconciler.observe.charts import Marker, timechart
+from tests.browser import CHROMIUM, needs_chromium
 
 NOW = datetime(2026, 11, 28, 10, 25, tzinfo=UTC)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -96,7 +95,7 @@ AUDIT = [{"at": NOW - timedelta(minutes=m), "supervisor_id": "clicks", "action":
           "actor": "cli", "reason": "INC-42", "details": {"backfill": "clicks-backfill-1"}} for m in (20, 19.8, 19.5)]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by scripts/setup.sh --with-test-services")
+@needs_chromium
 @pytest.mark.parametrize("width", [900, 1400])
 def test_no_chart_label_overlaps_another_at_900px_and_desktop_width(tmp_path, width):
     items = [{**ITEM, "id": sid} for sid in ("clicks", "views", "orders")]

@@ -8,18 +8,15 @@ newcomer's daemon had.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from reconciler.observe import statuspage, supervisorpage
+from tests.browser import CHROMIUM, needs_chromium
 from tests.observe.test_newcomer_page import DOWN
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by scripts/setup.sh --with-test-services")
+pytestmark = needs_chromium
 
 NOW = datetime(2026, 11, 28, 10, 25, tzinfo=UTC)
 PROBE = """<script>
