@@ -238,6 +238,7 @@ def _classic(master: str, app_name: str, settings: dict[str, str], conf: dict[st
     settings.update(sparkconf.STATIC_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
+        settings.update(sparkconf.local_socket_conf())
         archive = sparkconf.java_options() if sparkconf.ARCHIVE_OPTIONS_ENABLED else None
         if archive:  # Spark's classes pre-parsed: the JVM starts in ~4 s instead of ~6.5 s
             settings["spark.driver.defaultJavaOptions"] = f"{settings['spark.driver.defaultJavaOptions']} {archive}"

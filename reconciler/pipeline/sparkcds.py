@@ -53,7 +53,8 @@ def build(prefix: str | os.PathLike[str] | None = None) -> Path:
 
 def _dump(target: str) -> None:
     """A session whose JVM writes its loaded classes to ``target`` as it exits, after the
-    kind of job a batch runs (an Arrow task per range: ``mapInArrow`` over ``range``)."""
+    kinds of job a batch runs (an RDD of task indices on a classic session, ``mapInArrow``
+    over ``range`` where there are no RDDs: ``tasks``)."""
     sparkconf.STATIC_CONF["spark.driver.extraJavaOptions"] = f"-XX:ArchiveClassesAtExit={target}"
     sparkconf.ARCHIVE_OPTIONS_ENABLED = False  # never record while mapping an older archive
     session = spark.get_session(master="local[1]")
@@ -62,10 +63,16 @@ def _dump(target: str) -> None:
     from reconciler.pipeline.tasks import RESULT_SCHEMA
 
     jvm = SparkContext._gateway.proc  # the JVM writes the archive as it exits: wait for that
+    session.sparkContext.parallelize(range(2), 2).mapPartitions(_indices).collect()
     session.range(0, 2, 1, 2).mapInArrow(_describe, RESULT_SCHEMA).collect()
     spark.stop_session()
     jvm.stdin.close()  # its end of input is the JVM's signal to exit
     jvm.wait(timeout=240)
+
+
+def _indices(indices):
+    for index in indices:
+        yield ("data", "x", None, int(index), 1)
 
 
 def _describe(batches):

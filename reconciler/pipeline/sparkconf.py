@@ -89,6 +89,52 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 
+# A Unix socket's path holds at most 107 bytes; PySpark's worker daemon names its socket
+# ``<dir>/.<uuid4>.sock`` (42 bytes after the directory).
+_SOCKET_NAME_BYTES = 42
+_SOCKET_PATH_MAX = 107
+_socket_dir: str | None = None
+
+
+def local_socket_conf() -> dict[str, str]:
+    """A local session's executor reaches its Python workers over a Unix socket in a short
+    private directory, not over loopback TCP. Over TCP a task's command and input went in
+    small writes that waited out Linux's 40 ms delayed ACK before the worker could start:
+    a two-task job 80 -> 35 ms (RDD) and 115 -> 61 ms (``mapInArrow``), at every batch.
+
+    Local only: a cluster's executors would need the directory on their own hosts, under
+    their own (often long: YARN's container directories) ``java.io.tmpdir``, which Spark
+    uses when no directory is given, and a path over the limit fails every task. Here the
+    directory is this process's own, under the temporary directory, and when even that is
+    too long the session keeps TCP. The operator's ``spark:`` map overrides either way."""
+    global _socket_dir
+    if _socket_dir is None:
+        import atexit
+        import tempfile
+
+        for base in (tempfile.gettempdir(), "/tmp"):
+            if len(base) + len("/rsock-12345678/") + _SOCKET_NAME_BYTES > _SOCKET_PATH_MAX:
+                continue
+            try:
+                _socket_dir = tempfile.mkdtemp(prefix="rsock-", dir=base)
+            except OSError:
+                continue
+            atexit.register(_remove_socket_dir, _socket_dir)  # empty once the workers stopped
+            break
+        else:
+            _socket_dir = ""
+    if not _socket_dir:
+        return {}
+    return {"spark.python.unix.domain.socket.enabled": "true", "spark.python.unix.domain.socket.dir": _socket_dir}
+
+
+def _remove_socket_dir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:  # a socket a killed worker daemon left: the directory stays, harmless
+        pass
+
+
 # The JVM reports a rejected archive on its standard output; a daemon's output is its log.
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 

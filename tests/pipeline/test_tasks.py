@@ -118,3 +118,39 @@ def test_the_plan_carries_no_secret(fakes, tmp_path):
     source = KafkaSource("b:1", "t", {"sasl.password": "${env:KAFKA_PW}"})
     p = replace(plan(fakes, tmp_path, [R("0", 0, 1)], 1), source=source_to_document(source))
     assert "${env:KAFKA_PW}" in json.dumps(p.source)  # the reference; the task resolves it
+
+
+@pytest.mark.parametrize("task_count", [1, 3])
+def test_the_rdd_job_and_the_arrow_job_report_the_same(spark, fakes, tmp_path, task_count):
+    """A classic session runs a batch as an RDD of task indices; Spark Connect, which has no
+    RDDs, as ``mapInArrow``. The same plan gives the same rows, dead letters and counts."""
+    ranges = [R("0", 0, 700), R("1", 100, 600)]
+    by_path = {}
+    for name, collect in (("rdd", lambda p: tasks._collect_rdd(spark.sparkContext, p, len(p.groups))),
+                          ("frame", lambda p: tasks._collect_frame(spark, p, len(p.groups)))):
+        p = plan(fakes, tmp_path / name, ranges, task_count, reader=fakes.OddStreamReader, name=name)
+        rows = collect(p)
+        by_path[name] = sorted((r.kind, r.chunk, int(r.rows), int(r.bytes)) for r in rows)
+        assert all(r.path for r in rows if r.kind in (tasks.DATA, tasks.DEAD))
+    assert by_path["rdd"] == by_path["frame"]
+    assert sum(n for kind, _, n, _ in by_path["rdd"] if kind == tasks.READ) == 1200
+    assert sum(n for kind, _, n, _ in by_path["rdd"] if kind == tasks.DEAD) == 12  # every 100th offset
+
+
+def test_a_classic_session_runs_the_rdd_job_and_connect_the_arrow_one(spark):
+    assert tasks._context(spark) is spark.sparkContext
+
+    class ConnectSession:  # what pyspark.sql.connect's session is, as far as the choice goes
+        @property
+        def sparkContext(self):
+            raise AssertionError("never asked: Spark Connect has no SparkContext")
+
+    ConnectSession.__module__ = "pyspark.sql.connect.session"
+    assert tasks._context(ConnectSession()) is None
+
+    class NoContext:
+        @property
+        def sparkContext(self):
+            raise RuntimeError("[JVM_ATTRIBUTE_NOT_SUPPORTED]")
+
+    assert tasks._context(NoContext()) is None
