@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from reconciler.pipeline import heap
 from reconciler.errors import ReconcilerError
 from reconciler.observe.metrics import Metrics
 from reconciler.runtime.manager import RuntimeManager
@@ -166,11 +167,18 @@ class Leadership:
                                       maintain_every=settings.maintain_interval,
                                       snapshot_retention=settings.snapshot_retention,
                                       rolling_every=settings.rolling_compaction,
-                                      on_progress=self._wake,
+                                      on_progress=self._progressed,
                                       step_timeout=lambda: self._settings().step_timeout)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
+
+    def _progressed(self) -> None:
+        """A batch published (or a backfill done): the daemon's wake, and the first time, the
+        heap settled (``heap``)."""
+        heap.settle()
+        if self._wake is not None:
+            self._wake()
 
     def settings_changed(self) -> None:
         """After a SIGHUP: this term's compactor takes the new ``compactInterval``,

@@ -1,0 +1,86 @@
+"""The daemon's heap settles once, only in a process that is the daemon or a reused Spark worker."""
+
+from __future__ import annotations
+
+import gc
+import pytest
+
+from reconciler.pipeline import heap
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """heap's state as in a new process; what a test froze is thawed after it."""
+    monkeypatch.setattr(heap, "_enabled", False)
+    monkeypatch.setattr(heap, "_settled", False)
+    monkeypatch.delenv("SPARK_REUSE_WORKER", raising=False)
+    yield
+    gc.unfreeze()
+
+
+def test_a_process_that_is_not_the_daemon_keeps_its_heap_collectable(fresh):
+    assert heap.settle() is False
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_daemon_freezes_its_heap_once(fresh):
+    heap.enable()
+    assert heap.settle() is True
+    frozen = gc.get_freeze_count()
+    assert frozen > 1000  # the modules, classes and functions loaded by now
+    assert heap.settle() is False  # once: later objects stay collectable
+    assert gc.get_freeze_count() == frozen
+
+
+def test_garbage_at_the_settle_is_collected_not_frozen(fresh):
+    import weakref
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    gone = weakref.ref(a)
+    del a, b
+    heap.enable()
+    heap.settle()
+    assert gone() is None
+
+
+def test_a_reused_spark_worker_settles_after_its_first_task_and_a_one_task_worker_does_not(fresh, monkeypatch):
+    assert heap.settle_worker() is False  # forked for one task: the collection would buy nothing
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    assert heap.settle_worker() is True
+    assert heap.settle_worker() is False
+
+
+def test_reconciler_run_enables_it_for_its_own_process(fresh, monkeypatch, tmp_path):
+    """``reconciler run`` is the daemon's process: it turns settling on before the daemon starts,
+    unless it only runs until caught up."""
+    from click.testing import CliRunner
+
+    import reconciler.daemon
+    from reconciler import settings as settings_mod
+    from reconciler.cli import cli
+
+    seen = {}
+
+    class Daemon:  # the CLI's wiring only: a real daemon would need a broker
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, **kwargs):
+            seen["enabled"] = heap._enabled
+            return 0
+
+    monkeypatch.setattr(reconciler.daemon, "Daemon", Daemon)
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", tmp_path / "no-such-config.yaml")
+    env = {env: None for _, env, _, _ in settings_mod.describe()} | {"RECONCILER_CONFIG": None}
+    base = ["--specs", str(tmp_path), "--state-dir", str(tmp_path / "state"), "run"]
+    result = CliRunner().invoke(cli, [*base, "--until-caught-up"], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen == {"enabled": False}  # a one-shot run: no later batch to spare the pauses
+    result = CliRunner().invoke(cli, base, env=env)
+    assert result.exit_code == 0, result.output
+    assert seen == {"enabled": True}
