@@ -39,6 +39,7 @@ from ingest import _verify
 from marker_latency import _wait
 
 import devservices
+from reconciler.pipeline import heap
 from reconciler import settings as settings_mod
 from reconciler.daemon import Daemon
 from reconciler.table.catalog import Tables
@@ -182,6 +183,7 @@ def run(minutes: float, task_duration: str, rate: int, partitions: int, rolling:
         (specs / f"{ID}.yaml").write_text(_spec(broker.bootstrap, ID, task_duration))
         s = settings_mod.load({"specs": str(specs), "state_dir": str(work / "state"), "spark_master": "local[2]",
                                "http": "", "rolling_compaction": rolling}, config="/dev/null", env={})
+        heap.enable()  # the daemon runs in this process, as under `reconciler run`
         daemon = Daemon(s)
         thread = threading.Thread(target=daemon.run, name="daemon", daemon=True)
         thread.start()

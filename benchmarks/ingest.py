@@ -255,6 +255,7 @@ def product_cold(work: Path, sid: str, source: dict[str, Any], n: int) -> dict[s
     with PeakRss(proc.pid) as peak, visible:  # the daemon, its Spark JVM and the JVM's Python workers
         _, stderr = proc.communicate()
     wall = time.perf_counter() - started
+    (work / f"{sid}-cold" / "daemon.log").write_text(stderr)  # kept with --keep: where a cold run's time went
     if proc.returncode != 0:
         raise RuntimeError(f"reconciler run exited {proc.returncode}:\n{stderr[-4000:]}")
     batch_s = [float(m[1]) for m in re.finditer(r"published: \d+ records \(\d+ unparseable\) in ([0-9.]+)s",
