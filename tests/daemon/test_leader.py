@@ -134,13 +134,15 @@ def test_deposed_leader_cannot_publish(tmp_path, pg_cluster, kafka_broker, topic
 
 def test_two_daemons_on_postgresql_kill_hands_over_exactly_once(tmp_path, pg_cluster, kafka_broker, topic,
                                                                  spark, daemons):  # noqa: F811
-    n, ttl = 4_000, 4.0
+    # 40 batches: a small batch takes about 0.1 s, and A must still have some to go 0.5 s
+    # after its first (5 batches of 800 were all done by then)
+    n, ttl = 8_000, 4.0
     name = topic(partitions=2)
     records = devservices.make_records(n)
     ends = devservices.produce_kafka(kafka_broker.bootstrap, name, records)
     s = pg_settings(tmp_path, pg_cluster, "handover", lease_ttl=ttl, tick_interval=1.0)
     helpers.write_spec(s.specs, helpers.spec_doc("clicks", helpers.kafka_source(kafka_broker.bootstrap, name),
-                                                 max_batch_records=800))
+                                                 max_batch_records=200))
     with NotifySocket() as sd_a, NotifySocket() as sd_b:
         a, log_a = daemons.start("a", daemon_env(s, NOTIFY_SOCKET=sd_a.path))
         wait_until(lambda: "leader: lease taken (token 1)" in log_a.read_text(), 60, "A to lead", proc=a, log=log_a)
