@@ -69,8 +69,8 @@ from marker_latency import _wait  # noqa: E402
 import devservices  # noqa: E402
 from reconciler import logs  # noqa: E402
 from reconciler import settings as settings_mod  # noqa: E402
-from reconciler.pipeline import heap  # noqa: E402
 from reconciler.daemon import Daemon  # noqa: E402
+from reconciler.pipeline import heap  # noqa: E402
 from reconciler.store.store import Store  # noqa: E402
 
 log = logging.getLogger("bench")

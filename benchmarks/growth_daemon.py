@@ -39,9 +39,9 @@ from ingest import _verify
 from marker_latency import _wait
 
 import devservices
-from reconciler.pipeline import heap
 from reconciler import settings as settings_mod
 from reconciler.daemon import Daemon
+from reconciler.pipeline import heap
 from reconciler.table.catalog import Tables
 from reconciler.table.compact import time_field_id, time_interval
 

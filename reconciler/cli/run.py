@@ -29,8 +29,8 @@ def run(c: Context, until_caught_up, timeout):
     RUNNING supervisor beside the tick loop. SIGTERM finishes or fences in-flight
     batches and exits; a second SIGTERM exits at once (exactly-once still holds).
     """
-    from reconciler.pipeline import heap
     from reconciler.daemon import Daemon
+    from reconciler.pipeline import heap
 
     if not until_caught_up:  # the long-running daemon: its heap settles after the first batch
         heap.enable()  # (a run that exits once caught up has no later batch to spare the pauses)

@@ -23,9 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from reconciler.pipeline import heap
 from reconciler.errors import ReconcilerError
 from reconciler.observe.metrics import Metrics
+from reconciler.pipeline import heap
 from reconciler.runtime.manager import RuntimeManager
 from reconciler.runtime.recovery import recover
 from reconciler.runtime.supervisor import RuntimeContext

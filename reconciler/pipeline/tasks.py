@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
-from reconciler.pipeline import heap
 from reconciler.model import DataSchema, PartitionRange
+from reconciler.pipeline import heap
 
 # What a task yields: one row per file, and one row (kind "read") per partition it read,
 # with its records and their bytes (``chunk`` holds the partition's name).

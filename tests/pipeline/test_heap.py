@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+
 import pytest
 
 from reconciler.pipeline import heap

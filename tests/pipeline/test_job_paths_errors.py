@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from reconciler.model import DataSchema, KafkaSource, PartitionRange as R, source_to_document
+from reconciler.model import DataSchema, KafkaSource, source_to_document
+from reconciler.model import PartitionRange as R
 from reconciler.pipeline import tasks
 from reconciler.pipeline.sources import split_ranges
 from reconciler.pipeline.worker_errors import product_message
