@@ -69,8 +69,9 @@ def test_a_receiver_gets_every_event_in_order(tmp_path, kafka_broker, topic, spa
     receiver.fail_next = 3  # the receiver starts with an outage: retried with backoff, in order
     s = _settings(tmp_path, webhook=receiver.url, lag_interval=0.5)
     name = topic(partitions=2)
-    # small batches: the backfill takes a few, so the observer sees it pass its milestones
-    doc = h.spec_doc("hooked", h.kafka_source(kafka_broker.bootstrap, name), max_batch_records=250)
+    # small batches: the backfill takes 40 (a small batch takes ~0.1 s), so the observer,
+    # looking every 0.5 s, sees it pass its milestones
+    doc = h.spec_doc("hooked", h.kafka_source(kafka_broker.bootstrap, name), max_batch_records=100)
     first = devservices.make_records(1_000)
     devservices.produce_kafka(kafka_broker.bootstrap, name, first)
     try:
@@ -80,7 +81,7 @@ def test_a_receiver_gets_every_event_in_order(tmp_path, kafka_broker, topic, spa
             _wait("the first batch", lambda: sum(store.checkpoints("hooked").values()) == 1_000)
             h.write_spec(s.specs, {**doc, "suspended": True})
             _wait("SUSPENDED", lambda: store.get("hooked").state == "SUSPENDED")
-            second = devservices.make_records(2_000, start=1_000)
+            second = devservices.make_records(4_000, start=1_000)
             devservices.produce_kafka(kafka_broker.bootstrap, name, second)
             (Path(s.specs) / "hooked.reset.yaml").write_text("resetTo: latest\nreason: INC-7 secret=hunter2\n")
             _wait("the reset", lambda: store.get("hooked-backfill-1") is not None)
@@ -110,7 +111,7 @@ def test_a_receiver_gets_every_event_in_order(tmp_path, kafka_broker, topic, spa
         assert {"type", "supervisor", "time", "id", "action", "actor", "details"} <= set(e)
         assert e["time"].endswith("+00:00")
     reset = next(e for e in events if e["type"] == "reset.applied")
-    assert reset["details"]["backfill"] == "hooked-backfill-1" and reset["details"]["backfillRecords"] == 2_000
+    assert reset["details"]["backfill"] == "hooked-backfill-1" and reset["details"]["backfillRecords"] == 4_000
     assert "INC-7" in reset["reason"]
     assert receiver.paths[0] == "/hooks/s3cr3t-token"
 

@@ -370,9 +370,11 @@ def test_compaction_during_ingestion_exactly_once_and_rollup(spark, kafka_broker
     devservices.produce_kafka(kafka_broker.bootstrap, name, records)
     s = h.make_settings(tmp_path)
     src = h.kafka_source(kafka_broker.bootstrap, name)
-    h.write_spec(s.specs, h.spec_doc("plain", src, max_batch_records=300))
+    # ~20 batches each (a small batch takes ~0.1 s): the loop, every 0.3 s, meets the
+    # ingestion under way, as 4 batches of 300 no longer let it
+    h.write_spec(s.specs, h.spec_doc("plain", src, max_batch_records=60))
     h.write_spec(s.specs, h.spec_doc(
-        "rolled", src, max_batch_records=250, dimensions=["user"],
+        "rolled", src, max_batch_records=50, dimensions=["user"],
         metrics=[{"name": "count", "type": "count"}, {"name": "bytes", "type": "longSum", "field": "bytes"}],
         granularity={"segment": "hour", "query": "minute", "rollup": True}))
 
