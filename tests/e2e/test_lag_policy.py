@@ -35,7 +35,10 @@ def settings(tmp_path, **env) -> settings_mod.Settings:
     base = h.make_settings(tmp_path)
     values = {"specs": base.specs, "state_dir": base.state_dir, "segments": str(base.segments_dir),
               "db": "", "spark_master": h.SPARK_MASTER, "http": "", "tick_interval": 0.5, "debounce": 0.1,
-              "lease_ttl": 3.0, "compact_interval": 0, "maintain_interval": 0}
+              "lease_ttl": 3.0, "compact_interval": 0, "maintain_interval": 0,
+              # the observer looks every 0.5 s, not 5: a burst of 100k drains in a few
+              # seconds now, and could pass between two looks of the default
+              "lag_interval": 0.5}
     return settings_mod.load(values, config=os.devnull, env=env)
 
 
