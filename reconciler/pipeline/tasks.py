@@ -138,16 +138,21 @@ def _context(spark: Any) -> Any:
 
 def _rdd_task(plan: TaskPlan, indices: Iterator[int]) -> Iterator[_Row]:
     """Executor side, RDD path: the task indices of this partition (one, by construction)."""
+    for index in indices:
+        for row in _run_one(plan, index):
+            yield _Row(row["kind"], row["path"], row["chunk"], int(row["rows"]), int(row["bytes"]))
+
+
+def _run_one(plan: TaskPlan, index: int) -> list[dict[str, Any]]:
+    """Executor side, either path: one task, timed for the trace, then the worker's heap settled."""
     from reconciler.pipeline import tasktrace
 
-    for index in indices:
-        started = time.time()
-        out = _one(plan, plan.groups[int(index)])
-        if tasktrace.enabled():
-            tasktrace.note(plan.data_dir, started, time.time())
-        heap.settle_worker()  # once per worker, after its first task
-        for row in out:
-            yield _Row(row["kind"], row["path"], row["chunk"], int(row["rows"]), int(row["bytes"]))
+    started = time.time()
+    out = _one(plan, plan.groups[int(index)])
+    if tasktrace.enabled():
+        tasktrace.note(plan.data_dir, started, time.time())
+    heap.settle_worker()  # once per worker, after its first task
+    return out
 
 
 def _schema_of(text: str) -> Any:
@@ -162,16 +167,9 @@ def run_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     """Executor side: the task ids of this partition (one, by construction), each run."""
     import pyarrow as pa
 
-    from reconciler.pipeline import tasktrace
-
     for batch in batches:
         for index in batch.column(0).to_pylist():
-            started = time.time()
-            out = _one(plan, plan.groups[int(index)])
-            if tasktrace.enabled():
-                tasktrace.note(plan.data_dir, started, time.time())
-            heap.settle_worker()  # once per worker, after its first task
-            yield pa.RecordBatch.from_pylist(out, schema=_result_schema())
+            yield pa.RecordBatch.from_pylist(_run_one(plan, index), schema=_result_schema())
 
 
 def _result_schema():
