@@ -389,11 +389,13 @@ def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker,
 
 
 def test_watchdog_keeps_pinging_while_a_spark_batch_runs(kafka_broker, topic, spark, tmp_path, daemons):
-    # One batch of everything in a fresh process: JVM start + Python workers + 400k records, several
-    # seconds (8k and then 100k records once took over 3 s; a faster batch no longer does).
-    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, n=400_000, max_batch_records=400_000)
+    # One batch of everything in a fresh process on one Spark core: JVM start + a Python worker +
+    # 2M records, several seconds. (8k, 100k and then 400k records on two cores once took over
+    # 3 s; each faster batch no longer did: 1M took 3.6 s on two cores, 4.0 s on one.)
+    s, records, ends, doc = kafka_setup(kafka_broker, topic, tmp_path, n=2_000_000, max_batch_records=2_000_000)
     with NotifySocket() as sd:
-        env = daemon_env(s, NOTIFY_SOCKET=sd.path, WATCHDOG_USEC="2000000")  # WatchdogSec=2s: ping every 1s
+        env = daemon_env(s, NOTIFY_SOCKET=sd.path, WATCHDOG_USEC="2000000",  # WatchdogSec=2s: ping every 1s
+                         RECONCILER_SPARK_MASTER="local[1]")
         proc, log = daemons.start("daemon", env)
         sd.wait_for("READY", "1", proc=proc, log=log)
 
@@ -412,7 +414,9 @@ def test_watchdog_keeps_pinging_while_a_spark_batch_runs(kafka_broker, topic, sp
         t_commit = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0, tail(log)
-    assert t_commit - t_start > 3.0, "the batch was too short to tell anything"
+    took = t_commit - t_start
+    print(f"the batch took {took:.2f} s")
+    assert took > 3.0, f"the batch took {took:.2f} s: too short to tell anything"
     assert t_created < t_commit, "the spec change waited for the Spark batch"
     pings = sd.times("WATCHDOG", "1")
     # One ping a second; a loop that waited on Spark would be silent for the whole batch. The
