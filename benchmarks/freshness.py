@@ -14,6 +14,10 @@ acknowledged each one (its delivery report, with its partition and offset). Mean
   partition from the start) notes when it received each record: the floor that no
   pipeline reading from this broker can beat.
 
+The producer, the raw consumer and the poller each run in a process of their own (spawned,
+never forked from the JVM's host), as they would beside a daemon in production; only the
+daemon (and ``--trace``'s wrappers) runs in this one.
+
 Latency is visible (or received) minus acknowledged, per record; the JSON holds p50, p95,
 p99 and max of both, the commits seen and their median interval, and the exactly-once
 verification of the table (every key once).
@@ -47,6 +51,7 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import shutil
 import statistics
 import sys
@@ -110,10 +115,9 @@ def _record(i: int) -> tuple[bytes, bytes]:
 
 
 class _Stamps:
-    """(partition, offset) -> a monotonic time, in arrays per partition. A dict of tuples held
-    two million objects that the daemon, sharing this process, traversed at every full
-    collection: 18 of them in a minute-long run, 170 ms each at the median (up to 250 ms),
-    every thread stopped. A daemon of its own holds no such thing."""
+    """(partition, offset) -> a monotonic time, in arrays per partition: millions of stamps
+    as a few arrays, not millions of tuples (which once shared the daemon's process and were
+    walked by each of its full collections), and cheap to send between processes."""
 
     def __init__(self) -> None:
         self._by_partition: dict[int, tuple[array, array]] = {}
@@ -135,6 +139,21 @@ class _Stamps:
 
     def __len__(self) -> int:
         return sum(len(offsets) for offsets, _ in self._by_partition.values())
+
+    def lookup(self) -> dict[tuple[int, int], float]:
+        return dict(self.items())
+
+    def state(self) -> dict[int, tuple[array, array]]:
+        """Plain arrays, to cross from a process (a class of ``__main__`` would not unpickle)."""
+        return self._by_partition
+
+    @classmethod
+    def of(cls, state: dict[int, tuple[array, array]] | None) -> _Stamps | None:
+        if state is None:
+            return None
+        out = cls()
+        out._by_partition = state
+        return out
 
 
 class _Producer:
@@ -211,30 +230,73 @@ class _RawConsumer:
 class _CheckpointPoller:
     """When each committed checkpoint value was first seen, per partition."""
 
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, db_url: str):
+        self.db_url = db_url
         self.seen: dict[int, list[tuple[int, float]]] = {}  # partition -> [(checkpoint, first seen)]
         self.commits = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="checkpoint-poller", daemon=True)
 
-    def _run(self) -> None:
+    def run(self, stop) -> None:
+        store = Store(self.db_url)
         last: dict[str, int] = {}
-        while not self.stop.is_set():
-            now = time.monotonic()
-            current = self.store.checkpoints(ID)
-            if current != last:
-                self.commits += 1
-                for p, o in current.items():
-                    if o != last.get(p):
-                        self.seen.setdefault(int(p), []).append((o, now))
-                last = current
-            time.sleep(POLL_EVERY)
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                current = store.checkpoints(ID)
+                if current != last:
+                    self.commits += 1
+                    for p, o in current.items():
+                        if o != last.get(p):
+                            self.seen.setdefault(int(p), []).append((o, now))
+                    last = current
+                time.sleep(POLL_EVERY)
+        finally:
+            store.close()
 
     def visible_at(self, partition: int, offset: int) -> float | None:
         points = self.seen.get(partition, [])
         i = bisect_right([o for o, _ in points], offset)  # the first checkpoint > offset
         return points[i][1] if i < len(points) else None
+
+
+# The load and the observers run in processes of their own, as they would beside a daemon in
+# production: in the daemon's process, the producer's 20,000 Python calls a second, the raw
+# consumer's stamps and the poller's queries every 5 ms held the daemon's GIL for a share of
+# every second, and a batch waited for it. time.monotonic() is one clock for every process
+# of the machine (CLOCK_MONOTONIC), so their times compare with the daemon's.
+
+def _load_process(conn, bootstrap: str, start: int, linger_ms: float, rate: int, seconds: float,
+                  partitions: int) -> None:
+    """The producer: ``conn`` gets ("produced", acks, sent, errors) once every record is acknowledged."""
+    producer = _Producer(bootstrap, ID, start=start, linger_ms=linger_ms)
+    conn.send("ready")
+    sent = producer.run(rate, seconds)
+    sent += producer.seal(partitions)
+    conn.send(("produced", producer.acks.state(), sent, producer.errors[:3], len(producer.errors)))
+
+
+def _raw_process(conn, bootstrap: str, starts: dict[int, int]) -> None:
+    """The baseline's raw consumer: ``conn`` gets what it saw after a "stop"."""
+    raw = _RawConsumer(bootstrap, ID, starts)
+    raw.thread.start()
+    conn.send("ready")
+    conn.recv()
+    raw.stop.set()
+    raw.thread.join(10)
+    conn.send(raw.seen.state())
+
+
+def _poller_process(conn, db_url: str) -> None:
+    """The checkpoint poller: ``conn`` gets its findings after a "stop"."""
+    import threading as _threading
+
+    poller, stop = _CheckpointPoller(db_url), _threading.Event()
+    thread = _threading.Thread(target=poller.run, args=(stop,), daemon=True)
+    thread.start()
+    conn.send("ready")
+    conn.recv()
+    stop.set()
+    thread.join(10)
+    conn.send((poller.seen, poller.commits))
 
 
 class _Publishes(logging.Handler):
@@ -309,32 +371,47 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
         store = _wait(lambda: _store(s), 60, "the database")
         _wait(lambda: sum(store.checkpoints(ID).values()) >= warmup, 300, "the warm-up batch", every=0.2)
         starts = {p: ends.get(p, 0) for p in range(partitions)}
-        raw = _RawConsumer(broker.bootstrap, ID, starts) if baseline else None
-        poller = _CheckpointPoller(store)
-        if raw is not None:
-            raw.thread.start()
-        poller.thread.start()
-        producer = _Producer(broker.bootstrap, ID, start=warmup, linger_ms=linger_ms)
-        sent = producer.run(rate, seconds)
-        sent += producer.seal(partitions)
-        if producer.errors:
-            raise RuntimeError(f"{len(producer.errors)} deliveries failed, e.g. {producer.errors[0]}")
+        spawn = multiprocessing.get_context("spawn")  # never fork a process that hosts a JVM
+        children = []
+
+        def child(target, *args):
+            conn, theirs = spawn.Pipe()
+            proc = spawn.Process(target=target, args=(theirs, *args), daemon=True)
+            proc.start()
+            if not conn.poll(60) or conn.recv() != "ready":
+                raise RuntimeError(f"{target.__name__} did not start")
+            children.append(proc)
+            return conn
+
+        poll_conn = child(_poller_process, s.db_url)
+        raw_conn = child(_raw_process, broker.bootstrap, starts) if baseline else None
+        load_conn = child(_load_process, broker.bootstrap, warmup, linger_ms, rate, seconds, partitions)
+        if not load_conn.poll(seconds + 300):
+            raise RuntimeError("the producer did not finish")
+        _, acked_state, sent, errors, n_errors = load_conn.recv()
+        acks = _Stamps.of(acked_state)
+        if n_errors:
+            raise RuntimeError(f"{n_errors} deliveries failed, e.g. {errors[0]}")
         last = {}
-        for p, o in producer.acks:
+        for p, o in acks:
             last[p] = max(last.get(p, 0), o + 1)
         _wait(lambda: all(store.checkpoints(ID).get(str(p), 0) >= o for p, o in last.items()), 300,
               "every record committed", every=0.1)
         time.sleep(0.1)
-        poller.stop.set()
-        poller.thread.join(10)
-        if raw is not None:
-            raw.stop.set()
-            raw.thread.join(10)
+        poll_conn.send("stop")
+        poller = _CheckpointPoller(s.db_url)
+        poller.seen, poller.commits = poll_conn.recv()
+        raw_stamps = None
+        if raw_conn is not None:
+            raw_conn.send("stop")
+            raw_stamps = _Stamps.of(raw_conn.recv())
+        for proc in children:
+            proc.join(30)
         daemon.request_stop()
         thread.join(120)
         table, floor, missing = [], [], 0
-        raw_seen = dict(raw.seen.items()) if raw is not None else {}
-        for (p, o), acked in producer.acks.items():
+        raw_seen = raw_stamps.lookup() if raw_stamps is not None else {}
+        for (p, o), acked in acks.items():
             visible = poller.visible_at(p, o)
             if visible is None:
                 missing += 1
@@ -348,7 +425,7 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
         return {
             "rate_per_s": rate, "seconds": seconds, "task_duration": task_duration, "partitions": partitions,
             "producer_linger_ms": linger_ms,
-            "records": {"warmup": warmup, "measured": sent, "acked": len(producer.acks), "not_seen_committed": missing},
+            "records": {"warmup": warmup, "measured": sent, "acked": len(acks), "not_seen_committed": missing},
             "visible_after_ack_s": _pct(table),
             "baseline_raw_consumer_after_ack_s": _pct(floor) if floor else None,
             "commits": {"seen": poller.commits,

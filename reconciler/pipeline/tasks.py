@@ -188,6 +188,17 @@ def _stem() -> str:
     return f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}"
 
 
+def _read_all(reader: Any, ranges: Sequence[PartitionRange], max_batch_rows: int) -> Iterator[tuple[Any, Any]]:
+    """``(range, batch)`` for every range: at once where the reader reads several ranges with
+    one client (``read_many``: Kafka), else one range after the other."""
+    if getattr(reader, "read_many", None) is not None and len({r.partition for r in ranges}) == len(ranges):
+        yield from reader.read_many(ranges, max_batch_rows)
+        return
+    for rng in ranges:
+        for batch in reader.read(rng, max_batch_rows):
+            yield rng, batch
+
+
 def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -204,22 +215,21 @@ def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any
     read: dict[str, list[int]] = {r.partition: [0, 0] for r in ranges}
     reader = plan.reader(plan.source) if plan.reader is not None else open_reader(plan.source)
     try:
-        for rng in ranges:
-            for batch in reader.read(rng, plan.max_batch_rows):
-                if not batch.num_rows:
-                    continue
-                if "reason" in batch.schema.names:  # records the reader could not decode, as dead letters
-                    counts = read.setdefault(rng.partition, [0, 0])
-                    counts[0] += batch.num_rows
-                    counts[1] += pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
-                    dead.add_table(pa.Table.from_batches([batch]).cast(DEAD_SCHEMA))
-                    continue
-                out = transformer(conform(batch))
+        for rng, batch in _read_all(reader, ranges, plan.max_batch_rows):
+            if not batch.num_rows:
+                continue
+            if "reason" in batch.schema.names:  # records the reader could not decode, as dead letters
                 counts = read.setdefault(rng.partition, [0, 0])
-                counts[0] += out.records
-                counts[1] += out.bytes
-                rows.add_table(out.rows)
-                dead.add_table(out.dead)
+                counts[0] += batch.num_rows
+                counts[1] += pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+                dead.add_table(pa.Table.from_batches([batch]).cast(DEAD_SCHEMA))
+                continue
+            out = transformer(conform(batch))
+            counts = read.setdefault(rng.partition, [0, 0])
+            counts[0] += out.records
+            counts[1] += out.bytes
+            rows.add_table(out.rows)
+            dead.add_table(out.dead)
         last = transformer.finish()
         rows.add_table(last.rows)
         dead.add_table(last.dead)

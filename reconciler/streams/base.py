@@ -102,6 +102,11 @@ class RangeReader(Protocol):
     def read(self, rng: PartitionRange, max_batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """Exactly the records with offsets in ``[rng.start, rng.end)``, in offset order."""
 
+    # Optional: ``read_many(ranges, max_batch_rows) -> Iterator[(range, batch)]``, ``read``'s
+    # contract for several ranges of distinct partitions at once, their batches interleaved
+    # (Kafka has it: one consumer and one fetch for a task's partitions); a task without it
+    # reads its ranges one after the other (``pipeline.tasks._read_all``).
+
 
 def lag(checkpoint: Mapping[str, int], latest: Mapping[str, int]) -> dict[str, int]:
     return {p: max(0, latest[p] - checkpoint.get(p, latest[p])) for p in latest}

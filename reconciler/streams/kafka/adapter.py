@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from reconciler.errors import RetryableError
 from reconciler.model import KafkaSource
@@ -95,7 +95,20 @@ class KafkaAdapter:
         return {p: low for p, (low, _high) in self.watermarks().items()}
 
     def latest(self) -> dict[str, int]:
-        return {p: high for p, (_low, high) in self.watermarks().items()}
+        """Every partition's end in one ListOffsets request (``OFFSET_END``, the high watermark
+        ``watermarks`` reads): ``watermarks`` asks each partition's low and high in turn, two
+        round trips a partition, and each batch's capture waited for them (a busy broker
+        answers each in milliseconds, not microseconds)."""
+        try:
+            answers = self._client().offsets_for_times(self._tps(OFFSET_END), timeout=self.timeout)
+        except KafkaException as exc:
+            raise self._fail(exc, f"reading positions of topic {self.source.topic!r}") from None
+        out: dict[str, int] = {}
+        for tp in answers:
+            if tp.error is not None:
+                raise self._fail(KafkaException(tp.error), f"reading positions of topic {self.source.topic!r}")
+            out[str(tp.partition)] = int(tp.offset)
+        return out
 
     def offsets_for_time(self, timestamp_ms: int) -> dict[str, int]:
         """First offset whose record timestamp is >= ``timestamp_ms`` per partition, else the end.
