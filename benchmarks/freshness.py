@@ -234,6 +234,7 @@ class _CheckpointPoller:
         self.db_url = db_url
         self.seen: dict[int, list[tuple[int, float]]] = {}  # partition -> [(checkpoint, first seen)]
         self.commits = 0
+        self._offsets: dict[int, list[int]] = {}
 
     def run(self, stop) -> None:
         store = Store(self.db_url)
@@ -254,7 +255,10 @@ class _CheckpointPoller:
 
     def visible_at(self, partition: int, offset: int) -> float | None:
         points = self.seen.get(partition, [])
-        i = bisect_right([o for o, _ in points], offset)  # the first checkpoint > offset
+        offsets = self._offsets.get(partition)
+        if offsets is None or len(offsets) != len(points):  # once per partition, not per record
+            offsets = self._offsets[partition] = [o for o, _ in points]
+        i = bisect_right(offsets, offset)  # the first checkpoint > offset
         return points[i][1] if i < len(points) else None
 
 
