@@ -188,19 +188,10 @@ def _stem() -> str:
     return f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:12]}"
 
 
-# A task's ranges read together up to this many offsets in all: what it saves is a client's
-# connection and first fetch per range (~17 ms each), which matters to a small batch; a large
-# one reads its partitions one after the other as before (together, warm runs of 1.1M records
-# were 3-7% slower in benchmarks/ingest.py, not profiled).
-READ_TOGETHER_MAX = 200_000
-
-
 def _read_all(reader: Any, ranges: Sequence[PartitionRange], max_batch_rows: int) -> Iterator[tuple[Any, Any]]:
     """``(range, batch)`` for every range: at once where the reader reads several ranges with
-    one client (``read_many``: Kafka) and the task is small, else one range after the other."""
-    together = (getattr(reader, "read_many", None) is not None and len({r.partition for r in ranges}) == len(ranges)
-                and sum(r.end - r.start for r in ranges) <= READ_TOGETHER_MAX)
-    if together:
+    one client (``read_many``: Kafka), else one range after the other."""
+    if getattr(reader, "read_many", None) is not None and len({r.partition for r in ranges}) == len(ranges):
         yield from reader.read_many(ranges, max_batch_rows)
         return
     for rng in ranges:

@@ -122,28 +122,3 @@ def test_two_ranges_of_one_partition_are_refused_and_a_task_reads_them_in_turn(k
         list(reader.read_many(ranges, 10))
     offsets = [o for rng, b in _read_all(reader, ranges, 10) for o in b.column("offset").to_pylist()]
     assert offsets == list(range(ends[0]))
-
-
-def test_a_large_task_reads_its_ranges_one_after_the_other(kafka_broker, topic, monkeypatch):
-    from reconciler.pipeline import tasks
-
-    name = topic(partitions=2)
-    ends = devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(400))
-    ranges = [PartitionRange("0", 0, ends[0]), PartitionRange("1", 0, ends[1])]
-    reader = KafkaRangeReader(_source(kafka_broker, name), timeout=5)
-    calls: list[int] = []
-    real = reader.read_many
-
-    def spy(rngs, rows):
-        calls.append(len(rngs))
-        return real(rngs, rows)
-
-    monkeypatch.setattr(reader, "read_many", spy)
-    monkeypatch.setattr(tasks, "READ_TOGETHER_MAX", 400)
-    small = [(r.partition, o) for r, b in _read_all(reader, ranges, 50) for o in b.column("offset").to_pylist()]
-    assert calls == [2], "a small task reads its ranges together"
-    monkeypatch.setattr(tasks, "READ_TOGETHER_MAX", 399)
-    large = [(r.partition, o) for r, b in _read_all(reader, ranges, 50) for o in b.column("offset").to_pylist()]
-    assert calls == [2, 1, 1], "a large task reads range after range"
-    expected = [(str(p), o) for p in (0, 1) for o in range(ends[p])]
-    assert sorted(small) == sorted(large) == sorted(expected)
