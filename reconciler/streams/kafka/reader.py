@@ -94,8 +94,9 @@ class KafkaRangeReader:
         other (each ~17 ms on a quiet broker before its first record, a small batch's
         largest cost). Batches come as ``(range, batch)``, ranges interleaved; each range's
         in offset order."""
-        left = {int(r.partition): _Range(r) for r in ranges if r.end > r.start}
-        if len(left) != len([r for r in ranges if r.end > r.start]):
+        live = [r for r in ranges if r.end > r.start]
+        left = {int(r.partition): _Range(r) for r in live}
+        if len(left) != len(live):
             raise ValueError("read_many: one range per partition")
         if not left:
             return
