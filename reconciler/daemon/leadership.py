@@ -35,6 +35,10 @@ from reconciler.store.store import Store
 
 log = logging.getLogger("reconciler.daemon")  # the name in every line, as before the split
 
+# How long a new term's runtimes wait for its first reconcile pass before stepping anyway:
+# the pass applies the markers left while no daemon led (RuntimeManager.start).
+FIRST_PASS_WAIT = 10.0
+
 
 class Leadership:
     """This daemon's role: the lease it holds (``lease_token``, None as a standby), the
@@ -168,10 +172,23 @@ class Leadership:
                                       snapshot_retention=settings.snapshot_retention,
                                       rolling_every=settings.rolling_compaction,
                                       on_progress=self._progressed,
-                                      step_timeout=lambda: self._settings().step_timeout)
+                                      step_timeout=lambda: self._settings().step_timeout,
+                                      held_for=FIRST_PASS_WAIT)
         self.manager.start()
         log.info("leader: lease taken (token %d)%s", token,
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
+
+    def pass_ended(self) -> None:
+        """A reconcile pass ran (concluded, aborted or fenced): the term's runtimes, held for
+        its first pass (``RuntimeManager.start``), may step."""
+        manager = self.manager
+        if manager is not None:
+            manager.open()
+
+    def first_pass_due(self) -> bool:
+        """True while this term's runtimes wait for its first pass: the pass is due now."""
+        manager = self.manager
+        return manager is not None and manager.held()
 
     def _progressed(self) -> None:
         """A batch published (or a backfill done): the daemon's wake, and the first time, the

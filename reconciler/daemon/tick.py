@@ -64,13 +64,17 @@ class Tick:
     def maybe_reconcile(self, watcher: SpecWatcher, next_tick: float) -> float:
         """Reconcile if files changed or the tick is due, once the directory is quiet; the next tick time."""
         files = watcher.pending()
-        if not files and time.monotonic() < next_tick and not self._requested:
+        # a new term's runtimes wait for its first pass (Leadership.pass_ended): it is due now
+        first = self._leadership.first_pass_due()
+        if not files and time.monotonic() < next_tick and not self._requested and not first:
             return next_tick
         if watcher.blocked(self._settings().debounce):
             return next_tick
         self._requested = False
         mark = watcher.consume()
         outcome = self._reconcile("files" if files else "tick", lambda: watcher.unchanged_since(mark))
+        if outcome != "deferred":  # a deferred pass is redone when the directory is quiet
+            self._leadership.pass_ended()
         if outcome == "deferred":
             return time.monotonic()  # again as soon as the directory is quiet
         if outcome == "fenced":  # again once the lease is settled: by this daemon only if it leads again

@@ -71,7 +71,7 @@ class RuntimeManager:
                  compact_every: float = 0.0, compact_lateness: float = 3600.0,
                  maintain_every: float = 0.0, snapshot_retention: float = 3600.0,
                  rolling_every: float = 0.0, on_progress: Callable[[], None] | None = None,
-                 step_timeout: float | Callable[[], float] = STEP_TIMEOUT):
+                 step_timeout: float | Callable[[], float] = STEP_TIMEOUT, held_for: float = 0.0):
         from reconciler.runtime.compactor import Compactor
 
         self.ctx = ctx
@@ -92,9 +92,28 @@ class RuntimeManager:
         self._thread = threading.Thread(target=self._loop, name="runtime-manager", daemon=True)
         self._lock = threading.Lock()
         self._spark_started = False
+        self._held_for = held_for
+        self._held_until = 0.0
 
     def start(self) -> None:
+        """Start scheduling. With ``held_for``, no step starts until ``open`` is called or that
+        many seconds have passed: a new leader's first reconcile pass applies the markers and
+        stanzas left while no daemon led, and a batch started beside it would read the backlog
+        that a ``resetTo: latest`` was dropped to skip. The bound keeps a pass that never
+        concludes (a busy spec directory, a database error) from stopping ingestion."""
+        if self._held_for > 0:
+            self._held_until = time.monotonic() + self._held_for
         self._thread.start()
+
+    def held(self) -> bool:
+        """True while steps wait for the term's first reconcile pass (see ``start``)."""
+        return self._held_until > 0
+
+    def open(self) -> None:
+        """The term's first reconcile pass has run (or given up): steps may start."""
+        if self._held_until:
+            self._held_until = 0.0
+            self._poke.set()
 
     def poke(self) -> None:
         """Re-read supervisors now (after a reconcile changed them)."""
@@ -206,6 +225,13 @@ class RuntimeManager:
             log.debug("starting the Spark session ahead of the first batch failed", exc_info=True)
 
     def _submit_due(self, now: float) -> None:
+        held_until = self._held_until  # one read: ``open`` may clear it from another thread
+        if held_until:
+            if now < held_until:
+                return
+            log.warning("the first reconcile pass of this term has not run within %gs; starting the "
+                        "supervisors without it (markers and stanzas apply at the next pass)", self._held_for)
+            self._held_until = 0.0
         with self._lock:
             if self._stop.is_set():
                 return

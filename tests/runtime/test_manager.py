@@ -269,3 +269,30 @@ def test_a_batch_that_ran_late_is_cut_again_without_waiting_for_the_refresh(stor
     finally:
         manager.stop(wait=True)
     assert all(seen_running[:3]), seen_running
+
+
+@pytest.mark.parametrize("opened", [True, False])
+def test_a_new_terms_steps_wait_for_its_first_pass_within_a_bound(store, tmp_path, monkeypatch, opened):
+    """A leader's first reconcile pass applies the markers left while none led: its runtimes
+    step only after that pass (``open``), or after ``held_for`` if the pass never comes."""
+    stepped: list[float] = []
+    monkeypatch.setattr(SupervisorRuntime, "step", lambda self: stepped.append(time.monotonic())
+                        or StepOutcome(0.05))
+    ctx = RuntimeContext(store=store, segments_dir=tmp_path / "segments", spark=lambda: None)
+    manager = RuntimeManager(ctx, refresh=0.05, held_for=0.6 if not opened else 30.0)
+    started = time.monotonic()
+    manager.start()
+    try:
+        time.sleep(0.3)
+        assert stepped == [] and manager.held(), "a step ran before the term's first pass"
+        if opened:
+            opened_at = time.monotonic()
+            manager.open()
+            _wait(lambda: stepped, 5, "a step after the first pass")
+            assert stepped[0] - opened_at < 0.5  # poked: no wait for the bound
+        else:
+            _wait(lambda: stepped, 5, "a step once the bound ran out")
+            assert stepped[0] - started >= 0.6
+        assert not manager.held()
+    finally:
+        manager.stop(wait=True)
