@@ -158,4 +158,11 @@ class BatchTrace:
                 xs.sort()
                 out[name + "_ms"] = {"p50": round(statistics.median(xs), 1),
                                      "p95": round(xs[max(0, math.ceil(0.95 * len(xs)) - 1)], 1), "n": len(xs)}
+        # Which phases make a slow step: each phase's median over the slowest 5% of steps.
+        whole = [b for b in batches if b.get("step") is not None and b.get("step_end") is not None]
+        whole.sort(key=lambda b: b["step_end"] - b["step"])
+        slow = whole[-max(1, len(whole) // 20):] if whole else []
+        out["slowest_5pct_ms"] = {name: round(statistics.median(xs), 1) for name, a, z in GAPS
+                                  if (xs := [(b[z] - b[a]) * 1000 for b in slow
+                                             if b.get(a) is not None and b.get(z) is not None])}
         return out

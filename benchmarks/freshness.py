@@ -414,6 +414,8 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
         daemon.request_stop()
         thread.join(120)
         table, floor, missing = [], [], 0
+        minutes: dict[int, list[float]] = {}  # by the ack's minute: does the tail grow with the run?
+        first_ack = min((t for _, t in acks.items()), default=0.0)
         raw_seen = raw_stamps.lookup() if raw_stamps is not None else {}
         for (p, o), acked in acks.items():
             visible = poller.visible_at(p, o)
@@ -421,6 +423,7 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
                 missing += 1
                 continue
             table.append(max(0.0, visible - acked))
+            minutes.setdefault(int((acked - first_ack) // 60), []).append(table[-1])
             if (p, o) in raw_seen:
                 floor.append(max(0.0, raw_seen[(p, o)] - acked))
         commit_times = sorted({t for points in poller.seen.values() for _, t in points})
@@ -431,6 +434,8 @@ def run(rate: int, seconds: float, task_duration: str, partitions: int, warmup: 
             "producer_linger_ms": linger_ms,
             "records": {"warmup": warmup, "measured": sent, "acked": len(acks), "not_seen_committed": missing},
             "visible_after_ack_s": _pct(table),
+            **({"visible_by_minute": [{"minute": m, **{k: v for k, v in _pct(xs).items() if k in ("p50", "p95", "p99")}}
+                                      for m, xs in sorted(minutes.items())]} if len(minutes) > 1 else {}),
             "baseline_raw_consumer_after_ack_s": _pct(floor) if floor else None,
             "commits": {"seen": poller.commits,
                         "median_interval_s": round(statistics.median(intervals), 4) if intervals else None},

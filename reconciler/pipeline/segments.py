@@ -23,17 +23,15 @@ import os
 import re
 import shutil
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.model import SEGMENT
 from reconciler.pipeline import tasks
-from reconciler.table import storage
+from reconciler.table import durable, storage
 from reconciler.table.writeids import BATCH_DIR_PREFIX as BATCH_PREFIX
 
 SEGMENT_PREFIX = f"{SEGMENT}="
-FSYNC_THREADS = 8
 
 _BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _DATASOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -87,27 +85,6 @@ def check_datasource(datasource: str) -> str:
     return datasource
 
 
-def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_all(files: Iterable[Path], dirs: Iterable[Path]) -> None:
-    """Make files and directory entries durable (before the database says committed).
-
-    A batch spread over many time chunks has hundreds of files; their fsyncs run a few at
-    a time (``os.fsync`` releases the GIL), so the filesystem's journal commits them
-    together instead of once per file. The directories go after the files they hold."""
-    files = list(files)
-    with ThreadPoolExecutor(max_workers=FSYNC_THREADS, thread_name_prefix="fsync") as pool:
-        list(pool.map(_fsync_path, files))
-        dirs = [d for d in dirs if d.is_dir()]
-        list(pool.map(lambda d: _fsync_path(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)), dirs))
-
-
 def _check_visible(root: str, described: set[str], found: Iterable[str]) -> None:
     """Called after the Spark job succeeded: every file its tasks described must be visible
     here. When one is not (yet): the executors wrote through another endpoint of a store
@@ -157,7 +134,7 @@ def finish(
         # Up to the table's own directory, whose entry for data/ a new table has not made durable.
         dirs = {p.parent for p in paths} | {data_dir, dead_dir, data_dir.parent, dead_dir.parent,
                                             data_dir.parent.parent, dead_dir.parent.parent}
-        fsync_all(paths, dirs)
+        durable.sync(paths, dirs)
     return WrittenBatch(batch_id, tuple(files), tuple(dead_files), results.records, results.input_bytes,
                         dict(results.read_counts))
 

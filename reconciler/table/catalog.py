@@ -238,9 +238,10 @@ class Tables:
         """The table ``name``, created with ``schema`` (and ``__time`` partitioned by
         ``granularity``, None for unpartitioned) when it does not exist. ``rollup`` is
         recorded as the table's ``reconciler.rollup`` (see ``stage_append``)."""
-        table = self.load(name)
-        if table is not None:
-            return table
+        try:  # asked before every batch: the pointer query, the metadata read only when it moved
+            return self.current(name)
+        except NoSuchTableError:
+            pass
         with self._lock:
             if not self._namespace_ready:
                 try:

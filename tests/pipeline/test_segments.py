@@ -8,6 +8,7 @@ import pytest
 
 from reconciler.model import DataSchema, Metric
 from reconciler.pipeline import segments as seg
+from reconciler.table import durable
 
 HOUR_MS = 3600_000
 T0_MS = 1_763_640_000_000  # 2025-11-20T12:00:00Z
@@ -48,7 +49,7 @@ def test_written_batch_totals():
     assert Path(w.files[0].path).name == "a"
 
 
-def test_fsync_all_makes_every_file_durable_before_the_directories(tmp_path, monkeypatch):
+def test_a_batchs_files_are_durable_before_their_directories(tmp_path, monkeypatch):
     """Hundreds of files are fsynced a few at a time; every directory entry only after
     every file it may name (a directory fsynced first could name a file not yet on disk)."""
     import os
@@ -71,11 +72,36 @@ def test_fsync_all_makes_every_file_durable_before_the_directories(tmp_path, mon
             synced.append(os.readlink(f"/proc/self/fd/{fd}"))
 
     monkeypatch.setattr(os, "fsync", recording)
-    seg.fsync_all(files, [*dirs, tmp_path / "absent"])
+    durable.sync(files, [*dirs, tmp_path / "absent"])
     assert sorted(synced[:len(files)]) == sorted(str(f) for f in files)
     assert sorted(synced[len(files):]) == sorted(str(d) for d in dirs)
 
 
-def test_fsync_all_reports_a_failed_fsync(tmp_path):
+def test_a_failed_fsync_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError):
-        seg.fsync_all([tmp_path / "gone.parquet"], [tmp_path])
+        durable.sync([tmp_path / "gone.parquet"], [tmp_path])
+
+
+def test_the_fsync_pool_is_kept_and_made_again_in_a_forked_child(tmp_path):
+    """One pool per process: no threads started per batch; a forked child (a Spark Python
+    worker) has a copy without threads, and gets a pool of its own."""
+    import os
+
+    f = tmp_path / "a.parquet"
+    f.write_bytes(b"x")
+    durable.sync([f])
+    pool = durable._executor()
+    durable.sync([f])
+    assert durable._executor() is pool
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if its sync completes on a pool of its own
+        import signal
+
+        signal.alarm(20)  # a sync waiting on the parent's threads, which the copy lacks, would hang
+        try:
+            durable.sync([f])
+            os._exit(0 if durable._executor() is not pool else 3)
+        except BaseException:  # noqa: BLE001
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -185,8 +185,8 @@ def _starving_reader(reader: KafkaRangeReader, starved_per_consumer: list[set[in
     made: list[int] = []
     real = reader._consumer
 
-    def make():
-        consumer, errors = real()
+    def make(*args):
+        consumer, errors = real(*args)
         made.append(reader._fetch_wait or 0)
         starved = starved_per_consumer.pop(0) if starved_per_consumer else set()
         return _Starving(consumer, starved), errors
