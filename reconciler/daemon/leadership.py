@@ -179,7 +179,7 @@ class Leadership:
                  f", {previous}'s lease having run out" if previous and previous != holder else "")
 
     def pass_ended(self) -> None:
-        """A reconcile pass ran (concluded, aborted or fenced): the term's runtimes, held for
+        """A reconcile pass concluded (or was fenced): the term's runtimes, held for
         its first pass (``RuntimeManager.start``), may step."""
         manager = self.manager
         if manager is not None:

@@ -73,7 +73,10 @@ class Tick:
         self._requested = False
         mark = watcher.consume()
         outcome = self._reconcile("files" if files else "tick", lambda: watcher.unchanged_since(mark))
-        if outcome != "deferred":  # a deferred pass is redone when the directory is quiet
+        # A deferred pass is redone when the directory is quiet; an aborted one (the database)
+        # is tried again at once while the term's runtimes wait for it (``first_pass_due``),
+        # within their bound: released, they would read the backlog a marker may skip.
+        if outcome not in ("deferred", "aborted"):
             self._leadership.pass_ended()
         if outcome == "deferred":
             return time.monotonic()  # again as soon as the directory is quiet

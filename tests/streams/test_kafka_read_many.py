@@ -123,35 +123,3 @@ def test_two_ranges_of_one_partition_are_refused_and_a_task_reads_them_in_turn(k
     offsets = [o for rng, b in _read_all(reader, ranges, 10) for o in b.column("offset").to_pylist()]
     assert offsets == list(range(ends[0]))
 
-
-def test_a_small_range_is_read_with_one_fetch_per_consumer(kafka_broker, topic):
-    """librdkafka fetches again as soon as a response is queued, up to ``queued.min.messages``
-    per partition: the fetches after a small range's one response read past its end for
-    nothing. The reader asks for no more than the range holds: one FetchRequest."""
-    import logging
-
-    name = topic(partitions=2)
-    ends = devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(4000),
-                                     partition_of=lambda k, v: int(k[1:]) % 2)
-    sent: list[str] = []
-
-    class Count(logging.Handler):
-        def emit(self, record):
-            if "Sent FetchRequest" in record.getMessage():
-                sent.append(record.getMessage())
-
-    rdlog = logging.getLogger("test.rdkafka.fetches")
-    rdlog.addHandler(Count())
-    rdlog.setLevel(logging.DEBUG)
-    rdlog.propagate = False
-    source = KafkaSource(bootstrap_servers=kafka_broker.bootstrap, topic=name,
-                         consumer_properties={"debug": "protocol"})
-    reader = KafkaRangeReader(source, timeout=10)
-    real = reader._config.consumer_with_errors
-    reader._config.consumer_with_errors = lambda **extra: real(**{**extra, "logger": rdlog})
-    ranges = [PartitionRange(str(p), 0, end) for p, end in sorted(ends.items())]
-    got = {p: [] for p in ends}
-    for rng, batch in reader.read_many(ranges):
-        got[int(rng.partition)] += batch.column("offset").to_pylist()
-    assert got == {p: list(range(end)) for p, end in ends.items()}  # each record once
-    assert len(sent) == 1, sent

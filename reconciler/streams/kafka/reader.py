@@ -168,7 +168,15 @@ class KafkaRangeReader:
                         raise self._unavailable(consumer, p, f"{topic}/{p}", s.position, s.end, s.eof_at, errors)
                     continue
                 progressed = False
-                for p, run in _runs(msgs, len(left) > 1):
+                runs = list(_runs(msgs, len(left) > 1))
+                # A run that reaches its range's end stops that partition's fetches now, before
+                # its records are taken: the queue it came from is empty, and librdkafka's next
+                # look at it (every fetch.queue.backoff.ms) would fetch past the end.
+                ending = [TopicPartition(topic, p) for p, run in runs if (s := left.get(p)) is not None
+                          and (m := run[-1]).error() is None and m.offset() >= max(s.end - 1, s.position)]
+                if ending:
+                    consumer.pause(ending)
+                for p, run in runs:
                     s = left.get(p)
                     if s is None:  # a range already done: what was fetched past its end
                         continue
@@ -179,11 +187,13 @@ class KafkaRangeReader:
                     while s.columns.rows >= max_batch_rows:
                         yield s.rng, s.columns.take(max_batch_rows)
                     if s.done:
+                        # Stop fetching it before the caller gets its last batch: while the
+                        # caller parses and writes, librdkafka would fetch past the end (the
+                        # last range's too, until the close after that batch).
+                        consumer.pause([TopicPartition(topic, p)])
+                        del left[p]
                         if s.columns.rows:
                             yield s.rng, s.columns.take(s.columns.rows)
-                        del left[p]
-                        if left:  # stop fetching it; the others read on
-                            consumer.pause([TopicPartition(topic, p)])
                 if progressed:
                     last_progress = waited_from = time.monotonic()
                     asked = False
