@@ -383,7 +383,9 @@ def test_a_starved_broker_that_answers_short_fetches_with_nothing_is_asked_with_
     was retried for 20 minutes (a consumer with a 500 ms wait read the same offset in 2 s).
     Here the real broker serves the records, and the client in front of it drops what a
     fetch with a wait under 500 ms would have brought: the reader must ask again with a
-    longer wait, and still deliver every offset once."""
+    longer wait, and still deliver every offset once. The first wait is short (20 ms: Tansu
+    holds a fetch for its whole wait while a partition has nothing new), so its stall is
+    asked about sooner, and raised at INFO."""
     import reconciler.streams.kafka.config as kafka_config
 
     name = topic(partitions=1)
@@ -414,7 +416,9 @@ def test_a_starved_broker_that_answers_short_fetches_with_nothing_is_asked_with_
         offsets = [o for rng in (PartitionRange("0", 0, 30), PartitionRange("0", 30, 60))
                    for b in reader.read(rng, max_batch_rows=7) for o in b.column("offset").to_pylist()]
     assert offsets == list(range(60))
-    assert waits == [100, 500, 500]  # raised once, then kept for the reader's next range
+    assert waits == [20, 100, 500, 500]  # raised twice, then kept for the next range
+    # and for the process's next reads of the topic (a Spark worker's next tasks)
+    assert KafkaRangeReader(_source(kafka_broker, name), timeout=8)._fetch_wait == 500
     assert "asking again with fetch.wait.max.ms=500" in caplog.text
     assert time.monotonic() - started < 8
 
@@ -433,3 +437,13 @@ def test_an_unreachable_broker_fails_a_read_within_its_timeout_not_twice_it():
     elapsed = time.monotonic() - started
     assert elapsed < timeout + 2, f"unreachable broker reported after {elapsed:.1f}s (timeout {timeout:g}s)"
 
+
+
+def test_the_first_fetch_wait_is_short_unless_the_spec_sets_one():
+    from reconciler.streams.kafka import reader as reader_mod
+
+    plain = KafkaSource(bootstrap_servers="127.0.0.1:1", topic="first-wait")
+    assert KafkaRangeReader(plain)._fetch_wait == reader_mod.FIRST_FETCH_WAIT_MS
+    chosen = KafkaSource(bootstrap_servers="127.0.0.1:1", topic="first-wait",
+                         consumer_properties={"fetch.wait.max.ms": 300})
+    assert KafkaRangeReader(chosen)._fetch_wait is None  # the spec's 300 ms, until a stall raises it

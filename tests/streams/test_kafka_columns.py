@@ -85,6 +85,7 @@ class _Scripted:
         self.chunks = deque(chunks)
         self.assigned: list[int] = []
         self.asked: list[int] = []
+        self.paused: list[int] = []
 
     def assign(self, tps):
         self.assigned += [tp.offset for tp in tps]
@@ -92,6 +93,9 @@ class _Scripted:
     def consume(self, num_messages=1, timeout=-1):
         self.asked.append(num_messages)
         return self.chunks.popleft() if self.chunks else []
+
+    def pause(self, tps):  # a range's end reached: no more fetches for it
+        self.paused += [tp.partition for tp in tps]
 
     def close(self):
         pass

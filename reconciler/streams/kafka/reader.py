@@ -34,11 +34,21 @@ from reconciler.streams.kafka.config import (
 log = logging.getLogger(__name__)
 
 # fetch.wait.max.ms, raised step by step when a broker that holds the records sends none
-# (``KafkaRangeReader._longer_wait``; kept for the rest of the reader's ranges, which are one
-# task's), and the stall that raises it
+# (``KafkaRangeReader._longer_wait``; kept for the rest of the process's reads of that topic),
+# and the stall that raises it.
+#
+# The first wait is short. A range's records exist (its end was the high watermark), so a
+# healthy broker answers at once and the wait only matters where a broker holds a fetch for
+# its whole wait: Tansu does whenever one partition of the fetch has nothing to send yet, and
+# a read of a 0.25 s batch at 20,000 records/s took 110 / 244 ms (p50 / p95) with a 100 ms
+# wait, 54 / 119 ms with 20 (``benchmarks/README.md``, issue 45, third stop). A broker too
+# slow to answer within it is found by a stall, sooner at this first wait, and then asked
+# with 100 ms by every later read of this process.
+FIRST_FETCH_WAIT_MS = 20
 FETCH_WAITS_MS = (100, 500, 2000)
-QUEUED_MIN_MESSAGES = 100_000  # librdkafka's default, kept for large ranges (``_consumer``)
 STALL_SECONDS = 2.0
+FIRST_STALL_SECONDS = 0.25
+_raised: dict[tuple[str, str], int] = {}  # (bootstrap servers, topic) -> the wait a stall raised
 _PARTITION = Message.partition
 
 
@@ -53,22 +63,20 @@ class KafkaRangeReader:
         self.source = source
         self.timeout = timeout
         self._config = ClientConfig(source, timeout)
-        # fetch.wait.max.ms once a stall raised it: kept for this reader's next ranges
-        self._fetch_wait: int | None = None
+        # fetch.wait.max.ms to ask with: None is the configured one (a spec that sets it keeps
+        # it until a stall raises it); raised by a stall, for every later read of this topic
+        self._key = (source.bootstrap_servers, source.topic)
+        configured = "fetch.wait.max.ms" in (source.consumer_properties or {})
+        self._fetch_wait: int | None = _raised.get(self._key) or (None if configured else FIRST_FETCH_WAIT_MS)
 
-    def _consumer(self, wanted: int | None = None) -> tuple[Consumer, deque[KafkaError]]:
-        """A consumer for a read of at most ``wanted`` records per partition. librdkafka
-        fetches again as soon as a response is queued, until ``queued.min.messages`` (100,000)
-        wait per partition: a small range's records came in the first response, and the
-        fetches after it read past the range's end for nothing while the records were
-        consumed (2.4 fetches per consumer on a small batch, 1.0 with this; on Tansu each
-        fetch lists the partition's stored batches). The spec's consumerProperties win."""
-        extra: dict[str, int] = {}
-        if self._fetch_wait is not None:
-            extra["fetch.wait.max.ms"] = self._fetch_wait
-        if wanted is not None and "queued.min.messages" not in (self.source.consumer_properties or {}):
-            extra["queued.min.messages"] = max(1, min(QUEUED_MIN_MESSAGES, wanted))
-        return self._config.consumer_with_errors(**extra)
+    def _consumer(self) -> tuple[Consumer, deque[KafkaError]]:
+        # librdkafka's prefetch (queued.min.messages, 100,000) is kept: sized to a small range,
+        # it cut the fetches past the range's end (1.1-1.2 a read against 1.7-2.0), but a read
+        # that needed a second fetch waited for it, and the reads' tail rose from ~250 to ~350
+        # ms on Tansu at 20,000 records/s (benchmarks/README.md, issue 45, third stop)
+        if self._fetch_wait is None:
+            return self._config.consumer_with_errors()
+        return self._config.consumer_with_errors(**{"fetch.wait.max.ms": self._fetch_wait})
 
     def _longer_wait(self, consumer: Consumer, partition: int, position: int,
                      errors: deque[KafkaError], budget: float) -> int | None:
@@ -113,8 +121,7 @@ class KafkaRangeReader:
         max_batch_rows = max(1, int(max_batch_rows))
         topic = self.source.topic
         where = f"{topic}/" + ",".join(s.rng.partition for s in left.values())
-        wanted = max(s.end - s.position for s in left.values())
-        consumer, errors = self._consumer(wanted)
+        consumer, errors = self._consumer()
 
         def assign() -> None:
             try:
@@ -142,7 +149,9 @@ class KafkaRangeReader:
                 if not msgs:
                     now = time.monotonic()
                     stalled = now - last_progress
-                    if not asked and now - waited_from > min(STALL_SECONDS, self.timeout / 2) \
+                    first = (self._fetch_wait or FETCH_WAITS_MS[0]) < FETCH_WAITS_MS[0]
+                    limit = FIRST_STALL_SECONDS if first else STALL_SECONDS
+                    if not asked and now - waited_from > min(limit, self.timeout / 2) \
                             and stalled < self.timeout:
                         # once per stall, and within what is left of the timeout: a broker
                         # that cannot answer must still fail the read within ``timeout``
@@ -151,13 +160,14 @@ class KafkaRangeReader:
                         longer = next((w for p, s in left.items() if (w := self._longer_wait(
                             consumer, p, s.position, errors, budget)) is not None), None)
                         if longer is not None:
-                            log.warning(
-                                "%s: no record for %.1fs though the broker holds the next offsets; asking "
-                                "again with fetch.wait.max.ms=%d (a slow or starved broker answers "
-                                "shorter fetches with nothing)", where, stalled, longer)
+                            log.log(logging.INFO if first else logging.WARNING,
+                                    "%s: no record for %.1fs though the broker holds the next offsets; asking "
+                                    "again with fetch.wait.max.ms=%d (a slow or starved broker answers "
+                                    "shorter fetches with nothing)", where, stalled, longer)
                             consumer.close()
                             self._fetch_wait = longer
-                            consumer, errors = self._consumer(wanted)
+                            _raised[self._key] = max(_raised.get(self._key, 0), longer)
+                            consumer, errors = self._consumer()
                             assign()
                             waited_from = time.monotonic()
                             asked = False
