@@ -241,7 +241,7 @@ class Tables:
         try:  # asked before every batch: the pointer query, the metadata read only when it moved
             return self.current(name)
         except NoSuchTableError:
-            pass
+            pass  # none yet: made below
         with self._lock:
             if not self._namespace_ready:
                 try:

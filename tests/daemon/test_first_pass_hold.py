@@ -28,21 +28,7 @@ def test_a_marker_left_while_none_led_applies_before_the_next_leaders_first_step
     dropped while no daemon leads. Daemon 2's runtimes must not step before its first pass
     applied the marker (every step of term 2 sees the reset's epoch), and must not wait for
     the 10 s bound either (tickInterval far: the pass is due at once)."""
-    name = topic(partitions=1)
-    devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(100))
-    steps: list[tuple[float, str, int]] = []
-
-    def step(self):  # the scheduling under test; no Spark
-        rec = self.ctx.store.get(self.supervisor_id)
-        steps.append((time.monotonic(), self.supervisor_id, rec.epoch))
-        return StepOutcome(0.1)
-
-    monkeypatch.setattr(SupervisorRuntime, "step", step)
-    monkeypatch.setattr(RuntimeManager, "_start_spark", lambda self: None)
-    s = helpers.make_settings(tmp_path, tick_interval=60.0)
-    helpers.write_spec(s.specs, helpers.spec_doc("clicks", helpers.kafka_source(kafka_broker.bootstrap, name)))
-    with daemon_thread(s):
-        wait_until(lambda: steps, 20, "a step of the first term")
+    name, s, steps = _first_term(kafka_broker, topic, tmp_path, monkeypatch)
     store = Store(s.db_url)
     try:
         before = store.get("clicks").epoch
@@ -70,22 +56,8 @@ def test_an_aborted_first_pass_keeps_the_runtimes_waiting_and_is_tried_again(
     from reconciler.daemon import tick as tick_mod
     from reconciler.errors import ReconcilerError
 
-    name = topic(partitions=1)
-    devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(100))
-    steps: list[tuple[float, str, int]] = []
+    _name, s, steps = _first_term(kafka_broker, topic, tmp_path, monkeypatch)
     passes: list[float] = []
-
-    def step(self):
-        rec = self.ctx.store.get(self.supervisor_id)
-        steps.append((time.monotonic(), self.supervisor_id, rec.epoch))
-        return StepOutcome(0.1)
-
-    monkeypatch.setattr(SupervisorRuntime, "step", step)
-    monkeypatch.setattr(RuntimeManager, "_start_spark", lambda self: None)
-    s = helpers.make_settings(tmp_path, tick_interval=60.0)
-    helpers.write_spec(s.specs, helpers.spec_doc("clicks", helpers.kafka_source(kafka_broker.bootstrap, name)))
-    with daemon_thread(s):
-        wait_until(lambda: steps, 20, "a step of the first term")
     store = Store(s.db_url)
     real = tick_mod.reconcile_once
 
@@ -142,3 +114,25 @@ def test_concurrent_syncs_from_many_threads_share_the_kept_pool(tmp_path):
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a sync hung on the shared pool"
     assert errors == [] and sorted(done) == list(range(12))
+
+
+def _first_term(kafka_broker, topic, tmp_path, monkeypatch):
+    """A topic of 100 records and a daemon that led one term and stepped ``clicks``; its steps
+    are recorders (the scheduling under test; no Spark). (topic name, settings, the steps
+    recorded as (time, supervisor, epoch), by this daemon and the next)."""
+    name = topic(partitions=1)
+    devservices.produce_kafka(kafka_broker.bootstrap, name, devservices.make_records(100))
+    steps: list[tuple[float, str, int]] = []
+
+    def step(self):
+        rec = self.ctx.store.get(self.supervisor_id)
+        steps.append((time.monotonic(), self.supervisor_id, rec.epoch))
+        return StepOutcome(0.1)
+
+    monkeypatch.setattr(SupervisorRuntime, "step", step)
+    monkeypatch.setattr(RuntimeManager, "_start_spark", lambda self: None)
+    s = helpers.make_settings(tmp_path, tick_interval=60.0)
+    helpers.write_spec(s.specs, helpers.spec_doc("clicks", helpers.kafka_source(kafka_broker.bootstrap, name)))
+    with daemon_thread(s):
+        wait_until(lambda: steps, 20, "a step of the first term")
+    return name, s, steps
