@@ -13,15 +13,28 @@ b. ``read``: the product's reader (``streams.kafka.KafkaRangeReader``, as a task
    and the broker's;
 c. ``transform``: ``transform.Transformer`` over those batches (parse, columns, time chunks);
 d. ``write``: ``sink.Files`` writing the transformed tables as a task does (Parquet, one file
-   per time chunk), to a temporary directory.
+   per time chunk), to a temporary directory;
+e. ``task``: the product's task itself (``tasks.one_task``) over every partition at once, as
+   one Spark task runs it: each batch read, transformed and written before the next, in the
+   allocator (``pipeline.arrowpool``: jemalloc, unless ``ARROW_DEFAULT_MEMORY_POOL`` names a
+   pool) and with the collector paused (``heap.collections_paused``), as a task sets them.
+   It runs twice; ``task_first`` is the first (the transform's first use in the process),
+   ``task`` the second, the warm batch.
 
-``record_cpu_s_per_1m`` is b + c + d with the broker's CPU during b, per 1M records (issue 45
-asks for 2.6 at most). ``floor_seconds`` is the least wall time of the product's work on
-``cores`` cores if it split perfectly with nothing else to do: (b + c + d CPU, broker included) / cores. The
-same with the raw consumer's CPU in place of the product's reader is ``floor_seconds_raw_client``
-(a reader as cheap as a client that decodes nothing). ``goal_seconds`` is the wall time of
-``--goal`` x the raw rate. A floor above the goal means no task layout can reach the goal on
-this machine: the work is more CPU than the cores have in that time.
+b to d say where a record's CPU goes, each stage over every record at once; they allocate
+from the pool a task chooses too (``arrow_pool`` says which), so
+``ARROW_DEFAULT_MEMORY_POOL=mimalloc`` measures pyarrow's own default beside it.
+
+``record_cpu_s_per_1m`` is e's CPU with the broker's during e, per 1M records: issue 45's
+figure (2.6 at most). ``stages_cpu_s_per_1m`` is b + c + d with the broker's CPU during b,
+what this figure was until the task was measured whole (a stage that holds every record at
+once pays the kernel for memory that a task, batch after batch, reuses). ``floor_seconds``
+is the least wall time of the product's work on ``cores`` cores if it split perfectly with
+nothing else to do: e's CPU, broker included, / cores. The same with the raw consumer's CPU
+in place of b (a + c + d) is ``floor_seconds_raw_client`` (a reader as
+cheap as a client that decodes nothing). ``goal_seconds`` is the wall time of ``--goal`` x
+the raw rate. A floor above the goal means no task layout can reach the goal on this
+machine: the work is more CPU than the cores have in that time.
 
 Usage: ``.venv/bin/python benchmarks/cpu_floor.py [--records 1000000] [--goal 0.8]``
 """
@@ -87,11 +100,12 @@ def measure(bootstrap: str, broker_pid: int | None, topic: str, n: int, goal: fl
     import pyarrow.dataset as ds
 
     from reconciler.model import PartitionRange
-    from reconciler.pipeline import sink
+    from reconciler.pipeline import arrowpool, sink
     from reconciler.pipeline.sources import DEFAULT_MAX_BATCH_ROWS, conform, open_reader
     from reconciler.pipeline.transform import SEGMENT, Transformer
 
-    res: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "cores": os.cpu_count(), "goal": goal}
+    res: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "cores": os.cpu_count(), "goal": goal,
+                           "arrow_pool": arrowpool.use_preferred()}  # as a task does first
     ends = devservices.produce_kafka(bootstrap, topic, devservices.make_records(n))
     assert sum(ends.values()) == n, ends
     with Meter(broker_pid) as m:
@@ -133,9 +147,16 @@ def measure(bootstrap: str, broker_pid: int | None, topic: str, n: int, goal: fl
     assert res["read"]["records"] == res["transform"]["rows"] == n, res
     assert res["write"]["rows"] == res["write"]["ids"] == res["write"]["distinct_ids"] == n, res["write"]
 
+    # e. the product's task itself over every partition, twice: its reads, transform and
+    # writes interleaved batch by batch, in the allocator and collector state a task sets
+    ranges = tuple(PartitionRange(str(p), 0, end) for p, end in sorted(ends.items()))
+    for key in ("task_first", "task"):
+        res[key] = _task(source, ranges, broker_pid, n)
+
     cores = os.cpu_count() or 1
     work = res["transform"]["cpu_s"] + res["write"]["cpu_s"]
-    product = res["read"]["cpu_s"] + res["read"]["broker_cpu_s"] + work
+    staged = res["read"]["cpu_s"] + res["read"]["broker_cpu_s"] + work
+    product = res["task"]["cpu_s"] + res["task"]["broker_cpu_s"]
     cheapest = res["raw"]["cpu_s"] + res["raw"]["broker_cpu_s"] + work
     raw_rate = n / res["raw"]["wall_s"]
     res["cpu_s_per_1m"] = {k: round(v["cpu_s"] * 1e6 / n, 3) for k, v in
@@ -143,8 +164,12 @@ def measure(bootstrap: str, broker_pid: int | None, topic: str, n: int, goal: fl
                             ("transform", res["transform"]), ("write", res["write"]))}
     res["cpu_s_per_1m"]["broker_raw"] = round(res["raw"]["broker_cpu_s"] * 1e6 / n, 3)
     res["cpu_s_per_1m"]["broker_reader"] = round(res["read"]["broker_cpu_s"] * 1e6 / n, 3)
-    # issue 45's figure: what a record costs the product, broker included, on any layout
+    res["cpu_s_per_1m"]["task"] = round(res["task"]["cpu_s"] * 1e6 / n, 3)
+    res["cpu_s_per_1m"]["broker_task"] = round(res["task"]["broker_cpu_s"] * 1e6 / n, 3)
+    # issue 45's figure: what a record costs the product's warm task, broker included, on any
+    # layout; the stages' sum beside it (each stage over every record at once)
     res["record_cpu_s_per_1m"] = round(product * 1e6 / n, 3)
+    res["stages_cpu_s_per_1m"] = round(staged * 1e6 / n, 3)
     res["floor_seconds"] = round(product / cores, 3)
     res["floor_seconds_raw_client"] = round(cheapest / cores, 3)
     res["goal_seconds"] = round(n / (goal * raw_rate), 3)
@@ -152,6 +177,28 @@ def measure(bootstrap: str, broker_pid: int | None, topic: str, n: int, goal: fl
     res["best_ratio_to_raw_with_raw_client"] = round(n / res["floor_seconds_raw_client"] / raw_rate, 3)
     res["goal_reachable"] = res["floor_seconds_raw_client"] <= res["goal_seconds"]
     return res
+
+
+def _task(source: dict[str, Any], ranges: tuple[Any, ...], broker_pid: int | None, n: int) -> dict[str, Any]:
+    """``tasks.one_task`` over ``ranges`` (one task, one consumer) into a temporary directory:
+    its CPU and the broker's, and every id once in what it wrote."""
+    import pyarrow.dataset as ds
+
+    from reconciler.pipeline import tasks
+    from reconciler.pipeline.sources import DEFAULT_MAX_BATCH_ROWS
+
+    with tempfile.TemporaryDirectory(prefix="cpu-floor-task-") as tmp:
+        plan = tasks.TaskPlan(source=source, data_schema=_data_schema(), groups=(ranges,),
+                              data_dir=f"{tmp}/data", dead_dir=f"{tmp}/dead", store=None,
+                              max_batch_rows=DEFAULT_MAX_BATCH_ROWS)
+        with Meter(broker_pid) as m:
+            rows = tasks.one_task(plan, ranges)
+        ids = ds.dataset(f"{tmp}/data", format="parquet").to_table(columns=["id"]).column("id")
+        out = {**m.out, "records": sum(r["rows"] for r in rows if r["kind"] == tasks.READ),
+               "rows": sum(r["rows"] for r in rows if r["kind"] == tasks.DATA),
+               "files": sum(r["kind"] == tasks.DATA for r in rows), "distinct_ids": len(ids.unique())}
+    assert out["records"] == out["rows"] == out["distinct_ids"] == len(ids) == n, out
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -138,7 +138,10 @@ class Daemon:
 
             storage.configure_from(s)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from reconciler.pipeline import arrowpool
         from reconciler.pipeline.spark import set_status_file
+
+        arrowpool.use_preferred()  # the publish and compaction's Parquet work (tasks choose their own)
 
         set_status_file(s.state_path / "spark.json")  # for `reconciler status`: which master, which application
         self.store = Store(s.db_url)

@@ -148,7 +148,7 @@ def _run_one(plan: TaskPlan, index: int) -> list[dict[str, Any]]:
     from reconciler.pipeline import tasktrace
 
     started = time.time()
-    out = _one(plan, plan.groups[int(index)])
+    out = one_task(plan, plan.groups[int(index)])
     if tasktrace.enabled():
         tasktrace.note(plan.data_dir, started, time.time())
     heap.settle_worker()  # once per worker, after its first task
@@ -199,7 +199,19 @@ def _read_all(reader: Any, ranges: Sequence[PartitionRange], max_batch_rows: int
             yield rng, batch
 
 
-def _one(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
+def one_task(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
+    """One task: read ``ranges``, transform, write; the rows that describe what it wrote.
+
+    The allocator and the collector are set for the work first, in the worker itself (a
+    cluster's executors have their own environment): ``arrowpool`` and ``heap``."""
+    from reconciler.pipeline import arrowpool
+
+    arrowpool.use_preferred()
+    with heap.collections_paused():
+        return _read_transform_write(plan, ranges)
+
+
+def _read_transform_write(plan: TaskPlan, ranges: Sequence[PartitionRange]) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 

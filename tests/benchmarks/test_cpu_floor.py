@@ -1,6 +1,7 @@
 """``benchmarks/cpu_floor.py`` on the session's Tansu broker: every stage (the raw consumer,
-the product's reader, the transform, the Parquet sink) sees each of the records once, the
-written files hold every id exactly once, and every figure of the floor is reported. No
+the product's reader, the transform, the Parquet sink, the task whole) sees each of the
+records once, the written files hold every id exactly once, and every figure of the floor is
+reported. No
 speed threshold: the figures are read from the benchmark's JSON, not asserted here."""
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def test_every_stage_sees_each_record_once_and_the_floor_is_reported(kafka_broke
     for stage in ("raw", "read", "transform", "write"):
         assert doc[stage]["wall_s"] > 0 and doc[stage]["cpu_s"] >= 0, stage
     assert set(doc["cpu_s_per_1m"]) == {"raw_client", "reader", "transform", "write", "broker_raw",
-                                        "broker_reader"}
+                                        "broker_reader", "task", "broker_task"}
+    for run in ("task_first", "task"):  # the product's task whole, each id once in what it wrote
+        assert doc[run]["records"] == doc[run]["rows"] == doc[run]["distinct_ids"] == RECORDS, run
+        assert doc[run]["files"] > 0 and doc[run]["cpu_s"] > 0, run
     per_1m = doc["cpu_s_per_1m"]
-    assert doc["record_cpu_s_per_1m"] == pytest.approx(
+    assert doc["record_cpu_s_per_1m"] == pytest.approx(per_1m["task"] + per_1m["broker_task"], abs=0.005)
+    assert doc["stages_cpu_s_per_1m"] == pytest.approx(
         per_1m["reader"] + per_1m["broker_reader"] + per_1m["transform"] + per_1m["write"], abs=0.005)
+    assert doc["arrow_pool"] == (os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or "jemalloc")
     assert doc["floor_seconds"] > 0 and doc["floor_seconds_raw_client"] > 0 and doc["goal_seconds"] > 0
     assert doc["goal_reachable"] == (doc["floor_seconds_raw_client"] <= doc["goal_seconds"])

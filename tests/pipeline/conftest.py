@@ -81,6 +81,23 @@ class FailingStreamReader(FakeStreamReader):
             yield b
 
 
+class CollectorCheckingReader(FakeStreamReader):
+    """Fails a read that runs while the cyclic collector is on, or with another pool than
+    jemalloc (or the one the environment names): a task sets both before it reads
+    (``heap.collections_paused``, ``arrowpool``)."""
+
+    def read(self, rng: PartitionRange, max_batch_rows: int = 65536):
+        import gc
+        import os
+
+        for b in super().read(rng, max_batch_rows):
+            if gc.isenabled():
+                raise RuntimeError("a task read with the cyclic collector on")
+            if pa.default_memory_pool().backend_name != (os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or "jemalloc"):
+                raise RuntimeError(f"a task read with {pa.default_memory_pool().backend_name}")
+            yield b
+
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

@@ -85,3 +85,38 @@ def test_reconciler_run_enables_it_for_its_own_process(fresh, monkeypatch, tmp_p
     result = CliRunner().invoke(cli, base, env=env)
     assert result.exit_code == 0, result.output
     assert seen == {"enabled": True}
+
+
+def test_collections_are_paused_within_and_back_on_after_even_on_an_error():
+    assert gc.isenabled()
+    with heap.collections_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), heap.collections_paused():
+        raise ValueError("a task failed")
+    assert gc.isenabled()
+
+
+def test_collections_paused_leaves_off_what_was_off():
+    gc.disable()
+    try:
+        with heap.collections_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # an embedding application's choice, or another task's pause
+    finally:
+        gc.enable()
+
+
+def test_a_cycle_made_while_paused_is_collected_after():
+    import weakref
+
+    class Node:
+        pass
+
+    with heap.collections_paused():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        del a, b
+    gc.collect()
+    assert gone() is None

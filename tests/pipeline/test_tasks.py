@@ -110,6 +110,17 @@ def test_a_batch_from_a_new_thread(spark, fakes, tmp_path):
     assert [w.rows for w in out] == [50]
 
 
+def test_a_task_reads_with_the_collector_paused_and_jemalloc(spark, fakes, tmp_path):
+    """In the Spark worker itself, where the task's records are made; and back on after it."""
+    import gc
+
+    written = run(spark, plan(fakes, tmp_path, [R("0", 0, 500), R("1", 0, 300)], 2,
+                              reader=fakes.CollectorCheckingReader))
+    assert written.rows == 800 and written.read_counts == {"0": 500, "1": 300}
+    on = spark.sparkContext.parallelize(range(2), 2).map(lambda _: gc.isenabled()).collect()
+    assert on == [True, True]  # the workers' collector after the tasks
+
+
 def test_no_ranges_no_job(spark, fakes, tmp_path):
     assert tasks.run(spark, plan(fakes, tmp_path, [R("0", 5, 5)], 3)) == tasks.TaskResults((), 0, 0)
 

@@ -48,7 +48,7 @@ def _run(plan) -> seg.WrittenBatch:
     """The tasks of ``plan`` one after the other, as Spark would run them, then ``finish``."""
     rows = []
     for group in plan.groups:
-        rows += tasks._one(plan, group)
+        rows += tasks.one_task(plan, group)
     files = tuple(tasks.FileDescription(r["kind"], r["path"], r["chunk"], r["rows"], r["bytes"])
                   for r in rows if r["kind"] != tasks.READ)
     results = tasks.TaskResults(files, sum(r["rows"] for r in rows if r["kind"] == tasks.READ),

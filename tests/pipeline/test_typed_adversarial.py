@@ -76,7 +76,7 @@ def test_an_empty_avro_record_field_does_not_fail_the_task_on_every_retry(tmp_pa
     plan = batch.task_plan(spec(ds), [PartitionRange("0", 0, 3)], tmp_path / "d", tmp_path / "dl",
                            spec_dir=str(tmp_path))
     plan = tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader})
-    out = tasks._one(plan, plan.groups[0])  # ArrowNotImplementedError on the code under review
+    out = tasks.one_task(plan, plan.groups[0])  # ArrowNotImplementedError on the code under review
     written = sum(r["rows"] for r in out if r["kind"] in (tasks.DATA, tasks.DEAD))
     assert written == 3
 

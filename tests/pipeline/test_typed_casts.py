@@ -144,7 +144,7 @@ def test_a_protobuf_empty_field_is_no_column_and_the_task_writes_its_records(tmp
     plan = batch.task_plan(spec(ds), [PartitionRange("0", 0, 3)], tmp_path / "d", tmp_path / "dl",
                            spec_dir=str(tmp_path))
     plan = tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader})
-    out = tasks._one(plan, plan.groups[0])
+    out = tasks.one_task(plan, plan.groups[0])
     assert sum(r["rows"] for r in out if r["kind"] == tasks.DATA) == 3
     [found] = [r["path"] for r in out if r["kind"] == tasks.SCHEMA]
     assert "meta" not in tasks._schema_of(found).names

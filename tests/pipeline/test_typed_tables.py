@@ -84,7 +84,7 @@ def test_the_schema_file_is_read_under_the_spec_dir_and_travels_with_the_plan(tm
     assert plan.format_files == {"schemas/o.avsc": json.dumps(SCHEMA).encode()}
     (specs / "schemas" / "o.avsc").unlink()  # an executor elsewhere has no such file
     plan = tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader})
-    out = tasks._one(plan, plan.groups[0])
+    out = tasks.one_task(plan, plan.groups[0])
     data = [r for r in out if r["kind"] == tasks.DATA]
     assert sum(r["rows"] for r in data) == 3 and not [r for r in out if r["kind"] == tasks.DEAD]
     table = pq.read_table(f"{plan.data_dir}/{data[0]['path']}")
@@ -212,7 +212,7 @@ def test_a_task_reports_its_discovered_columns_and_the_batch_unions_them(tmp_pat
                            table_schema=table)
     assert plan.table_types["note"] == pa.string()
     plan = tasks.TaskPlan(**{**plan.__dict__, "reader": ValuesReader})
-    out = tasks._one(plan, plan.groups[0])
+    out = tasks.one_task(plan, plan.groups[0])
     [row] = [r for r in out if r["kind"] == tasks.SCHEMA]
     found = tasks._schema_of(row["path"])
     assert [(f.name, f.type) for f in found] == [("qty", pa.int64()), ("note", pa.string())]
