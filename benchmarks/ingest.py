@@ -72,6 +72,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reconciler.pipeline import arrowpool  # noqa: E402
+
+arrowpool.prefer_in_environment()  # as the ``reconciler`` entry point does, before pyarrow's import
 from _raw_consume import raw_kafka_consume_rate, raw_rabbit_consume_rate  # noqa: E402
 from _rss import PeakRss  # noqa: E402
 

@@ -23,6 +23,9 @@ __all__ = ["cli", "main", "parse_position"]
 
 
 def main() -> None:
+    from reconciler.pipeline import arrowpool
+
+    arrowpool.prefer_in_environment()  # before anything imports pyarrow: Arrow C++ reads it once
     try:
         cli(standalone_mode=True)
     except ReconcilerError as exc:  # a command let one through: still a clean message, exit 1 (2: a setting)

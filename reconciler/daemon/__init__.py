@@ -141,7 +141,7 @@ class Daemon:
         from reconciler.pipeline import arrowpool
         from reconciler.pipeline.spark import set_status_file
 
-        arrowpool.use_preferred()  # the publish and compaction's Parquet work (tasks choose their own)
+        arrowpool.use_preferred()  # the publish's and compaction's pool (a daemon run outside `reconciler` too)
 
         set_status_file(s.state_path / "spark.json")  # for `reconciler status`: which master, which application
         self.store = Store(s.db_url)

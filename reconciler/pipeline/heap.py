@@ -64,6 +64,11 @@ def settle_worker() -> bool:
     return settle()
 
 
+_pause_lock = threading.Lock()
+_pauses = 0  # pauses in progress in this process (tasks in threads: the tests, tools)
+_resume = False  # whether the last pause to end turns collection back on
+
+
 @contextmanager
 def collections_paused() -> Iterator[None]:
     """No cyclic collection while a task reads, parses and writes its records.
@@ -73,15 +78,25 @@ def collections_paused() -> Iterator[None]:
     start a young collection that walks them, and the survivors are walked again in the
     older generations. None of them is ever part of a cycle (reference counting frees them
     when the read lets go), so the walks are pure cost: a fifth to a third of a task's CPU in
-    a worker whose heap was not yet frozen, 8% in a settled one (sampled, issue 45). What
-    cycles a task makes wait for the first collection after it. The state is the process's: a
-    caller that finds collection off (another task in a thread of this process, or an
-    embedding application) leaves it off.
+    a worker whose heap was not yet frozen, 8% in a settled one (sampled, issue 45). Bad
+    records make no cycles either (every format's dead letters, reviewed); what cycles a task
+    makes wait for the first collection after it.
+
+    The state is the process's, so pauses in threads of one process count: the first to
+    begin notes whether collection was on and turns it off, the last to end turns it back on
+    if it was (a read of the state inside another pause would otherwise leave it off for
+    good). An embedding application that turned collection off keeps it off.
     """
-    was = gc.isenabled()
-    gc.disable()
+    global _pauses, _resume
+    with _pause_lock:
+        if _pauses == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pauses += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _resume:
+                gc.enable()

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.errors import RetryableError, SparkMisconfigured
-from reconciler.pipeline import sparkconf, sparkhome
+from reconciler.pipeline import arrowpool, sparkconf, sparkhome
 from reconciler.pipeline.sparkconf import DEFAULT_MASTER, LOCAL_CONF, SQL_CONF, STATIC_CONF  # noqa: F401  (callers' names)
 from reconciler.pipeline.sparkshared import check_shared_dir
 from reconciler.sparkurls import CONNECT_PORT, check_conf, check_master  # noqa: F401  (checked at load; here for callers)
@@ -235,6 +235,8 @@ def _classic(master: str, app_name: str, settings: dict[str, str], conf: dict[st
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        # executors do not inherit the daemon's environment; the operator's spark conf wins
+        settings[f"spark.executorEnv.{arrowpool.ENV}"] = arrowpool.preferred()
     settings.update(sparkconf.STATIC_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
