@@ -30,7 +30,9 @@ def test_the_daemon_freezes_its_heap_once(fresh):
     frozen = gc.get_freeze_count()
     assert frozen > 1000  # the modules, classes and functions loaded by now
     assert heap.settle() is False  # once: later objects stay collectable
-    assert gc.get_freeze_count() == frozen
+    # nothing more frozen; a frozen object may still die meanwhile (another thread of the test
+    # session let go of it: 3 of 915,954 once on CI)
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_garbage_at_the_settle_is_collected_not_frozen(fresh):
