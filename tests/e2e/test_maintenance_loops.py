@@ -80,7 +80,7 @@ class CliLoop(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             r = h.run_subprocess(self.settings, *self.args, timeout=180)
-            self.runs.append((r.returncode, (r.stdout + r.stderr)[-3000:]))
+            self.runs.append((r.returncode, r.stdout[-1500:] + r.stderr[-1500:]))  # the verdict is on stdout
 
     def stop(self) -> list[tuple[int, str]]:
         self._stop_event.set()
@@ -164,14 +164,19 @@ def test_compact_and_maintain_loops_beside_ingest_reset_and_backfill(spark, kafk
                 loop.stop()
         store.close()
 
+    # A compaction that lost every race while a backfill published back to back (the burst:
+    # 75 batches, several commits a second) gives up and says so, exit 1, as documented: that
+    # is contention, not a failure of the loop. Anything else is.
+    crowded = [out for code, out in runs["compact"] if code == 1 and "the table kept moving" in out]
     for command, done in runs.items():
-        failed = [out for code, out in done if code != 0]
+        failed = [out for code, out in done if code != 0 and out not in crowded]
         assert len(done) >= 2 and not failed, f"reconciler {command}: {len(failed)} of {len(done)} runs failed:\n{failed[:2]}"
     compacted = sum("files after" in out for _, out in runs["compact"])
     assert compacted, f"no compaction rewrote anything: {runs['compact'][-1][1]}"
     with capsys.disabled():
         print(f"\nmaintenance loops: {produced} records, {len(runs['compact'])} compact runs ({compacted} rewrote "
-              f"partitions), {len(runs['maintain'])} maintain runs; at {marks}")
+              f"partitions, {len(crowded)} gave up to the table's commits), {len(runs['maintain'])} maintain runs; "
+              f"at {marks}")
     expected = [f"k{i:06d}" for i in range(produced)] + [f"k{i:06d}" for i in range(BURST_FIRST, BURST_FIRST + BURST)]
     backfills = sorted({b["supervisor_id"] for b in h.batches(s)} - {SID})
     assert backfills == [f"{SID}-backfill-1"], backfills
