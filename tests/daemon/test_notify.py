@@ -335,12 +335,15 @@ def test_journal_prefix_only_when_stderr_is_the_journal_stream(tmp_path):
 
 
 def test_ready_watchdog_then_sigterm_finishes_the_batch_and_exits_0(kafka_broker, topic, spark, tmp_path, daemons):
-    s, records, _ends, _doc = kafka_setup(kafka_broker, topic, tmp_path, max_batch_records=2000)
+    # The signal must meet a batch in flight: it comes as soon as the first batch (a cold JVM)
+    # is seen, early in the second. 2,000-record batches of 8,000 records and a 0.3 s pause once
+    # did; faster reads then finished every batch inside the pause (CI: "fencing 0").
+    n = 600_000
+    s, records, _ends, _doc = kafka_setup(kafka_broker, topic, tmp_path, n=n, max_batch_records=250_000)
     with NotifySocket() as sd:
         proc, log = daemons.start("daemon", daemon_env(s, NOTIFY_SOCKET=sd.path))
         t_ready = sd.wait_for("READY", "1", proc=proc, log=log)
-        wait_until(lambda: helpers.batches(s, "clicks"), 180, "the first batch", proc=proc, log=log)
-        time.sleep(0.3)  # the next batch is in flight now (more than one batch's worth is waiting)
+        wait_until(lambda: helpers.batches(s, "clicks"), 180, "the first batch", proc=proc, log=log, every=0.01)
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0, tail(log)
@@ -357,7 +360,7 @@ def test_ready_watchdog_then_sigterm_finishes_the_batch_and_exits_0(kafka_broker
     assert "fencing 1 in-flight batch(es)" in stopping_line, stopping_line
     assert "published" in text.split(stopping_line, 1)[1], tail(log)
     cps = assert_consistent(spark, s, "clicks", "clicks", records, 2)
-    assert 0 < sum(cps.values()) <= N
+    assert 0 < sum(cps.values()) < n, "everything was published before the signal: no batch was in flight"
 
 
 def test_second_sigterm_exits_at_once_and_exactly_once_still_holds(kafka_broker, topic, spark, tmp_path, daemons):
