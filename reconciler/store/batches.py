@@ -4,13 +4,15 @@ transaction), and what committed (ids, totals, segment rows)."""
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.errors import PublishConflict, RetryableError
+from reconciler.errors import CommitOutcomeUnknown, PublishConflict, RetryableError
 from reconciler.model import PartitionRange
 from reconciler.store.base import _aware, utcnow
 from reconciler.store.records import BatchTotals, SegmentRow
@@ -25,6 +27,9 @@ from reconciler.store.tables import (
 )
 
 TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
+_RESOLVE_ATTEMPTS = 4  # an unknown outcome's resolution, a committed write's row: ~0.6 s in all
+
+log = logging.getLogger(__name__)
 
 
 class TableConflict(RetryableError):
@@ -157,11 +162,20 @@ class BatchesMixin:
         from reconciler.store.tables import writes
         from reconciler.table.catalog import TableConflict as Restage
 
-        with self._write() as c:
-            self._finish_write(c, write_id, kind)  # fenced first: WriteFenced, nothing committed
-            c.execute(sa.insert(writes).values(write_id=write_id, kind=kind, status="committing",
-                                               tables=json.dumps([tc.table for tc in table_commits]),
-                                               started_at=utcnow()))
+        try:
+            with self._write() as c:
+                self._finish_write(c, write_id, kind)  # fenced first: WriteFenced, nothing committed
+                c.execute(sa.insert(writes).values(write_id=write_id, kind=kind, status="committing",
+                                                   tables=json.dumps([tc.table for tc in table_commits]),
+                                                   started_at=utcnow()))
+        except CommitOutcomeUnknown:
+            # The caller's rule for an unknown outcome (fence the write; not fenced means it
+            # committed) does not hold here: the row says ``committing``, the catalog has not
+            # committed yet. Decided now: fenced, nothing committed (the caller's fence finds
+            # it fenced); else the row is ours and the catalog's commit goes on (explorer seed
+            # 1373336393: a compaction reported committed, its files referenced by nothing).
+            if self._fenced_after_unknown(write_id):
+                raise
         try:
             for tc in table_commits:
                 tc.commit()
@@ -169,8 +183,36 @@ class BatchesMixin:
             with self._write() as c:
                 c.execute(sa.update(writes).where(writes.c.write_id == write_id).values(status="writing"))
             raise TableConflict(str(exc)) from None
-        with self._write() as c:
-            c.execute(sa.delete(writes).where(writes.c.write_id == write_id))
+        self._forget_committed(write_id)
+
+    def _fenced_after_unknown(self, write_id: str) -> bool:
+        """After the ``committing`` row's transaction ended unknown: True when the write is
+        fenced now (that transaction did not commit), False when the row is there. A database
+        still unreachable after a few tries raises RetryableError: the write is then either
+        ``writing`` (the next recovery fences it) or ``committing`` (its files kept)."""
+        for attempt in range(_RESOLVE_ATTEMPTS):
+            try:
+                return self.fence_write(write_id)
+            except RetryableError:
+                if attempt == _RESOLVE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _forget_committed(self, write_id: str) -> None:
+        """The catalog committed: the row goes. Idempotent, so tried again; a row that stays
+        ``committing`` only keeps the write's files from orphan clean-up, so the commit is
+        reported, not failed, when the database does not answer."""
+        for attempt in range(_RESOLVE_ATTEMPTS):
+            try:
+                with self._write() as c:
+                    c.execute(sa.delete(writes).where(writes.c.write_id == write_id))
+                return
+            except RetryableError as exc:
+                if attempt == _RESOLVE_ATTEMPTS - 1:
+                    log.warning("write %s committed to the catalog; its row stays 'committing' (%s)", write_id, exc)
+                    return
+                time.sleep(0.1 * (attempt + 1))
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)

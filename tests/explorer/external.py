@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from reconciler.table.catalog import Tables, deadletter_table
@@ -397,7 +398,44 @@ def named() -> tuple:
         s.plan = FaultPlan(forced={("reset", "external-commit", 0): "kill"})
         return s
 
+    def compaction_unknown(fault: str, seed: int, lands: bool) -> Callable[[], Schedule]:
+        """A compaction whose ``committing`` row's transaction ends unknown (explorer seed
+        1373336393). Its catalog commit comes after that row: when the row landed, the
+        compaction must go on to commit the catalog, not call itself committed with its files
+        referenced by nothing (left for ever, the row saying committing); when it did not, it
+        is fenced and its files go."""
+
+        def schedule() -> Schedule:
+            s = glue(f"glue-compaction-row-{fault}", seed)
+            s.actors = [("main", "daemon", _ingest(3)), ("compact", "cli-compact", _seq(_op("compact"))),
+                        ("more", "daemon", _seq(_op("step", MAIN, 1)))]
+            s.script = [("main", END), ("compact", END), ("more", END)]
+            s.plan = FaultPlan(armed={("compact", "compact-commit"): ("commit-after" if fault == "drop-after"
+                                                                      else "commit-before", fault)})
+            s.expect = lambda w, tables, store: _compaction_landed(w, tables, lands)
+            return s
+
+        schedule.__name__ = f"compaction_row_{fault.replace('-', '_')}"
+        return schedule
+
     return (crash_between_commits, reset_fences_batch_in_flight, reset_killed_after_fence,
             reset_killed_before_roll_forward, zombie_after_takeover, zombie_before_new_leader_commits,
             reply_lost_then_reset, backfill_and_main_conflict, cancel_backfill_in_flight, reset_before_first_batch,
-            reset_fences_during_takeover, reset_killed_at_fence_commit)
+            reset_fences_during_takeover, reset_killed_at_fence_commit,
+            compaction_unknown("drop-after", 53, True), compaction_unknown("drop-before", 54, False),
+            compaction_unknown("limbo-commit", 55, True), compaction_unknown("limbo-abort", 56, False))
+
+
+def _compaction_landed(world: World, tables, lands: bool) -> list[str]:
+    """The compaction committed exactly when its row did, and then the catalog holds its files."""
+    table = tables.load(DATASOURCE)
+    merged = [f for f in (_data_files(table) if table is not None else []) if "/data/compacted/" in f]
+    if lands and ("compacted" not in world.reached or not merged):
+        return [f"the compaction's row committed, but the catalog holds no compacted file ({world.notes})"]
+    if not lands and ("compacted" in world.reached or merged):
+        return [f"the compaction's row did not commit, but it reported or left a commit ({world.notes})"]
+    return []
+
+
+def _data_files(table) -> list[str]:
+    return [task.file.file_path for task in table.scan().plan_files()]
