@@ -3,9 +3,12 @@ once its end is ``lateness`` in the past) into large ones, in ONE table commit (
 ``overwrite`` snapshot that deletes the old files and adds the new ones: readers see the
 old files or the new ones, never both, never neither). With rollup it also aggregates
 across batches: one row per (``__time``, dimensions), counts and sums added, mins and
-maxes taken. A batch published meanwhile makes the commit fail cleanly: it is planned
-again on the new metadata (partitions whose files did not change reuse the files already
-written) and retried; so is one that finds the table's partitioning changed since its plan
+maxes taken. A batch published meanwhile makes the commit fail cleanly: since the plan's snapshot
+``main`` only appended (``ancestry``), every file it read is still live and the same merge
+is staged again on the new table (a partition that keeps receiving files, a backfill's,
+no longer moves the plan at each attempt); after anything else it is planned again on the
+new metadata (partitions whose files did not change reuse the files already written) and
+retried; so is one that finds the table's partitioning changed since its plan
 (the merged files belong to the plan's partition spec: staged under another, pyiceberg
 would file them under the new spec with the old partition value, out of reach of every
 time-filtered scan). A partition whose candidates were all written by one earlier
@@ -41,6 +44,7 @@ from reconciler.pipeline.rollup import aggregate
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
 from reconciler.table import durable
+from reconciler.table.ancestry import only_appends_since
 from reconciler.table.catalog import (
     DATASOURCE,
     ROLLUP_PROPERTY,
@@ -193,7 +197,8 @@ def compact(
     ``data/compacted/<write id>/``, are made durable, and the commit finishes the write in
     the same transaction as the pointer move (``store.commit_tables``); a clean-up that
     fenced the write first makes the commit fail. All partitions go in one commit; a commit
-    that lost against another writer is planned again and retried up to ``attempts`` times.
+    that lost against another writer is staged again (the same plan, when only appends came
+    between) or planned again, and retried up to ``attempts`` times.
 
     ``select`` chooses the groups instead of the closed-partition rule (the rolling
     compaction of open partitions, ``rolling.py``); everything from the rewrite on is the
@@ -206,6 +211,7 @@ def compact(
     written: dict[tuple, list[DataFile]] = {}  # (group key, input paths) -> files written for it
     write_id: str | None = None
     done: set[str] = set()  # the files the committed snapshot references
+    kept: int | None = None  # the snapshot the plan was made on, while a lost commit keeps it
     try:
         for attempt in range(attempts):
             result.attempts = attempt + 1
@@ -213,18 +219,22 @@ def compact(
                 result.message = f"no table {datasource}"
                 return result
             table = tables.current(datasource)
-            effective = rollup_of_table(table, rollup)
-            result.rollup = effective is not None
-            if select is None:
-                groups, open_count = _plan(table, effective, lateness, target_file_size, now)
+            if kept is not None and only_appends_since(table, kept):
+                pass  # every file the plan read is still live: the same overwrite, staged on this table
             else:
-                groups, open_count = select(table, effective, target_file_size, now), 0
-            result.open_partitions = open_count
-            planned_spec = table.metadata.default_spec_id
-            groups = [g for g in groups if g.key[0] == planned_spec]  # merged files belong to the plan's spec
-            result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
-                                                    sum(f.record_count for f in g.files),
-                                                    sum(f.file_size_in_bytes for f in g.files)) for g in groups]
+                kept = None
+                effective = rollup_of_table(table, rollup)
+                result.rollup = effective is not None
+                if select is None:
+                    groups, open_count = _plan(table, effective, lateness, target_file_size, now)
+                else:
+                    groups, open_count = select(table, effective, target_file_size, now), 0
+                result.open_partitions = open_count
+                planned_spec, planned_on = table.metadata.default_spec_id, table.metadata.current_snapshot_id
+                groups = [g for g in groups if g.key[0] == planned_spec]  # merged files belong to the plan's spec
+                result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
+                                                        sum(f.record_count for f in g.files),
+                                                        sum(f.file_size_in_bytes for f in g.files)) for g in groups]
             if not groups:
                 result.message = "nothing to compact"
                 return result
@@ -270,6 +280,7 @@ def compact(
             try:
                 commit = tables.stage(datasource, build, write_id=write_id, attempt=attempt)
             except ValidationException as exc:  # a concurrent change pyiceberg's own checks saw
+                kept = None
                 log.info("compaction of %s: %s; planning again", datasource, exc)
                 continue
             faults.point("compact-commit", datasource)
@@ -277,7 +288,8 @@ def compact(
                 store.commit_tables(write_id, "compact", [commit])
             except TableConflict as exc:
                 tables.discard_staged([commit])
-                log.info("compaction of %s: the table moved (%s); planning again", datasource, exc)
+                kept = planned_on  # kept if only appends moved the table (``ancestry``)
+                log.info("compaction of %s: the table moved (%s); staging again", datasource, exc)
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue
             except WriteFenced as exc:  # a clean-up took the write: its files are the clean-up's now
