@@ -25,6 +25,7 @@ from reconciler.store.tables import (
     supervisors,
     writes,
 )
+from reconciler.store.writes import COMMITTING, WRITING
 
 TABLE_CATALOG, TABLE_NAMESPACE = "reconciler", "default"  # reconciler.table.catalog's names
 _RESOLVE_ATTEMPTS = 4  # an unknown outcome's resolution, a committed write's row: ~0.6 s in all
@@ -165,37 +166,49 @@ class BatchesMixin:
         try:
             with self._write() as c:
                 self._finish_write(c, write_id, kind)  # fenced first: WriteFenced, nothing committed
-                c.execute(sa.insert(writes).values(write_id=write_id, kind=kind, status="committing",
+                c.execute(sa.insert(writes).values(write_id=write_id, kind=kind, status=COMMITTING,
                                                    tables=json.dumps([tc.table for tc in table_commits]),
                                                    started_at=utcnow()))
         except CommitOutcomeUnknown:
-            # The caller's rule for an unknown outcome (fence the write; not fenced means it
-            # committed) does not hold here: the row says ``committing``, the catalog has not
-            # committed yet. Decided now: fenced, nothing committed (the caller's fence finds
-            # it fenced); else the row is ours and the catalog's commit goes on (explorer seed
-            # 1373336393: a compaction reported committed, its files referenced by nothing).
-            if self._fenced_after_unknown(write_id):
+            # The callers' rule for an unknown outcome (fence the write; not fenced means it
+            # committed) does not hold here: a ``committing`` row is not the catalog's commit.
+            # Decided now: not recorded, the write is fenced and the error goes on (the
+            # caller's fence finds it fenced); recorded, the catalog's commit goes on (explorer
+            # seed 1373336393: a compaction reported committed, its files referenced by nothing).
+            if not self._retried(lambda: self.committing_or_fenced(write_id, kind),
+                                 f"{kind} {write_id}: whether it was recorded is unknown and the database "
+                                 "does not answer; nothing was committed to the catalog (the next recovery or "
+                                 "clean-up decides)"):
                 raise
         try:
             for tc in table_commits:
                 tc.commit()
         except Restage as exc:  # nothing committed: the write is in flight again, its files protected
-            with self._write() as c:
-                c.execute(sa.update(writes).where(writes.c.write_id == write_id).values(status="writing"))
+            self._retried(lambda: self._back_to_writing(write_id),
+                          f"{kind} {write_id} was refused by the catalog and stays '{COMMITTING}' (its files "
+                          "are kept); nothing was committed")
             raise TableConflict(str(exc)) from None
         self._forget_committed(write_id)
 
-    def _fenced_after_unknown(self, write_id: str) -> bool:
-        """After the ``committing`` row's transaction ended unknown: True when the write is
-        fenced now (that transaction did not commit), False when the row is there. A database
-        still unreachable after a few tries raises RetryableError: the write is then either
-        ``writing`` (the next recovery fences it) or ``committing`` (its files kept)."""
+    def _back_to_writing(self, write_id: str) -> None:
+        """A write the catalog refused is in flight again. Idempotent: a try whose outcome was
+        unknown and landed leaves nothing to move, and is not mistaken for a commit by the
+        caller's fence (an unknown outcome reaching it read ``committing`` as committed)."""
+        with self._write() as c:
+            c.execute(sa.update(writes).where(writes.c.write_id == write_id, writes.c.status == COMMITTING)
+                      .values(status=WRITING))
+
+    def _retried(self, step, gave_up: str):
+        """``step()``, tried again while the database fails (each try decides anew, so an
+        unknown outcome of one is safe to repeat). When it never answers, a RetryableError
+        saying ``gave_up``: never CommitOutcomeUnknown, which the callers would resolve with
+        a fence that reads ``committing`` as committed."""
         for attempt in range(_RESOLVE_ATTEMPTS):
             try:
-                return self.fence_write(write_id)
-            except RetryableError:
+                return step()
+            except RetryableError as exc:
                 if attempt == _RESOLVE_ATTEMPTS - 1:
-                    raise
+                    raise RetryableError(f"{gave_up} ({exc})") from exc
                 time.sleep(0.1 * (attempt + 1))
         raise AssertionError("unreachable")
 

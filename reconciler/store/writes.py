@@ -35,6 +35,7 @@ from reconciler.store.base import _aware, utcnow
 from reconciler.store.tables import batches, writes
 
 WRITING, DISCARDED = "writing", "discarded"
+COMMITTING = "committing"  # a write to an external catalog between its row and the catalog's commit
 IN_CHUNK = 500  # ids per IN (...) query: PostgreSQL allows 65,535 parameters, SQLite 250,000 (Debian)
 
 
@@ -86,6 +87,24 @@ class WritesMixin:
                 return True
             status = c.execute(sa.select(writes.c.status).where(writes.c.write_id == write_id)).scalar()
             return status == DISCARDED
+
+    def committing_or_fenced(self, write_id: str, kind: str, *, lock_timeout: float = 10.0) -> bool:
+        """After the transaction that records write ``write_id`` as ``committing`` ended
+        unknown (``Store.commit_tables``, external): True when it committed (the row says so);
+        else the write is fenced now and False. Unlike ``fence_write``, a write without a row
+        (a reset's fence records none before that transaction) is recorded as discarded,
+        not taken for committed. On PostgreSQL a transaction still in flight holds the row
+        (or its key): this waits for its outcome, at most ``lock_timeout`` seconds."""
+        with self._write() as c:
+            if c.dialect.name == "postgresql":
+                c.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
+            now = utcnow()
+            c.execute(_insert_ignore(c, [dict(write_id=write_id, kind=kind, status=DISCARDED, tables="[]",
+                                              holder=holder(), started_at=now, finished_at=now)]))
+            c.execute(sa.update(writes).where(writes.c.write_id == write_id, writes.c.status == WRITING)
+                      .values(status=DISCARDED, finished_at=now))
+            status = c.execute(sa.select(writes.c.status).where(writes.c.write_id == write_id)).scalar()
+            return status == COMMITTING
 
     def fence_unknown_writes(self, write_ids: Iterable[str]) -> set[str]:
         """Orphan clean-up's fence: of ``write_ids`` (found as files), those whose files may
