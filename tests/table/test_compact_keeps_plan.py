@@ -118,9 +118,9 @@ def test_a_chain_broken_by_expiry_plans_again(env, rewrites):
         _publish(store, tables, lo, lo + 10)
 
     def two_batches_then_expiry(_n):
-        # The first batch's snapshot, between the one planned on and the current one, is
-        # expired: the chain cannot be followed (a single batch would keep it: the current
-        # snapshot names the planned one as its parent, expired or not).
+        # The snapshots between the one planned on and the current one are expired: the
+        # chain cannot be followed (pyiceberg's expiry also blanks a survivor's parent id, so
+        # one batch and an expiry of the planned snapshot plan again too: the review's test).
         for lo in (30, 40):
             _publish(store, tables, lo, lo + 10)
         no_grace = cat.Tables(store.engine, tables.warehouse, reader_grace=0)  # else the log's snapshots stay
