@@ -177,8 +177,8 @@ class BatchesMixin:
             # seed 1373336393: a compaction reported committed, its files referenced by nothing).
             if not self._retried(lambda: self.committing_or_fenced(write_id, kind),
                                  f"{kind} {write_id}: whether it was recorded is unknown and the database "
-                                 "does not answer; nothing was committed to the catalog (the next recovery or "
-                                 "clean-up decides)"):
+                                 "does not answer; nothing was committed to the catalog, and its files are kept "
+                                 "(the leader's recovery deletes them if it was not recorded)"):
                 raise
         try:
             for tc in table_commits:

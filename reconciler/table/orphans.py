@@ -117,8 +117,12 @@ def remove_orphans(
     statuses = store.write_statuses(by_write) if store is not None and by_write else {}
     doomed = _finished_writes(store, by_write, root, statuses) if store is not None else set()
     doomed_lists = _stale_manifest_lists(tables, name, root, by_write, statuses)
-    if doomed:
-        # A write judged committed may have committed after the read above: read again.
+    if doomed or doomed_lists:
+        # A write judged committed may have committed after the read above, and so may a
+        # ``committing`` one whose row outlived its catalog commit (a process killed before
+        # forgetting it): its manifest list, unreferenced then, is current now. Read again,
+        # after ``main`` was read for the stale lists: a commit landing later asserts that
+        # ``main`` as its parent, so none of the lists judged stale can be it.
         referenced, current = _referenced_now(tables, name)
         candidates = {p: st for p, st in candidates.items() if _norm(p) not in referenced}
     newest = grace.version_of(current)
