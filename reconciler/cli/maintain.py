@@ -116,7 +116,7 @@ def compact_cmd(c, datasource, all_closed, lateness, target_file_size, no_rollup
 
     It runs safely while the daemon ingests: if a batch is published meanwhile, the same
     merge is staged again on the new table (a batch only adds files; they wait for the next
-    run) and retried; anything else that moved the table makes it plan again. It never touches
+    run) and retried; it plans again when another compaction took its files. It never touches
     offsets or checkpoints, and `reconciler verify` ignores its snapshot. The replaced
     files stay on disk while a kept snapshot (one of the newest snapshotsKept, a tag's or
     a branch's) still lists them; they go once those snapshots are expired.

@@ -1,11 +1,15 @@
-"""What happened to a table since a snapshot: whether ``main`` only appended files since.
+"""Whether the files a compaction planned on are all still live in a table as it is now.
 
-A compaction that lost its commit to a batch keeps its plan when this says so: every
-file it read is still live (an append deletes none), so the same overwrite staged on the
-table as it is now is right, and a partition that keeps receiving files (a backfill
-publishing back to back) no longer moves the plan at every attempt."""
+A compaction that lost its commit to a batch keeps its plan when they are: the same
+overwrite staged on the table as it is now is right, and a partition that keeps receiving
+files (a backfill publishing back to back) no longer moves the plan at every attempt.
+``only_appends_since`` answers from the snapshots' summaries alone; when the chain cannot
+be followed (the publish's own expiry removed a snapshot of it, at one commit every 50 ms
+within a few seconds), ``all_live`` reads the current snapshot's manifests."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
@@ -25,3 +29,18 @@ def only_appends_since(table: Table, snapshot_id: int | None) -> bool:
             return False
         at = snap.parent_snapshot_id
     return True
+
+
+def all_live(table: Table, paths: Iterable[str]) -> bool:
+    """True when every data file in ``paths`` is live in ``table``'s current snapshot, with
+    no delete file applying to it (a merge of it would bring the deleted rows back)."""
+    wanted = set(paths)
+    if table.metadata.current_snapshot_id is None:
+        return not wanted
+    found = set()
+    for task in table.scan().plan_files():
+        if task.file.file_path in wanted:
+            if task.delete_files:
+                return False
+            found.add(task.file.file_path)
+    return found == wanted

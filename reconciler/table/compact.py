@@ -3,9 +3,9 @@ once its end is ``lateness`` in the past) into large ones, in ONE table commit (
 ``overwrite`` snapshot that deletes the old files and adds the new ones: readers see the
 old files or the new ones, never both, never neither). With rollup it also aggregates
 across batches: one row per (``__time``, dimensions), counts and sums added, mins and
-maxes taken. A batch published meanwhile makes the commit fail cleanly: since the plan's snapshot
-``main`` only appended (``ancestry``), every file it read is still live and the same merge
-is staged again on the new table (a partition that keeps receiving files, a backfill's,
+maxes taken. A batch published meanwhile makes the commit fail cleanly: while every file the plan read
+is still live (``ancestry``: ``main`` only appended since, or the manifests say so), the
+same merge is staged again on the new table (a partition that keeps receiving files, a backfill's,
 no longer moves the plan at each attempt); after anything else it is planned again on the
 new metadata (partitions whose files did not change reuse the files already written) and
 retried; so is one that finds the table's partitioning changed since its plan
@@ -44,7 +44,7 @@ from reconciler.pipeline.rollup import aggregate
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
 from reconciler.table import durable
-from reconciler.table.ancestry import only_appends_since
+from reconciler.table.ancestry import all_live, only_appends_since
 from reconciler.table.catalog import (
     DATASOURCE,
     ROLLUP_PROPERTY,
@@ -197,8 +197,8 @@ def compact(
     ``data/compacted/<write id>/``, are made durable, and the commit finishes the write in
     the same transaction as the pointer move (``store.commit_tables``); a clean-up that
     fenced the write first makes the commit fail. All partitions go in one commit; a commit
-    that lost against another writer is staged again (the same plan, when only appends came
-    between) or planned again, and retried up to ``attempts`` times.
+    that lost against another writer is staged again (the same plan, while the files it
+    read are all live) or planned again, and retried up to ``attempts`` times.
 
     ``select`` chooses the groups instead of the closed-partition rule (the rolling
     compaction of open partitions, ``rolling.py``); everything from the rewrite on is the
@@ -212,6 +212,7 @@ def compact(
     write_id: str | None = None
     done: set[str] = set()  # the files the committed snapshot references
     kept: int | None = None  # the snapshot the plan was made on, while a lost commit keeps it
+    groups: list[Group] = []
     try:
         for attempt in range(attempts):
             result.attempts = attempt + 1
@@ -219,7 +220,8 @@ def compact(
                 result.message = f"no table {datasource}"
                 return result
             table = tables.current(datasource)
-            if kept is not None and only_appends_since(table, kept):
+            if kept is not None and (only_appends_since(table, kept)
+                                     or all_live(table, (f.file_path for g in groups for f in g.files))):
                 pass  # every file the plan read is still live: the same overwrite, staged on this table
             else:
                 kept = None
@@ -288,7 +290,7 @@ def compact(
                 store.commit_tables(write_id, "compact", [commit])
             except TableConflict as exc:
                 tables.discard_staged([commit])
-                kept = planned_on  # kept if only appends moved the table (``ancestry``)
+                kept = planned_on  # kept while every file it read is live (``ancestry``)
                 log.info("compaction of %s: the table moved (%s); staging again", datasource, exc)
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue

@@ -1,11 +1,12 @@
-"""A compaction that lost its commit keeps its plan when only appends moved the table.
+"""A compaction that lost its commit keeps its plan while every file it planned on is live.
 
 A backfill publishing back to back into the hour being compacted used to move the plan at
 every attempt (each new file joined the group: rewritten again, lost again) until the run
 gave up ("the table kept moving"). Every file the plan read is still live after an append,
 so the same overwrite staged on the table as it is now is right: it commits at the next
-attempt and leaves the new files for the next run. Anything else between (another
-compaction, an expired snapshot in the chain) plans again."""
+attempt and leaves the new files for the next run. The snapshots' summaries say so when
+``main`` only appended since; when an expiry broke that chain, the manifests do. Another
+compaction that took the files makes it plan again."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from reconciler import faults
 from reconciler.table import catalog as cat
 from reconciler.table import compact as compact_module
-from reconciler.table.ancestry import only_appends_since
+from reconciler.table.ancestry import all_live, only_appends_since
 from reconciler.table.compact import compact
 from reconciler.table.expire import expire_snapshots
 from tests.table import test_write_races as races
@@ -112,15 +113,15 @@ def test_a_compaction_losing_to_another_compaction_plans_again(env, rewrites):
     assert set(ids.values()) == {1} and len(ids) == 40, "a row lost or doubled"
 
 
-def test_a_chain_broken_by_expiry_plans_again(env, rewrites):
+def test_a_chain_broken_by_expiry_keeps_the_plan_while_its_files_are_live(env, rewrites):
     store, tables = env
     for lo in (0, 10, 20):
         _publish(store, tables, lo, lo + 10)
 
     def two_batches_then_expiry(_n):
         # The snapshots between the one planned on and the current one are expired: the
-        # chain cannot be followed (pyiceberg's expiry also blanks a survivor's parent id, so
-        # one batch and an expiry of the planned snapshot plan again too: the review's test).
+        # chain cannot be followed (pyiceberg's expiry also blanks a survivor's parent id);
+        # the manifests say every file planned on is still live.
         for lo in (30, 40):
             _publish(store, tables, lo, lo + 10)
         no_grace = cat.Tables(store.engine, tables.warehouse, reader_grace=0)  # else the log's snapshots stay
@@ -135,7 +136,8 @@ def test_a_chain_broken_by_expiry_plans_again(env, rewrites):
     finally:
         faults.install(None)
     assert result.committed and result.attempts == 2, result.message
-    assert [len(r) for r in rewrites] == [3, 5], "a snapshot between was expired: planned again, with the new files"
+    assert [len(r) for r in rewrites] == [3], "the chain broken by expiry, the plan's files live: kept"
+    assert len(result.partitions) == 1 and result.files_before == 3
     ids = _ids(tables)
     assert set(ids.values()) == {1} and len(ids) == 50
 
@@ -153,3 +155,15 @@ def test_only_appends_since(env):
     assert not only_appends_since(table, 12345), "not an ancestor"
     assert compact(tables, "clicks", store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30).committed
     assert not only_appends_since(tables.current("clicks"), first), "an overwrite between"
+
+
+def test_all_live(env):
+    store, tables = env
+    for lo in (0, 10, 20):
+        _publish(store, tables, lo, lo + 10)
+    files = [t.file.file_path for t in tables.current("clicks").scan().plan_files()]
+    assert all_live(tables.current("clicks"), files)
+    assert all_live(tables.current("clicks"), files[:1])
+    assert not all_live(tables.current("clicks"), [*files, files[0] + ".gone"])
+    assert compact(tables, "clicks", store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30).committed
+    assert not all_live(tables.current("clicks"), files), "merged away"
