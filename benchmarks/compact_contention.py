@@ -122,9 +122,8 @@ def trial(db: str, root: Path, args, way: str) -> dict:
         return real_rewrite(table, group, *a, **kw)
 
     compact_module._rewrite = counting
-    if way == "replan":  # nothing is ever found kept: the plan is made again at every attempt
-        compact_module.only_appends_since = lambda table, snapshot_id: False
-        compact_module.all_live = lambda table, paths: False
+    if way == "replan":  # the plan is made again at every attempt (the staging's own check still runs)
+        compact_module.unchanged_for = _never_kept
     stop = threading.Event()
     thread = threading.Thread(target=publisher.run, args=(args.interval, stop), daemon=True)
     try:
@@ -139,7 +138,7 @@ def trial(db: str, root: Path, args, way: str) -> dict:
         stop.set()
         thread.join(60)
         compact_module._rewrite = real_rewrite
-        compact_module.only_appends_since, compact_module.all_live = only_appends_since, all_live
+        compact_module.unchanged_for = unchanged_for
     ids = Counter(cat.Tables(store.engine, warehouse).current("bench").scan(selected_fields=("id",))
                   .to_arrow().column("id").to_pylist())
     assert len(ids) == publisher.offset and set(ids.values()) == {1}, "a row lost or doubled"
@@ -164,7 +163,15 @@ def summarize(rows: list[dict]) -> dict:
             "runs": rows}
 
 
-only_appends_since, all_live = compact_module.only_appends_since, compact_module.all_live
+unchanged_for = compact_module.unchanged_for
+
+
+def _never_kept(metadata, io, read_on, paths) -> bool:
+    """The baseline: ``compact`` asks whether to keep its plan (never), its staging asks
+    whether the files it read are still right (answered as in the product)."""
+    if sys._getframe(1).f_code.co_name == "compact":
+        return False
+    return unchanged_for(metadata, io, read_on, paths)
 
 
 def _fresh_postgres_schema(db: str) -> None:

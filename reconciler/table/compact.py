@@ -44,7 +44,7 @@ from reconciler.pipeline.rollup import aggregate
 from reconciler.store.batches import TableConflict
 from reconciler.store.writes import WriteFenced
 from reconciler.table import durable
-from reconciler.table.ancestry import all_live, only_appends_since
+from reconciler.table.ancestry import unchanged_for
 from reconciler.table.catalog import (
     DATASOURCE,
     ROLLUP_PROPERTY,
@@ -212,7 +212,7 @@ def compact(
     write_id: str | None = None
     done: set[str] = set()  # the files the committed snapshot references
     kept: int | None = None  # the snapshot the plan was made on, while a lost commit keeps it
-    groups: list[Group] = []
+    inputs: list[str] = []  # the data files the plan merges
     try:
         for attempt in range(attempts):
             result.attempts = attempt + 1
@@ -220,8 +220,7 @@ def compact(
                 result.message = f"no table {datasource}"
                 return result
             table = tables.current(datasource)
-            if kept is not None and (only_appends_since(table, kept)
-                                     or all_live(table, (f.file_path for g in groups for f in g.files))):
+            if kept is not None and unchanged_for(table.metadata, table.io, kept, inputs):
                 pass  # every file the plan read is still live: the same overwrite, staged on this table
             else:
                 kept = None
@@ -234,6 +233,7 @@ def compact(
                 result.open_partitions = open_count
                 planned_spec, planned_on = table.metadata.default_spec_id, table.metadata.current_snapshot_id
                 groups = [g for g in groups if g.key[0] == planned_spec]  # merged files belong to the plan's spec
+                inputs = [f.file_path for g in groups for f in g.files]
                 result.partitions = [CompactedPartition(g.label, g.start, g.end, len(g.tasks),
                                                         sum(f.record_count for f in g.files),
                                                         sum(f.file_size_in_bytes for f in g.files)) for g in groups]
@@ -251,7 +251,9 @@ def compact(
                 if cancel is not None and cancel.is_set():
                     result.message = "cancelled"
                     return result
-                key = (group.key, frozenset(f.file_path for f in group.files))
+                # a delete file (an outside engine's DELETE) changes a file: no merge from before it
+                key = (group.key, frozenset((t.file.file_path, *sorted(d.file_path for d in t.delete_files))
+                                            for t in group.tasks))
                 if key not in written:
                     written[key] = _rewrite(table, group, effective, target_file_size, write_id)
                 out = written[key]
@@ -267,10 +269,13 @@ def compact(
             if select is not None:
                 summary[ROLLING] = "true"
 
-            def build(tx, groups=groups, new_files=new_files, summary=summary, planned_spec=planned_spec):
+            def build(tx, groups=groups, new_files=new_files, summary=summary, planned_spec=planned_spec,
+                      read_on=table.metadata.current_snapshot_id, io=table.io, inputs=inputs):
                 now_spec = tx.table_metadata.default_spec_id
                 if now_spec != planned_spec:  # a publish evolved the partitioning since the plan
                     raise ValidationException(f"the partitioning changed (spec {planned_spec} -> {now_spec})")
+                if not unchanged_for(tx.table_metadata, io, read_on, inputs):  # pyiceberg checks data files only
+                    raise ValidationException("a file planned on was deleted from or merged since it was read")
                 producer = tagged(tx.update_snapshot(snapshot_properties=summary).overwrite(), tx)
                 with producer as ow:
                     for group in groups:

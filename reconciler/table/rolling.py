@@ -89,9 +89,10 @@ def select_open(table: Table, snap: Any, cutoff: int, lateness: timedelta, targe
         return []  # unpartitioned, or partitioned on more than time: left to the closed rule
     small = target // 2
     by_key: dict[tuple, Group] = {}
-    for manifest in snap.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
-            continue
+    manifests = snap.manifests(table.io)
+    if any(m.content != ManifestContent.DATA for m in manifests):
+        return []  # an outside engine's row-level deletes: the closed rule's scan applies them, this one would not
+    for manifest in manifests:
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
             if entry.status == ManifestEntryStatus.DELETED or f.spec_id != metadata.default_spec_id:

@@ -24,7 +24,12 @@ from reconciler.table.expire import expire_snapshots
 from tests.table import test_write_races as races
 from tests.table.test_write_races import FAR, T0, _stage_batch
 
-env = races.env  # the fixture: a store with supervisor clicks and its table, partitioned by hour
+env = races.env
+
+
+def _md_io(tables):
+    table = tables.current("clicks")
+    return table.metadata, table.io  # the fixture: a store with supervisor clicks and its table, partitioned by hour
 
 
 @pytest.fixture
@@ -144,17 +149,17 @@ def test_a_chain_broken_by_expiry_keeps_the_plan_while_its_files_are_live(env, r
 
 def test_only_appends_since(env):
     store, tables = env
-    assert only_appends_since(tables.current("clicks"), None)  # no snapshot yet, none since
+    assert only_appends_since(tables.current("clicks").metadata, None)  # no snapshot yet, none since
     _publish(store, tables, 0, 10)
     _publish(store, tables, 10, 20)
     first = tables.current("clicks").metadata.current_snapshot_id
     _publish(store, tables, 20, 30)
     table = tables.current("clicks")
-    assert only_appends_since(table, first)
-    assert only_appends_since(table, table.metadata.current_snapshot_id)
-    assert not only_appends_since(table, 12345), "not an ancestor"
+    assert only_appends_since(table.metadata, first)
+    assert only_appends_since(table.metadata, table.metadata.current_snapshot_id)
+    assert not only_appends_since(table.metadata, 12345), "not an ancestor"
     assert compact(tables, "clicks", store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30).committed
-    assert not only_appends_since(tables.current("clicks"), first), "an overwrite between"
+    assert not only_appends_since(tables.current("clicks").metadata, first), "an overwrite between"
 
 
 def test_all_live(env):
@@ -162,8 +167,8 @@ def test_all_live(env):
     for lo in (0, 10, 20):
         _publish(store, tables, lo, lo + 10)
     files = [t.file.file_path for t in tables.current("clicks").scan().plan_files()]
-    assert all_live(tables.current("clicks"), files)
-    assert all_live(tables.current("clicks"), files[:1])
-    assert not all_live(tables.current("clicks"), [*files, files[0] + ".gone"])
+    assert all_live(*_md_io(tables), files)
+    assert all_live(*_md_io(tables), files[:1])
+    assert not all_live(*_md_io(tables), [*files, files[0] + ".gone"])
     assert compact(tables, "clicks", store=store, lateness=timedelta(0), now=FAR, target_file_size=1 << 30).committed
-    assert not all_live(tables.current("clicks"), files), "merged away"
+    assert not all_live(*_md_io(tables), files), "merged away"

@@ -138,7 +138,7 @@ def test_lost_to_a_granularity_change_and_back_merges_no_file_of_another_spec(en
                                         target_file_size=1 << 30))
     assert result.attempts <= 3, result.message
     table = _check(tables, 50)
-    assert only_appends_since(table, table.metadata.current_snapshot_id)
+    assert only_appends_since(table.metadata, table.metadata.current_snapshot_id)
 
 
 def test_lost_to_a_granularity_change_plans_again(env, rewrites):
