@@ -160,7 +160,6 @@ class BatchesMixin:
             self._finish_write(c, write_id, kind)
 
     def _commit_external(self, write_id: str, kind: str, table_commits: Sequence[Any]) -> None:
-        from reconciler.store.tables import writes
         from reconciler.table.catalog import TableConflict as Restage
 
         try:
@@ -213,19 +212,18 @@ class BatchesMixin:
         raise AssertionError("unreachable")
 
     def _forget_committed(self, write_id: str) -> None:
-        """The catalog committed: the row goes. Idempotent, so tried again; a row that stays
+        """The catalog committed: the row goes (idempotent, so retried). A row that stays
         ``committing`` only keeps the write's files from orphan clean-up, so the commit is
         reported, not failed, when the database does not answer."""
-        for attempt in range(_RESOLVE_ATTEMPTS):
-            try:
-                with self._write() as c:
-                    c.execute(sa.delete(writes).where(writes.c.write_id == write_id))
-                return
-            except RetryableError as exc:
-                if attempt == _RESOLVE_ATTEMPTS - 1:
-                    log.warning("write %s committed to the catalog; its row stays 'committing' (%s)", write_id, exc)
-                    return
-                time.sleep(0.1 * (attempt + 1))
+
+        def forget() -> None:
+            with self._write() as c:
+                c.execute(sa.delete(writes).where(writes.c.write_id == write_id))
+
+        try:
+            self._retried(forget, f"write {write_id} committed to the catalog; its row stays '{COMMITTING}'")
+        except RetryableError as exc:
+            log.warning("%s", exc)
 
     def committed_batch_ids(self, batch_ids: Iterable[str]) -> set[str]:
         ids = list(batch_ids)

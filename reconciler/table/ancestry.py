@@ -19,10 +19,10 @@ from pyiceberg.table.snapshots import Operation
 
 def only_appends_since(metadata: TableMetadata, snapshot_id: int | None) -> bool:
     """True when ``main`` is at ``snapshot_id`` or reached it from there through snapshots
-    that only appended (no data file removed, no delete file added). False when a snapshot between replaced or deleted files (another
-    compaction, an import, a delete) or when the chain cannot be followed: a snapshot in it
-    was expired, or ``snapshot_id`` is not among ``main``'s ancestors (the table was
-    created again, ``main`` was rolled back)."""
+    that only appended (no data file removed, no delete file added). False when a snapshot
+    between replaced or deleted files (another compaction, an import, a delete) or when the
+    chain cannot be followed: a snapshot in it was expired, or ``snapshot_id`` is not among
+    ``main``'s ancestors (the table was created again, ``main`` was rolled back)."""
     at = metadata.current_snapshot_id
     while at != snapshot_id:
         snap = metadata.snapshot_by_id(at) if at is not None else None

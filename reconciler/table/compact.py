@@ -3,11 +3,11 @@ once its end is ``lateness`` in the past) into large ones, in ONE table commit (
 ``overwrite`` snapshot that deletes the old files and adds the new ones: readers see the
 old files or the new ones, never both, never neither). With rollup it also aggregates
 across batches: one row per (``__time``, dimensions), counts and sums added, mins and
-maxes taken. A batch published meanwhile makes the commit fail cleanly: while every file the plan read
-is still live (``ancestry``: ``main`` only appended since, or the manifests say so), the
-same merge is staged again on the new table (a partition that keeps receiving files, a backfill's,
-no longer moves the plan at each attempt); after anything else it is planned again on the
-new metadata (partitions whose files did not change reuse the files already written) and
+maxes taken. A batch published meanwhile makes the commit fail cleanly: while every file
+the plan read is still live (``ancestry``: ``main`` only appended since, or the manifests
+say so), the same merge is staged again on the new table (a partition a backfill keeps
+filling no longer moves the plan at each attempt); else it is planned again on the new
+metadata (partitions whose files did not change reuse the files already written) and
 retried; so is one that finds the table's partitioning changed since its plan
 (the merged files belong to the plan's partition spec: staged under another, pyiceberg
 would file them under the new spec with the old partition value, out of reach of every
@@ -208,7 +208,7 @@ def compact(
         rollup = Rollup.of(rollup)
     now = now or datetime.now(UTC)
     result = CompactResult(table=datasource, dry_run=dry_run, rollup=rollup is not None)
-    written: dict[tuple, list[DataFile]] = {}  # (group key, input paths) -> files written for it
+    written: dict[tuple, list[DataFile]] = {}  # (group key, inputs and their deletes) -> files written
     write_id: str | None = None
     done: set[str] = set()  # the files the committed snapshot references
     kept: int | None = None  # the snapshot the plan was made on, while a lost commit keeps it

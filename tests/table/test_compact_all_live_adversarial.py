@@ -28,7 +28,6 @@ from pyiceberg.manifest import (
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 
-from reconciler import faults
 from reconciler.table import catalog as cat
 from reconciler.table.ancestry import all_live
 from reconciler.table.compact import compact
@@ -36,19 +35,11 @@ from reconciler.table.expire import expire_snapshots
 from reconciler.table.rolling import compact_open
 from reconciler.table.verify import missing_files
 from tests.table import test_write_races as races
-from tests.table.test_write_races import FAR, T0, _stage_batch
+from tests.table.test_compact_keeps_plan import _md_io, _publish
+from tests.table.test_compact_keeps_plan_adversarial import _run
+from tests.table.test_write_races import FAR, T0
 
 env = races.env
-
-
-def _md_io(tables):
-    table = tables.current("clicks")
-    return table.metadata, table.io
-
-
-def _publish(store, tables, lo, hi, hour=0):
-    _, publish = _stage_batch(store, tables, lo, hi, hour)
-    publish()
 
 
 def _ids(store, tables) -> Counter:
@@ -84,14 +75,6 @@ def _hook(actions):
         return None
 
     return hook, seen
-
-
-def _run(hook, fn):
-    faults.install(hook)
-    try:
-        return fn()
-    finally:
-        faults.install(None)
 
 
 def test_held_fresh_plan_staged_after_another_compaction_took_its_files(env):

@@ -13,11 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from reconciler import faults
 from reconciler.table import catalog as cat
-from reconciler.table import compact as compact_module
 from reconciler.table.ancestry import all_live, only_appends_since
 from reconciler.table.compact import compact
 from reconciler.table.expire import expire_snapshots
@@ -30,19 +27,6 @@ env = races.env
 def _md_io(tables):
     table = tables.current("clicks")
     return table.metadata, table.io  # the fixture: a store with supervisor clicks and its table, partitioned by hour
-
-
-@pytest.fixture
-def rewrites(monkeypatch):
-    calls = []
-    real = compact_module._rewrite
-
-    def counting(table, group, *args, **kwargs):
-        calls.append(sorted(f.file_path for f in group.files))
-        return real(table, group, *args, **kwargs)
-
-    monkeypatch.setattr(compact_module, "_rewrite", counting)
-    return calls
 
 
 def _ids(tables: cat.Tables) -> Counter:

@@ -12,14 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
 from reconciler import faults
 from reconciler.model import PartitionRange
 from reconciler.store.store import SegmentFile
 from reconciler.table import catalog as cat
-from reconciler.table import compact as compact_module
 from reconciler.table.ancestry import only_appends_since
 from reconciler.table.compact import compact, time_field_id, time_interval
 from reconciler.table.rolling import compact_open
@@ -31,19 +29,6 @@ from tests.table.test_write_races import FAR, SCHEMA, T0
 env = races.env
 
 WIDE = pa.schema([*SCHEMA, ("country", pa.string())])
-
-
-@pytest.fixture
-def rewrites(monkeypatch):
-    calls = []
-    real = compact_module._rewrite
-
-    def counting(table, group, *args, **kwargs):
-        calls.append(sorted(f.file_path for f in group.files))
-        return real(table, group, *args, **kwargs)
-
-    monkeypatch.setattr(compact_module, "_rewrite", counting)
-    return calls
 
 
 def _publish(store, tables, lo, hi, *, hour=0, granularity="hour", schema=SCHEMA):
